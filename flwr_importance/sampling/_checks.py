@@ -1,0 +1,54 @@
+"""Input validation shared by the samplers: every public function rejects bad
+input with a ``ValueError`` that says what is wrong, before any maths runs."""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+
+def nonnegative_vector(name: str, values: ArrayLike) -> NDArray[np.float64]:
+    """Return ``values`` as a 1-D float array, checking it is finite and >= 0."""
+    array = np.asarray(values, dtype=np.float64)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {array.shape}")
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    if np.any(array < 0):
+        raise ValueError(f"{name} contains negative values (min {array.min():g})")
+    return array
+
+
+def nonnegative_matrix(name: str, values: ArrayLike) -> NDArray[np.float64]:
+    """Return ``values`` as a 2-D float array, checking it is finite and >= 0."""
+    array = np.asarray(values, dtype=np.float64)
+    if array.ndim != 2:
+        raise ValueError(f"{name} must be 2-D, got shape {array.shape}")
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    if np.any(array < 0):
+        raise ValueError(f"{name} contains negative values (min {array.min():g})")
+    return array
+
+
+def probability_array(name: str, values: ArrayLike, ndim: int = 1) -> NDArray[np.float64]:
+    """Return ``values`` as a float array of probabilities in [0, 1]."""
+    array = np.asarray(values, dtype=np.float64)
+    if array.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {array.shape}")
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    if np.any(array < 0) or np.any(array > 1):
+        raise ValueError(
+            f"{name} must lie in [0, 1], got range [{array.min():g}, {array.max():g}]"
+        )
+    return array
+
+
+def sample_count(name: str, count: int, population: int) -> int:
+    """Check that ``count`` is an integer in ``[0, population]``."""
+    if isinstance(count, bool) or int(count) != count:
+        raise ValueError(f"{name} must be an integer, got {count!r}")
+    if count < 0 or count > population:
+        raise ValueError(f"{name} must lie in [0, {population}], got {count}")
+    return int(count)
