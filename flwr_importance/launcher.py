@@ -22,6 +22,7 @@ Command line::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import socket
@@ -100,20 +101,16 @@ def _descendants(pid: int) -> list[int]:
 def _terminate(pids: Sequence[int], grace_seconds: float = 10.0) -> None:
     """SIGTERM ``pids``, then SIGKILL whatever is still alive after the grace."""
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
     deadline = time.monotonic() + grace_seconds
     alive = list(pids)
     while alive and time.monotonic() < deadline:
         time.sleep(0.2)
         alive = [pid for pid in alive if Path(f"/proc/{pid}").exists()]
     for pid in alive:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def stop_local_superlink(flwr_home: Path) -> list[int]:

@@ -204,9 +204,13 @@ class InProcessGrid(Grid):
         received = self._wire(message, "to-node", node_id)
         try:
             reply = self.client_app(received, node.context)
-        except Exception as exc:  # noqa: BLE001 - a raising ClientApp is an error reply
+        except Exception as exc:
+            # A SuperNode turns a raising ClientApp into an error reply too.
             reply = Message(
-                Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"{type(exc).__name__}: {exc}"),
+                Error(
+                    ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                    f"{type(exc).__name__}: {exc}",
+                ),
                 reply_to=received,
             )
         return self._wire(reply, "to-server", node_id)
