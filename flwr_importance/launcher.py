@@ -61,7 +61,7 @@ def format_run_config(values: Mapping[str, object]) -> str:
     return " ".join(f"{key}={render(value)}" for key, value in values.items())
 
 
-def _processes_mentioning(marker: str) -> list[int]:
+def processes_mentioning(marker: str) -> list[int]:
     """PIDs whose command line contains ``marker`` (Linux ``/proc``)."""
     pids = []
     for proc in Path("/proc").iterdir():
@@ -127,7 +127,7 @@ def stop_local_superlink(flwr_home: Path) -> list[int]:
     marker = str(flwr_home.resolve() / "local-superlink")
     superlinks = [
         pid
-        for pid in _processes_mentioning(marker)
+        for pid in processes_mentioning(marker)
         if "flower-superlink" in Path(f"/proc/{pid}/cmdline").read_text()
     ]
     targets = [desc for pid in superlinks for desc in _descendants(pid)] + superlinks

@@ -1,0 +1,248 @@
+"""Message plumbing every strategy shares: checked replies in, arrays out.
+
+The maths of each method lives in :mod:`flwr_importance.sampling` and
+:mod:`flwr_importance.aggregation` as pure NumPy functions; this module turns
+Flower messages into those functions' inputs and back, and is where bad input is
+caught: a reply that fails a check is excluded with a log line naming its node,
+so one misbehaving client never crashes a round or corrupts the global model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from logging import INFO, WARNING
+from typing import TypeVar
+
+import numpy as np
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from numpy.typing import NDArray
+
+RecordT = TypeVar("RecordT", ArrayRecord, MetricRecord)
+
+
+def flatten(record: ArrayRecord) -> NDArray[np.float64]:
+    """All arrays of ``record`` concatenated into one float64 vector."""
+    arrays = record.to_numpy_ndarrays()
+    if not arrays:
+        return np.zeros(0)
+    return np.concatenate([np.asarray(array, np.float64).ravel() for array in arrays])
+
+
+def unflatten(vector: NDArray[np.floating], like: ArrayRecord) -> ArrayRecord:
+    """Split ``vector`` into an ArrayRecord shaped like ``like`` (keys, dtypes)."""
+    sizes = [int(np.prod(template.shape)) for template in like.values()]
+    if sum(sizes) != vector.size:
+        raise ValueError(
+            f"vector has {vector.size} entries, the record needs {sum(sizes)}"
+        )
+    arrays: dict[str, Array] = {}
+    offset = 0
+    for (key, template), size in zip(like.items(), sizes, strict=True):
+        values = vector[offset : offset + size].reshape(template.shape)
+        arrays[key] = Array(values.astype(np.dtype(template.dtype)))
+        offset += size
+    return ArrayRecord.from_array_dict(arrays)
+
+
+def node_messages(
+    node_configs: Mapping[int, ConfigRecord],
+    message_type: str,
+    arrays: ArrayRecord | None = None,
+    arrayrecord_key: str = "arrays",
+    configrecord_key: str = "config",
+) -> list[Message]:
+    """One message per node, each with its own config (and the shared arrays)."""
+    messages = []
+    for node_id, config in node_configs.items():
+        content = RecordDict({configrecord_key: config})
+        if arrays is not None:
+            content[arrayrecord_key] = arrays
+        messages.append(Message(content, node_id, message_type))
+    return messages
+
+
+def send_query(
+    grid: Grid,
+    node_configs: Mapping[int, ConfigRecord],
+    action: str,
+    arrays: ArrayRecord | None = None,
+    timeout: float = 600.0,
+) -> dict[int, Message]:
+    """Send ``query.<action>`` to the nodes; return the good replies by node id.
+
+    Nodes that fail or do not answer within ``timeout`` are logged and left out:
+    the caller works with whoever answered.
+    """
+    messages = node_messages(node_configs, f"query.{action}", arrays)
+    replies = grid.send_and_receive(messages, timeout=timeout)
+    answered: dict[int, Message] = {}
+    for reply in replies:
+        node_id = reply.metadata.src_node_id
+        if reply.has_error():
+            log(
+                WARNING,
+                "query.%s: node %d failed: %s",
+                action,
+                node_id,
+                reply.error.reason,
+            )
+        elif node_id in answered:
+            log(
+                WARNING,
+                "query.%s: duplicate reply from node %d ignored",
+                action,
+                node_id,
+            )
+        else:
+            answered[node_id] = reply
+    missing = set(node_configs) - set(answered)
+    if missing:
+        log(
+            INFO,
+            "query.%s: %d of %d nodes did not answer",
+            action,
+            len(missing),
+            len(node_configs),
+        )
+    return answered
+
+
+@dataclass(frozen=True)
+class CheckedReply:
+    """A reply that passed :func:`check_replies`, unpacked."""
+
+    node_id: int
+    metrics: dict[str, float]
+    arrays: ArrayRecord | None
+
+
+def _metric_problem(
+    metrics: MetricRecord | None, key: str, nonnegative: bool
+) -> str | None:
+    if metrics is None or key not in metrics:
+        return f"metric '{key}' is missing"
+    value = metrics[key]
+    if isinstance(value, list) or not np.isfinite(value):
+        return f"metric '{key}' is not a finite number ({value!r})"
+    if nonnegative and value < 0:
+        return f"metric '{key}' is negative ({value!r})"
+    return None
+
+
+def _arrays_problem(arrays: ArrayRecord | None, expected: ArrayRecord) -> str | None:
+    if arrays is None:
+        return "the ArrayRecord is missing"
+    if list(arrays.keys()) != list(expected.keys()):
+        return "its arrays do not match the model's keys"
+    for key, array in arrays.items():
+        if tuple(array.shape) != tuple(expected[key].shape):
+            return (
+                f"array '{key}' has shape {array.shape}, expected {expected[key].shape}"
+            )
+        if not np.all(np.isfinite(array.numpy())):
+            return f"array '{key}' holds NaN or infinite values"
+    return None
+
+
+def _single(
+    records: Mapping[str, RecordT], kind: str
+) -> tuple[RecordT | None, str | None]:
+    if len(records) > 1:
+        return None, f"it carries {len(records)} {kind}s, expected one"
+    return next(iter(records.values()), None), None
+
+
+def check_replies(
+    replies: Iterable[Message],
+    *,
+    metric_keys: Sequence[str] = (),
+    nonnegative_keys: Sequence[str] = (),
+    expected_arrays: ArrayRecord | None = None,
+    context: str = "aggregate_train",
+) -> list[CheckedReply]:
+    """The replies a strategy can use, each checked; the rest logged and dropped.
+
+    A reply is dropped when it is an error reply, when its node already replied
+    this round (only the first counts), when a required metric is missing, not a
+    finite number, or negative where it must not be, or when its ArrayRecord is
+    missing, has other keys or shapes than ``expected_arrays``, or holds NaN/inf.
+
+    Parameters
+    ----------
+    replies : Iterable[Message]
+        The round's replies.
+    metric_keys : Sequence[str]
+        Metrics every reply must carry, as finite numbers.
+    nonnegative_keys : Sequence[str]
+        Those of ``metric_keys`` (or others) that must also be ``>= 0``.
+    expected_arrays : ArrayRecord, optional
+        When given, every reply must carry one ArrayRecord shaped like it.
+    context : str
+        Prefix of the log lines (the calling method).
+
+    Returns
+    -------
+    list[CheckedReply]
+        The usable replies, in arrival order.
+    """
+    checked: list[CheckedReply] = []
+    seen: set[int] = set()
+    required = list(dict.fromkeys([*metric_keys, *nonnegative_keys]))
+    for reply in replies:
+        node_id = reply.metadata.src_node_id
+        problem = _reply_problem(
+            reply, node_id in seen, required, nonnegative_keys, expected_arrays
+        )
+        if problem is not None:
+            log(
+                WARNING,
+                "%s: reply from node %d excluded: %s",
+                context,
+                node_id,
+                problem,
+            )
+            continue
+        seen.add(node_id)
+        metric_record, _ = _single(reply.content.metric_records, "MetricRecord")
+        array_record, _ = _single(reply.content.array_records, "ArrayRecord")
+        metrics = {
+            key: float(value)
+            for key, value in (metric_record or MetricRecord()).items()
+            if isinstance(value, (int, float))
+        }
+        checked.append(CheckedReply(node_id, metrics, array_record))
+    log(INFO, "%s: %d usable replies", context, len(checked))
+    return checked
+
+
+def _reply_problem(
+    reply: Message,
+    duplicate: bool,
+    required: Sequence[str],
+    nonnegative_keys: Sequence[str],
+    expected_arrays: ArrayRecord | None,
+) -> str | None:
+    if reply.has_error():
+        return f"error reply ({reply.error.reason})"
+    if duplicate:
+        return "duplicate reply from the same node"
+    metric_record, problem = _single(reply.content.metric_records, "MetricRecord")
+    if problem is None:
+        for key in required:
+            problem = _metric_problem(metric_record, key, key in nonnegative_keys)
+            if problem is not None:
+                break
+    if problem is None and expected_arrays is not None:
+        array_record, problem = _single(reply.content.array_records, "ArrayRecord")
+        problem = problem or _arrays_problem(array_record, expected_arrays)
+    return problem

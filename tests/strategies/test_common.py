@@ -1,0 +1,111 @@
+"""Reply checking and array plumbing shared by all strategies."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
+
+from flwr_importance.aggregation import mean, weighted_sum
+from flwr_importance.strategies.common import (
+    check_replies,
+    flatten,
+    node_messages,
+    unflatten,
+)
+from flwr_importance.testing import InProcessGrid
+from tests.testing.test_grid import app as echo_app
+
+MODEL = ArrayRecord([np.zeros((2, 3), np.float32), np.zeros(3, np.float32)])
+
+
+def reply(
+    node_id: int,
+    arrays: ArrayRecord | None = MODEL,
+    metrics: dict[str, float] | None = None,
+    error: str | None = None,
+) -> Message:
+    """A reply from ``node_id`` to a fresh instruction message."""
+    instruction = Message(RecordDict(), node_id, "train")
+    instruction.metadata.__dict__["_message_id"] = f"m{node_id}"
+    if error is not None:
+        return Message(Error(2, error), reply_to=instruction)
+    content = RecordDict({"metrics": MetricRecord(metrics or {"norm": 1.0})})
+    if arrays is not None:
+        content["arrays"] = arrays
+    return Message(content, reply_to=instruction)
+
+
+@pytest.fixture(autouse=True)
+def _task_identity() -> None:
+    # Messages can only be built once Flower's TaskIdentity is set.
+    InProcessGrid(echo_app, num_nodes=1)
+
+
+def test_flatten_unflatten_round_trip_keeps_keys_shapes_dtypes() -> None:
+    record = ArrayRecord(
+        [np.arange(6, dtype=np.float32).reshape(2, 3), np.array([7.0, 8.0])]
+    )
+    vector = flatten(record)
+    np.testing.assert_array_equal(vector, [0, 1, 2, 3, 4, 5, 7, 8])
+    back = unflatten(vector, record)
+    assert list(back.keys()) == list(record.keys())
+    for key in record:
+        assert back[key].dtype == record[key].dtype
+        np.testing.assert_array_equal(back[key].numpy(), record[key].numpy())
+    with pytest.raises(ValueError, match="entries"):
+        unflatten(np.zeros(3), record)
+
+
+def test_check_replies_keeps_good_ones_and_names_the_bad_nodes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    nan_model = ArrayRecord(
+        [np.full((2, 3), np.nan, np.float32), np.zeros(3, np.float32)]
+    )
+    wrong_shape = ArrayRecord([np.zeros((3, 3), np.float32), np.zeros(3, np.float32)])
+    replies = [
+        reply(11),
+        reply(11),  # duplicate
+        reply(12, error="boom"),
+        reply(13, metrics={"other": 1.0}),  # missing key
+        reply(14, metrics={"norm": float("nan")}),
+        reply(15, metrics={"norm": -1.0}),
+        reply(16, arrays=nan_model),
+        reply(17, arrays=wrong_shape),
+        reply(18, arrays=None),
+        reply(19, metrics={"norm": 2.5}),
+    ]
+    logging.getLogger("flwr").propagate = True
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        checked = check_replies(
+            replies,
+            metric_keys=["norm"],
+            nonnegative_keys=["norm"],
+            expected_arrays=MODEL,
+        )
+    assert [item.node_id for item in checked] == [11, 19]
+    assert checked[1].metrics["norm"] == 2.5
+    for node_id in range(12, 19):
+        assert f"node {node_id} excluded" in caplog.text
+    assert "node 11 excluded: duplicate" in caplog.text
+
+
+def test_node_messages_carry_each_nodes_own_config() -> None:
+    configs = {5: ConfigRecord({"p": 0.1}), 6: ConfigRecord({"p": 0.9})}
+    messages = node_messages(configs, "train", MODEL)
+    assert [m.metadata.dst_node_id for m in messages] == [5, 6]
+    assert [m.content["config"]["p"] for m in messages] == [0.1, 0.9]
+    assert all(m.content["arrays"] is MODEL for m in messages)
+
+
+def test_weighted_sum_and_mean() -> None:
+    vectors = [np.array([1.0, 2.0]), np.array([3.0, 4.0])]
+    np.testing.assert_allclose(weighted_sum(vectors, [0.5, 2.0]), [6.5, 9.0])
+    np.testing.assert_allclose(mean(vectors), [2.0, 3.0])
+    with pytest.raises(ValueError, match="weights"):
+        weighted_sum(vectors, [1.0])
+    with pytest.raises(ValueError, match="NaN"):
+        weighted_sum(vectors, [1.0, np.nan])
