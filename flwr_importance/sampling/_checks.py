@@ -31,7 +31,9 @@ def nonnegative_matrix(name: str, values: ArrayLike) -> NDArray[np.float64]:
     return array
 
 
-def probability_array(name: str, values: ArrayLike, ndim: int = 1) -> NDArray[np.float64]:
+def probability_array(
+    name: str, values: ArrayLike, ndim: int = 1
+) -> NDArray[np.float64]:
     """Return ``values`` as a float array of probabilities in [0, 1]."""
     array = np.asarray(values, dtype=np.float64)
     if array.ndim != ndim:
@@ -52,3 +54,42 @@ def sample_count(name: str, count: int, population: int) -> int:
     if count < 0 or count > population:
         raise ValueError(f"{name} must lie in [0, {population}], got {count}")
     return int(count)
+
+
+def nonnegative_integer(name: str, value: int) -> int:
+    """Check that ``value`` is an integer >= 0 (no upper bound)."""
+    if isinstance(value, bool) or int(value) != value:
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return int(value)
+
+
+def probability_distribution(
+    name: str, values: ArrayLike, tolerance: float = 1e-9
+) -> NDArray[np.float64]:
+    """Return ``values`` as a 1-D float array of nonnegative entries summing to 1."""
+    array = nonnegative_vector(name, values)
+    total = float(array.sum())
+    if abs(total - 1.0) > tolerance:
+        raise ValueError(f"{name} must sum to 1 (within {tolerance:g}), got {total!r}")
+    return array
+
+
+def distinct_indices(name: str, values: ArrayLike, population: int) -> NDArray[np.intp]:
+    """Return ``values`` as a 1-D array of distinct integers in ``[0, population)``."""
+    array = np.asarray(values)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {array.shape}")
+    if array.size == 0:
+        return np.empty(0, dtype=np.intp)
+    if not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"{name} must hold integers, got dtype {array.dtype}")
+    if array.min() < 0 or array.max() >= population:
+        raise ValueError(
+            f"{name} must lie in [0, {population}), "
+            f"got range [{array.min()}, {array.max()}]"
+        )
+    if np.unique(array).size != array.size:
+        raise ValueError(f"{name} contains repeated indices")
+    return array.astype(np.intp)

@@ -1,0 +1,265 @@
+"""Optimal variance-reduced client sampling: OCS (one model) and MMFL (several).
+
+Clients participate independently, client ``i`` with probability ``p_i``, and
+the server aggregates the unbiased ``sum_{i in S} (1 / p_i) d_i U_i``.  With
+``u_i = ||d_i U_i||`` its variance is ``sum_i u_i^2 (1/p_i - 1)``
+(:func:`estimator_variance`); minimizing it under ``sum_i p_i = m`` and
+``p_i <= 1`` gives probabilities proportional to ``u_i``, capped at 1 (Chen,
+Horváth, Richtárik, "Optimal Client Sampling for Federated Learning", TMLR
+2022).  The multi-model form (Zhang et al. 2024) applies the same closed form
+to each client's total norm and splits the result over models.  Specification:
+METHODS.md §5 and MMFL-DETAILS.md.
+
+**Decision:** a budget ``m`` above the number of clients is clamped to it (every
+client with a positive norm then participates surely): with a changing set of
+available clients this is the natural reading of "at most m per round", and
+MMFL-DETAILS.md says to clamp.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from flwr_importance.sampling._checks import (
+    nonnegative_integer,
+    nonnegative_matrix,
+    nonnegative_vector,
+    probability_array,
+)
+from flwr_importance.sampling.pips import capped_inclusion_probs
+
+#: Row sums of ``assign_models`` probabilities may exceed 1 by this much (the
+#: proportional split of ``mmfl_probs`` rounds at the last bit).
+ROW_SUM_TOLERANCE = 1e-9
+
+
+def optimal_client_probs(norms: ArrayLike, m: int) -> NDArray[np.float64]:
+    """Single-model optimal client sampling (OCS) probabilities.
+
+    Sort the norms ascending and take the largest ``k`` with
+    ``0 < m - N + k <= sum_{j<=k} u_j / u_k``; then
+    ``p_i = (m - N + k) u_i / sum_{j<=k} u_j`` for the ``k`` smallest norms and
+    ``p_i = 1`` for the others.  This is exactly pi-ps capping with the norms
+    as sizes, so it is computed by
+    :func:`flwr_importance.sampling.pips.capped_inclusion_probs`
+    (``O(N log N)``).
+
+    Edge cases (MMFL-DETAILS.md): clients with norm 0 get ``p = 0`` and take
+    no part in the search for ``k``; ``m >= N`` saturates every client with a
+    positive norm; if fewer than ``m`` norms are positive, those clients get
+    ``p = 1`` and the total is below ``m``, which is optimal (a zero-norm client
+    contributes nothing to estimate).
+
+    Parameters
+    ----------
+    norms : ArrayLike
+        ``u_i = ||d_i U_i||`` for each client, shape ``(N,)``, nonnegative.
+    m : int
+        Expected number of participants, an integer >= 0 (clamped to ``N``).
+
+    Returns
+    -------
+    NDArray[np.float64]
+        Participation probabilities in ``[0, 1]`` summing to
+        ``min(m, number of positive norms)``.
+
+    Raises
+    ------
+    ValueError
+        If ``norms`` is not a finite nonnegative vector or ``m`` is not a
+        nonnegative integer.
+    """
+    norms = nonnegative_vector("norms", norms)
+    budget = min(nonnegative_integer("m", m), int(np.count_nonzero(norms)))
+    return capped_inclusion_probs(norms, budget)
+
+
+def mmfl_probs(norms: ArrayLike, m: int) -> NDArray[np.float64]:
+    """Multi-model (MMFL) optimal probabilities ``p_{s|i}`` (client i trains model s).
+
+    With ``M_i = sum_s u_is`` the client totals, ``q = optimal_client_probs(M, m)``
+    and ``p_{s|i} = q_i u_is / M_i``, which is the MMFL closed form of
+    METHODS.md §5: for a fixed client total ``q_i``, Cauchy–Schwarz makes the
+    proportional split optimal, leaving single-model OCS on ``M``
+    (MMFL-DETAILS.md).  Row sums are ``q_i <= 1`` and the total is ``m`` (less
+    under the edge cases of :func:`optimal_client_probs`).
+
+    Parameters
+    ----------
+    norms : ArrayLike
+        ``u_is = ||d_is U_is||``, shape ``(N, S)``, nonnegative.
+    m : int
+        Expected number of active clients over all models, an integer >= 0
+        (clamped to ``N``).
+
+    Returns
+    -------
+    NDArray[np.float64]
+        ``p_{s|i}``, shape ``(N, S)``; rows with ``M_i = 0`` are all zero.
+
+    Raises
+    ------
+    ValueError
+        If ``norms`` is not a finite nonnegative 2-D array or ``m`` is not a
+        nonnegative integer.
+    """
+    norms = nonnegative_matrix("norms", norms)
+    client_totals = norms.sum(axis=1, keepdims=True)
+    client_probs = optimal_client_probs(client_totals[:, 0], m)
+    model_shares = np.divide(
+        norms, client_totals, out=np.zeros_like(norms), where=client_totals > 0
+    )
+    return client_probs[:, None] * model_shares
+
+
+def assign_models(probs: ArrayLike, rng: np.random.Generator) -> NDArray[np.intp]:
+    """Draw, independently per client, one model to train or idle.
+
+    Client ``i`` trains model ``s`` with probability ``probs[i, s]`` and idles
+    with probability ``1 - sum_s probs[i, s]`` (MMFL-DETAILS.md, "Realizing
+    the sample"); one uniform per client is compared with the row's running
+    totals.
+
+    Parameters
+    ----------
+    probs : ArrayLike
+        ``p_{s|i}``, shape ``(N, S)``, entries in ``[0, 1]``, row sums at most
+        1 (+ ``ROW_SUM_TOLERANCE``).
+    rng : numpy.random.Generator
+        Source of randomness.
+
+    Returns
+    -------
+    NDArray[np.intp]
+        Shape ``(N,)``: the model index each client trains, or -1 if it idles.
+
+    Raises
+    ------
+    ValueError
+        If ``probs`` is not 2-D, has entries outside ``[0, 1]`` or a row sum
+        above 1.
+    """
+    probs = probability_array("probs", probs, ndim=2)
+    row_totals = probs.sum(axis=1)
+    if np.any(row_totals > 1.0 + ROW_SUM_TOLERANCE):
+        worst = int(np.argmax(row_totals))
+        raise ValueError(
+            f"probs rows must sum to at most 1, row {worst} sums to "
+            f"{row_totals[worst]!r}"
+        )
+    running_totals = np.cumsum(probs, axis=1)
+    uniforms = rng.random((probs.shape[0], 1))
+    # The number of running totals at or below the uniform is the chosen model;
+    # passing all S of them means the uniform fell in the idle share.
+    models = np.count_nonzero(running_totals <= uniforms, axis=1)
+    return np.where(models < probs.shape[1], models, -1).astype(np.intp)
+
+
+def estimator_variance(norms: ArrayLike, probs: ArrayLike) -> float:
+    """Variance of the unbiased estimator under independent participation.
+
+    For ``sum_{i in S} (1/p_i) d_i U_i`` with independent participation, the
+    expected squared error is ``sum_i u_i^2 (1/p_i - 1)`` with
+    ``u_i = ||d_i U_i||``; for MMFL, ``sum_{i,s} u_is^2 (1/p_is - 1)`` summed
+    over all models.  This is the objective OCS and MMFL minimize.
+
+    Parameters
+    ----------
+    norms : ArrayLike
+        ``u``, shape ``(N,)`` or ``(N, S)``, nonnegative.
+    probs : ArrayLike
+        Participation probabilities, same shape as ``norms``, in ``[0, 1]``.
+
+    Returns
+    -------
+    float
+        The variance; entries with ``u = 0`` contribute 0 whatever their
+        probability, and a positive norm with probability 0 makes it infinite
+        (that client's contribution can never be estimated).
+
+    Raises
+    ------
+    ValueError
+        If the shapes differ, ``norms`` has negative or non-finite entries or
+        ``probs`` has entries outside ``[0, 1]``.
+    """
+    norms_array = np.asarray(norms, dtype=np.float64)
+    norms_array = (
+        nonnegative_matrix("norms", norms_array)
+        if norms_array.ndim == 2
+        else nonnegative_vector("norms", norms_array)
+    )
+    probs_array = probability_array("probs", probs, ndim=norms_array.ndim)
+    if probs_array.shape != norms_array.shape:
+        raise ValueError(
+            f"norms and probs must have the same shape, got {norms_array.shape} "
+            f"and {probs_array.shape}"
+        )
+    contributing = norms_array > 0
+    if np.any(probs_array[contributing] == 0):
+        return float("inf")
+    squared = norms_array[contributing] ** 2
+    return float(np.sum(squared / probs_array[contributing] - squared))
+
+
+def aocs_probs(
+    norms: ArrayLike, m: int, max_iterations: int = 4
+) -> NDArray[np.float64]:
+    """Approximate OCS (AOCS): the privacy-friendly iteration towards OCS.
+
+    The protocol of MMFL-DETAILS.md ("OCS and its approximate, privacy-friendly
+    form"), evaluated centrally but using the norms only through the sums the
+    protocol reveals:
+
+    1. total ``u = sum_i u_i``; each client sets ``p_i = min(1, m u_i / u)``;
+    2. up to ``max_iterations`` times: the sums ``P = sum p_i`` and
+       ``I = #{i : p_i < 1}`` over the clients below 1 give
+       ``C = (m - N + I) / P``; each client sets ``p_i = min(1, C p_i)``;
+       stop once ``C <= 1``.
+
+    In a deployment each client computes its own ``p_i`` and the sums come
+    from secure aggregation, so the server learns ``u``, ``P`` and ``I`` but no
+    individual norm.  The total never exceeds ``m``, probabilities only grow
+    from one iteration to the next (so the variance only falls), and the
+    iteration reaches the exact OCS probabilities once no new client saturates
+    (at most ``N + 1`` iterations; about 6 in practice).
+
+    Parameters
+    ----------
+    norms : ArrayLike
+        ``u_i = ||d_i U_i||``, shape ``(N,)``, nonnegative.
+    m : int
+        Expected number of participants, an integer >= 0 (clamped to ``N``).
+    max_iterations : int, default 4
+        Number of rescaling rounds ``j_max`` (4 in the authors' script).
+
+    Returns
+    -------
+    NDArray[np.float64]
+        Participation probabilities in ``[0, 1]`` summing to at most ``m``.
+
+    Raises
+    ------
+    ValueError
+        If ``norms`` is not a finite nonnegative vector or ``m`` or
+        ``max_iterations`` is not a nonnegative integer.
+    """
+    norms = nonnegative_vector("norms", norms)
+    budget = min(nonnegative_integer("m", m), norms.size)
+    rounds = nonnegative_integer("max_iterations", max_iterations)
+    norm_total = norms.sum()
+    if norm_total == 0:
+        return np.zeros_like(norms)
+    probs = np.minimum(1.0, budget * norms / norm_total)
+    for _ in range(rounds):
+        below_one = probs < 1.0
+        mass_below_one = probs[below_one].sum()
+        if mass_below_one == 0:
+            break
+        scale = (budget - norms.size + np.count_nonzero(below_one)) / mass_below_one
+        if scale <= 1.0:
+            break
+        # Saturated clients stay at 1 because scale > 1.
+        probs = np.minimum(1.0, scale * probs)
+    return probs
