@@ -8,8 +8,6 @@ the number of draws.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -156,13 +154,12 @@ def test_optimal_client_probs_beats_random_feasible_alternatives(
         assert no_worse_than(best, estimator_variance(norms, alternative))
 
 
-def test_optimal_client_probs_is_fast_for_a_million_clients() -> None:
+def test_optimal_client_probs_at_a_million_clients() -> None:
+    # Speed is measured in benchmarks/sampling_overhead.py; here only correctness.
     norms = np.random.default_rng(9).lognormal(0.0, 2.0, size=1_000_000)
-    start = time.perf_counter()
     probs = optimal_client_probs(norms, 10_000)
-    elapsed = time.perf_counter() - start
     assert probs.sum() == pytest.approx(10_000)
-    assert elapsed < 1.0
+    assert probs.max() <= 1.0
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,6 @@ errors of its target.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings
@@ -214,16 +212,14 @@ def test_systematic_sample_absorbs_tolerated_drift_near_one() -> None:
         assert sample[1] != 0
 
 
-def test_systematic_sample_handles_a_million_units_fast() -> None:
+def test_systematic_sample_at_a_million_units() -> None:
+    # Speed is measured in benchmarks/sampling_overhead.py; here only correctness.
     rng = np.random.default_rng(6)
     probs = capped_inclusion_probs(rng.lognormal(0.0, 2.0, size=1_000_000), 10_000)
-    start = time.perf_counter()
     sample = systematic_sample(probs, rng)
-    elapsed = time.perf_counter() - start
     assert sample.size == 10_000
     assert np.unique(sample).size == 10_000
     assert np.all(np.isin(np.flatnonzero(probs == 1.0), sample))
-    assert elapsed < 1.0
 
 
 @pytest.mark.parametrize(
