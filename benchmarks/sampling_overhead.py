@@ -1,0 +1,242 @@
+"""Server-side cost of the samplers, measured in one run.
+
+- ``systematic_sample`` (Hartley–Rao pi-ps) and ``optimal_client_probs`` (OCS)
+  for a million clients;
+- Algorithm 2 of clustered sampling (``clustered_distributions_by_similarity``)
+  with 50,000-dimensional representative gradients: the loop-free version
+  against the authors' approach, a Python loop over client pairs computing one
+  arccos distance at a time with NumPy, followed by the same linkage and fill;
+  then the loop-free version alone at 2,000 clients.
+
+Run ``python benchmarks/sampling_overhead.py`` (``--help`` for the sizes).
+Every time is the best of ``--repeats`` runs, except the pair loop, run once
+(about 15 s at 500 clients on two cores); ``--loop-pairs`` times it on a
+random subset of the pairs instead and extrapolates, which the output says.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import scipy
+from numpy.typing import NDArray
+
+from flwr_importance.sampling.clustered import (
+    clustered_distributions_by_similarity,
+    clustered_distributions_from_distances,
+    pairwise_distances,
+)
+from flwr_importance.sampling.optimal import optimal_client_probs
+from flwr_importance.sampling.pips import capped_inclusion_probs, systematic_sample
+
+MIN_SPEEDUP = 50.0
+MAX_SECONDS_LARGE = 10.0
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the results table."""
+
+    operation: str
+    clients: int
+    measured: str
+    target: str = ""
+    passed: bool | None = None
+
+
+def best_time(run: Callable[[], object], repeats: int) -> float:
+    """Shortest wall-clock time of ``repeats`` calls of ``run``, in seconds."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def grouped_gradients(
+    clients: int, dim: int, rng: np.random.Generator, groups: int = 10
+) -> NDArray[np.float64]:
+    """Gradients around ``groups`` random directions, like non-IID clients."""
+    centres = rng.standard_normal((groups, dim))
+    labels = rng.integers(0, groups, clients)
+    return centres[labels] + rng.standard_normal((clients, dim))
+
+
+def arccos_pair(a: NDArray[np.float64], b: NDArray[np.float64]) -> float:
+    """The reference's per-pair distance: three reductions, then arccos.
+
+    Like the authors' code, a zero vector is at distance 0 from everything.
+    """
+    inner, norm_a, norm_b = np.sum(a * b), np.sum(a**2), np.sum(b**2)
+    if norm_a == 0.0 or norm_b == 0.0:
+        return 0.0
+    return float(np.arccos(np.clip(inner / np.sqrt(norm_a * norm_b), -1.0, 1.0)))
+
+
+def time_pair_loop(
+    grads: NDArray[np.float64], pairs: int, rng: np.random.Generator
+) -> tuple[float, float]:
+    """Time the Python pair loop on ``pairs`` random pairs ``i < j``.
+
+    Returns
+    -------
+    tuple[float, float]
+        Seconds per pair, and the largest difference between the loop's
+        distances and the loop-free ones on those pairs (a correctness check).
+    """
+    first, second = np.triu_indices(grads.shape[0], k=1)
+    chosen = rng.choice(first.size, size=pairs, replace=False)
+    start = time.perf_counter()
+    looped = [
+        arccos_pair(grads[i], grads[j])
+        for i, j in zip(first[chosen], second[chosen], strict=True)
+    ]
+    per_pair = (time.perf_counter() - start) / chosen.size
+    vectorized = pairwise_distances(grads)[first[chosen], second[chosen]]
+    return per_pair, float(np.max(np.abs(np.array(looped) - vectorized)))
+
+
+def pips_rows(
+    clients: int, m: int, repeats: int, rng: np.random.Generator
+) -> list[Row]:
+    """Hartley–Rao sampling and OCS probabilities for ``clients`` clients."""
+    weights = rng.lognormal(0.0, 1.0, clients)
+    inclusion = capped_inclusion_probs(weights, m)
+    systematic = best_time(lambda: systematic_sample(inclusion, rng), repeats)
+    optimal = best_time(lambda: optimal_client_probs(weights, m), repeats)
+    return [
+        Row(f"systematic_sample (m={m})", clients, f"{systematic * 1e3:.1f} ms"),
+        Row(f"optimal_client_probs (m={m})", clients, f"{optimal * 1e3:.1f} ms"),
+    ]
+
+
+def loop_comparison_rows(
+    args: argparse.Namespace, rng: np.random.Generator
+) -> list[Row]:
+    """Algorithm 2, loop-free against the Python pair loop."""
+    clients, dim, m = args.similarity_clients, args.dim, args.m_clustered
+    grads = grouped_gradients(clients, dim, rng)
+    sizes = rng.integers(50, 500, clients)
+    loop_free = best_time(
+        lambda: clustered_distributions_by_similarity(sizes, grads, m), args.repeats
+    )
+    # The reference's linkage and fill are the same code as ours: timed once on
+    # the distance matrix and added to the pair loop's time.
+    distances = pairwise_distances(grads)
+    linkage_and_fill = best_time(
+        lambda: clustered_distributions_from_distances(sizes, distances, m),
+        args.repeats,
+    )
+    all_pairs = clients * (clients - 1) // 2
+    timed_pairs = min(args.loop_pairs, all_pairs) if args.loop_pairs else all_pairs
+    per_pair, max_difference = time_pair_loop(grads, timed_pairs, rng)
+    looped = per_pair * all_pairs + linkage_and_fill
+    speedup = looped / loop_free
+    coverage = (
+        f"all {all_pairs} pairs timed"
+        if timed_pairs == all_pairs
+        else f"{timed_pairs} of {all_pairs} pairs timed, extrapolated"
+    )
+    return [
+        Row(
+            f"Alg. 2 loop-free (arccos, d={dim}, m={m})", clients, f"{loop_free:.3f} s"
+        ),
+        Row(
+            f"Alg. 2 Python pair loop ({coverage}; {per_pair * 1e6:.0f} us/pair)",
+            clients,
+            f"{looped:.1f} s",
+        ),
+        Row(
+            f"  speed-up (max |loop - loop-free| = {max_difference:.1e} rad)",
+            clients,
+            f"{speedup:.0f}x",
+            f">= {MIN_SPEEDUP:.0f}x",
+            speedup >= MIN_SPEEDUP,
+        ),
+    ]
+
+
+def at_scale_row(args: argparse.Namespace, rng: np.random.Generator) -> Row:
+    """Algorithm 2, loop-free, at ``--large-clients`` clients."""
+    clients, dim, m = args.large_clients, args.dim, args.m_clustered
+    grads = grouped_gradients(clients, dim, rng)
+    sizes = rng.integers(50, 500, clients)
+    seconds = best_time(
+        lambda: clustered_distributions_by_similarity(sizes, grads, m), args.repeats
+    )
+    return Row(
+        f"Alg. 2 loop-free (arccos, d={dim}, m={m})",
+        clients,
+        f"{seconds:.3f} s",
+        f"< {MAX_SECONDS_LARGE:.0f} s",
+        seconds < MAX_SECONDS_LARGE,
+    )
+
+
+def print_table(rows: list[Row], args: argparse.Namespace) -> None:
+    """The results as a fixed-width table with a one-line environment header."""
+    print(
+        f"Sampling overhead: best of {args.repeats} runs, numpy {np.__version__}, "
+        f"scipy {scipy.__version__}, Python {platform.python_version()}, "
+        f"{os.cpu_count()} CPUs, seed {args.seed}"
+    )
+    width = max(len(row.operation) for row in rows)
+    header = (
+        f"{'operation':<{width}} {'clients':>9} {'measured':>10} {'target':>8}  status"
+    )
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        status = "" if row.passed is None else ("PASS" if row.passed else "FAIL")
+        print(
+            f"{row.operation:<{width}} {row.clients:>9} {row.measured:>10} "
+            f"{row.target:>8}  {status}"
+        )
+
+
+def parse_args() -> argparse.Namespace:
+    """Problem sizes from the command line; the defaults are the targets' sizes."""
+    parser = argparse.ArgumentParser(description="Server-side cost of the samplers.")
+    parser.add_argument(
+        "--clients", type=int, default=1_000_000, help="clients for pi-ps and OCS"
+    )
+    parser.add_argument(
+        "--m", type=int, default=100, help="clients per round for pi-ps and OCS"
+    )
+    parser.add_argument("--similarity-clients", type=int, default=500)
+    parser.add_argument("--large-clients", type=int, default=2000)
+    parser.add_argument("--dim", type=int, default=50_000, help="gradient dimension")
+    parser.add_argument(
+        "--m-clustered", type=int, default=10, help="clients per round, Alg. 2"
+    )
+    parser.add_argument(
+        "--loop-pairs",
+        type=int,
+        default=0,
+        help="pairs timed in the Python loop, extrapolated to all (0: all pairs)",
+    )
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args()
+
+
+def main() -> int:
+    """Run every measurement, print the table; exit status 1 if a target fails."""
+    args = parse_args()
+    rng = np.random.default_rng(args.seed)
+    rows = pips_rows(args.clients, args.m, args.repeats, rng)
+    rows += loop_comparison_rows(args, rng)
+    rows.append(at_scale_row(args, rng))
+    print_table(rows, args)
+    return 0 if all(row.passed is not False for row in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,195 @@
+"""Private sample sizes for FedSampling (Qi et al., IJCAI 2023, Section 3.3).
+
+FedSampling keeps every sample with probability ``K / N`` where ``N`` is the
+total number of samples on the available clients.  The server never learns a
+client's size: each client answers the size query by randomized response, and
+the server estimates ``N`` from the sum of the replies.
+
+Mechanism, for a size threshold ``M`` and privacy budget ``epsilon``:
+``n = min(|D|, M - 1)``, ``x ~ Bernoulli(alpha)``, ``nhat ~ Uniform{1..M-1}``,
+reply ``x n + (1 - x) nhat`` with ``alpha = (e^eps - 1) / (e^eps + M - 2)``.
+A reply equals the true ``n`` with probability ``alpha + (1 - alpha)/(M - 1)``
+and any other value of ``{1..M-1}`` with probability ``(1 - alpha)/(M - 1)``;
+the ratio of the two is exactly ``e^eps``, hence epsilon-local differential
+privacy (paper, Lemma 3.2): for any two true sizes ``n, n'`` and any reply
+``y``, ``P(y | n) <= e^eps P(y | n')``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from flwr_importance.sampling._checks import nonnegative_vector
+
+
+def ldp_alpha(epsilon: float, max_size: int) -> float:
+    """Probability ``alpha`` of answering truthfully for epsilon-LDP.
+
+    ``alpha = (e^eps - 1) / (e^eps + M - 2)`` (paper, eq. 21), evaluated as
+    ``(1 - e^-eps) / (1 + (M - 2) e^-eps)`` so that a large ``epsilon`` gives
+    ``alpha -> 1`` instead of ``inf / inf``.
+
+    Parameters
+    ----------
+    epsilon : float
+        Privacy budget, positive and finite.
+    max_size : int
+        Size threshold ``M >= 3``: replies lie in ``{1..M-1}``.
+
+    Returns
+    -------
+    float
+        ``alpha`` in ``(0, 1)``.
+
+    Raises
+    ------
+    ValueError
+        If ``epsilon`` is not positive and finite or ``max_size`` is not an
+        integer of at least 3.
+    """
+    _check_epsilon(epsilon)
+    _check_max_size(max_size)
+    decay = math.exp(-epsilon)
+    return (1 - decay) / (1 + (max_size - 2) * decay)
+
+
+def privatize_size(
+    size: int, max_size: int, epsilon: float, rng: np.random.Generator
+) -> int:
+    """A client's randomized reply to the size query (paper, eq. 4).
+
+    The reply is the true (clipped) size with probability ``alpha``, otherwise
+    a uniform draw from ``{1..M-1}``; it satisfies epsilon-LDP for the size.
+
+    **Decision:** sizes are clipped to ``[1, M - 1]``, not only above as in the
+    paper: a client with no data would otherwise reply 0, a value no other
+    client can produce, which reveals its size with certainty (unbounded
+    privacy loss).  Such a client is counted as holding one sample.
+
+    Parameters
+    ----------
+    size : int
+        True number of samples ``|D| >= 0``.
+    max_size : int
+        Size threshold ``M >= 3`` (the paper's default is 100).
+    epsilon : float
+        Privacy budget, positive and finite (the paper's default is 3).
+    rng : numpy.random.Generator
+        Source of randomness; every call consumes one uniform and one integer.
+
+    Returns
+    -------
+    int
+        The reply, in ``{1..M-1}``.
+
+    Raises
+    ------
+    ValueError
+        If ``size`` is not a non-negative integer, or on invalid
+        ``max_size``/``epsilon`` (see :func:`ldp_alpha`).
+    """
+    alpha = ldp_alpha(epsilon, max_size)
+    clipped = _clipped_size(size, max_size)
+    truthful = rng.random() < alpha
+    random_size = int(rng.integers(1, max_size))
+    return clipped if truthful else random_size
+
+
+def size_reply_probabilities(
+    size: int, max_size: int, epsilon: float
+) -> NDArray[np.float64]:
+    """Exact distribution of :func:`privatize_size`'s reply (paper, eqs. 17-18).
+
+    Parameters
+    ----------
+    size : int
+        True number of samples ``|D| >= 0``.
+    max_size : int
+        Size threshold ``M >= 3``.
+    epsilon : float
+        Privacy budget, positive and finite.
+
+    Returns
+    -------
+    NDArray[np.float64]
+        Vector of length ``M - 1``: entry ``y - 1`` is ``P(reply = y)``.
+
+    Raises
+    ------
+    ValueError
+        On invalid input, as :func:`privatize_size`.
+    """
+    alpha = ldp_alpha(epsilon, max_size)
+    clipped = _clipped_size(size, max_size)
+    probabilities = np.full(max_size - 1, (1 - alpha) / (max_size - 1))
+    probabilities[clipped - 1] += alpha
+    return probabilities
+
+
+def estimate_total_size(responses: ArrayLike, max_size: int, epsilon: float) -> float:
+    """Unbiased estimate of the clients' total size from their replies.
+
+    ``N_tilde = (R - (1 - alpha) M |C| / 2) / alpha`` with ``R`` the sum of the
+    ``|C|`` replies (paper, eq. 7).  A reply has mean
+    ``alpha n + (1 - alpha) M / 2`` because ``nhat`` is uniform on
+    ``{1..M-1}``, of mean ``M / 2``; so ``N_tilde`` is unbiased for the sum of
+    the clipped sizes ``min(max(|D_c|, 1), M - 1)``, and its standard deviation
+    grows like ``sqrt(|C|) M / alpha``.
+
+    The estimate is not clamped: with few clients or a small ``epsilon`` it can
+    be small or even negative.  The caller must clamp it (FedSampling's server
+    uses at least the desired sample count ``K``) and log that it did.
+
+    Parameters
+    ----------
+    responses : ArrayLike
+        The clients' replies, integers in ``{1..M-1}``.
+    max_size : int
+        Size threshold ``M >= 3`` the clients used.
+    epsilon : float
+        Privacy budget the clients used.
+
+    Returns
+    -------
+    float
+        The estimate of the total size (0 for no replies).
+
+    Raises
+    ------
+    ValueError
+        If a reply is not an integer in ``{1..M-1}``, or on invalid
+        ``max_size``/``epsilon``.
+    """
+    alpha = ldp_alpha(epsilon, max_size)
+    replies = nonnegative_vector("responses", responses)
+    if np.any(replies != np.floor(replies)):
+        raise ValueError("responses must be integers")
+    if np.any((replies < 1) | (replies > max_size - 1)):
+        raise ValueError(
+            f"responses must lie in [1, {max_size - 1}], got range "
+            f"[{replies.min():g}, {replies.max():g}]"
+        )
+    noise_mean = (1 - alpha) * max_size * replies.size / 2
+    return float((replies.sum() - noise_mean) / alpha)
+
+
+def _clipped_size(size: int, max_size: int) -> int:
+    """The size a client reports truthfully: ``size`` clipped to ``[1, M-1]``."""
+    if isinstance(size, bool) or int(size) != size or size < 0:
+        raise ValueError(f"size must be a non-negative integer, got {size!r}")
+    return min(max(int(size), 1), max_size - 1)
+
+
+def _check_epsilon(epsilon: float) -> None:
+    """Reject a privacy budget that is not a positive finite number."""
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"epsilon must be positive and finite, got {epsilon!r}")
+
+
+def _check_max_size(max_size: int) -> None:
+    """Reject a size threshold that leaves fewer than two possible replies."""
+    if isinstance(max_size, bool) or int(max_size) != max_size or max_size < 3:
+        raise ValueError(f"max_size must be an integer >= 3, got {max_size!r}")
