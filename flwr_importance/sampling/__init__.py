@@ -1,0 +1,66 @@
+"""The maths of client and data sampling: pure NumPy/SciPy, no Flower, no torch.
+
+Every random function takes an explicit ``numpy.random.Generator``; every
+function rejects invalid input with a ``ValueError`` that says what is wrong.
+"""
+
+from flwr_importance.sampling.clustered import (
+    DISTANCES,
+    Distance,
+    aggregation_weight_variance,
+    clustered_distributions_by_similarity,
+    clustered_distributions_by_size,
+    clustered_distributions_from_distances,
+    md_aggregation_weight_variance,
+    pairwise_distances,
+    project_gradients,
+    sample_from_distributions,
+)
+from flwr_importance.sampling.importance import importance_batch, update_sample_probs
+from flwr_importance.sampling.optimal import (
+    aocs_probs,
+    assign_models,
+    estimator_variance,
+    mmfl_probs,
+    optimal_client_probs,
+)
+from flwr_importance.sampling.pips import (
+    capped_inclusion_probs,
+    md_sample,
+    poisson_sample,
+    systematic_sample,
+)
+from flwr_importance.sampling.privacy import (
+    estimate_total_size,
+    ldp_alpha,
+    privatize_size,
+    size_reply_probabilities,
+)
+
+__all__ = [
+    "DISTANCES",
+    "Distance",
+    "aggregation_weight_variance",
+    "aocs_probs",
+    "assign_models",
+    "capped_inclusion_probs",
+    "clustered_distributions_by_similarity",
+    "clustered_distributions_by_size",
+    "clustered_distributions_from_distances",
+    "estimate_total_size",
+    "estimator_variance",
+    "importance_batch",
+    "ldp_alpha",
+    "md_aggregation_weight_variance",
+    "md_sample",
+    "mmfl_probs",
+    "optimal_client_probs",
+    "pairwise_distances",
+    "poisson_sample",
+    "privatize_size",
+    "project_gradients",
+    "sample_from_distributions",
+    "size_reply_probabilities",
+    "systematic_sample",
+    "update_sample_probs",
+]
