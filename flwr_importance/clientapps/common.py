@@ -1,0 +1,190 @@
+"""What every ClientApp of this library shares: the local task and plain training.
+
+A ClientApp handler needs the node's model architecture, its loss, its local data
+and its training settings. Users describe those once, as a :class:`LocalTask`
+built by a ``TaskFactory`` from the node's ``Context``; every handler factory in
+:mod:`flwr_importance.clientapps` takes such a factory::
+
+    from flwr.clientapp import ClientApp
+    from flwr_importance.clientapps import LocalTask, make_train_handler
+
+    def my_task(context):
+        x, y = load_my_partition(context.node_config["partition-id"])
+        return LocalTask(model=MyNet(), objective=Objective("classification"),
+                         x=x, y=y, lr=0.05, batch_size=32, local_steps=20)
+
+    app = ClientApp()
+    app.train()(make_train_handler(my_task))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+
+from flwr_importance.tasks import (
+    Objective,
+    evaluate,
+    random_local_steps,
+    train_local,
+)
+
+ClientHandler = Callable[[Message, Context], Message]
+
+
+@dataclass
+class LocalTask:
+    """A node's learning problem, as the ClientApp handlers need it.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The architecture; its weights are replaced by the received global model.
+    objective : Objective
+        Per-sample loss (and regularization) of the task.
+    x, y : torch.Tensor
+        The node's local training data.
+    lr : float
+        Local SGD learning rate.
+    batch_size : int
+        Local mini-batch size.
+    local_steps : int or None
+        Local SGD steps per round (exactly one of this and ``epochs``).
+    epochs : int or None
+        Local epochs per round.
+    heterogeneous_steps : bool
+        Draw the number of local steps uniformly from ``1..local_steps`` each
+        round (the FedProx/FOLB simulation of stragglers).
+    seed : int
+        Node-specific seed; each round's randomness derives from it and the round.
+    """
+
+    model: torch.nn.Module
+    objective: Objective
+    x: torch.Tensor
+    y: torch.Tensor
+    lr: float
+    batch_size: int
+    local_steps: int | None = None
+    epochs: int | None = None
+    heterogeneous_steps: bool = False
+    seed: int = 0
+
+
+TaskFactory = Callable[[Context], LocalTask]
+
+
+def round_generators(
+    task: LocalTask, server_round: int
+) -> tuple[np.random.Generator, torch.Generator]:
+    """NumPy and torch generators for this node and round.
+
+    Seeding by (node seed, round) rather than keeping a generator in the node
+    state makes every strategy see the same draws for the same node and round,
+    so baselines and methods are compared on identical local randomness.
+    """
+    seed_sequence = np.random.SeedSequence([task.seed, server_round])
+    numpy_rng = np.random.default_rng(seed_sequence)
+    torch_rng = torch.Generator().manual_seed(int(seed_sequence.generate_state(1)[0]))
+    return numpy_rng, torch_rng
+
+
+def round_local_steps(task: LocalTask, numpy_rng: np.random.Generator) -> int | None:
+    """This round's number of local steps (random when ``heterogeneous_steps``)."""
+    if task.local_steps is None or not task.heterogeneous_steps:
+        return task.local_steps
+    return random_local_steps(task.local_steps, numpy_rng)
+
+
+def load_global_model(task: LocalTask, message: Message) -> None:
+    """Load the message's model (its single ArrayRecord) into ``task.model``."""
+    arrays = message.content.array_records
+    if len(arrays) != 1:
+        raise ValueError(f"expected one ArrayRecord in the message, got {len(arrays)}")
+    (record,) = arrays.values()
+    task.model.load_state_dict(record.to_torch_state_dict())
+
+
+def model_reply(
+    message: Message, model: torch.nn.Module, metrics: Mapping[str, float | int]
+) -> Message:
+    """Reply with the model's weights under ``arrays`` and ``metrics``."""
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord(model.state_dict()),
+            "metrics": MetricRecord(dict(metrics)),
+        }
+    )
+    return Message(content, reply_to=message)
+
+
+def config_number(message: Message, key: str, default: float | None = None) -> float:
+    """A number from the message's ``config`` record, checked.
+
+    Raises
+    ------
+    ValueError
+        When the key is absent without a default, or its value is not a number.
+    """
+    config = message.content.config_records.get("config")
+    value = config.get(key, default) if config is not None else default
+    if value is None:
+        raise ValueError(f"the server's config lacks '{key}'")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"config '{key}' must be a number, got {value!r}")
+    return float(value)
+
+
+def server_round_of(message: Message) -> int:
+    """The ``server-round`` Flower's strategies put in the config (0 if absent)."""
+    return int(config_number(message, "server-round", 0))
+
+
+def make_train_handler(task_factory: TaskFactory) -> ClientHandler:
+    """FedAvg/FedProx local training: SGD from the global model.
+
+    Reads ``proximal-mu`` from the config (Flower's ``FedProx`` sends it; absent
+    means plain FedAvg). Replies with the trained model, ``train-loss``,
+    ``num-steps`` and ``num-examples`` (the weight Flower's ``FedAvg`` uses).
+    """
+
+    def train(message: Message, context: Context) -> Message:
+        task = task_factory(context)
+        load_global_model(task, message)
+        proximal_mu = config_number(message, "proximal-mu", 0.0)
+        numpy_rng, torch_rng = round_generators(task, server_round_of(message))
+        local_steps = round_local_steps(task, numpy_rng)
+        result = train_local(
+            task.model,
+            task.x,
+            task.y,
+            task.objective,
+            lr=task.lr,
+            batch_size=task.batch_size,
+            local_steps=local_steps,
+            epochs=None if local_steps is not None else task.epochs,
+            proximal_mu=proximal_mu,
+            generator=torch_rng,
+        )
+        return model_reply(message, task.model, {**result, "num-examples": len(task.x)})
+
+    return train
+
+
+def make_evaluate_handler(task_factory: TaskFactory) -> ClientHandler:
+    """Federated evaluation of the received model on the node's local data."""
+
+    def evaluate_handler(message: Message, context: Context) -> Message:
+        task = task_factory(context)
+        load_global_model(task, message)
+        metrics = evaluate(task.model, task.x, task.y, task.objective)
+        content = RecordDict(
+            {"metrics": MetricRecord({**metrics, "num-examples": len(task.x)})}
+        )
+        return Message(content, reply_to=message)
+
+    return evaluate_handler

@@ -1,0 +1,1 @@
+"""The Flower App run by ``flwr run .``: ServerApp, ClientApp, methods, presets."""

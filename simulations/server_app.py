@@ -1,0 +1,92 @@
+"""The simulation's ServerApp: run the chosen strategy, evaluate centrally, report."""
+
+from __future__ import annotations
+
+import random
+import time
+from logging import INFO
+
+from flwr.app import ArrayRecord, Context, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid, ServerApp
+
+from flwr_importance.tasks import Objective, evaluate
+from simulations.config import ExperimentConfig
+from simulations.methods import load_method
+from simulations.report import HistoryRow, history_rows, plot_history, write_history
+from simulations.task import federated_data, global_model
+
+app = ServerApp()
+
+
+def wait_for_nodes(grid: Grid, timeout: float = 120.0) -> int:
+    """Number of connected nodes, once it has been stable for two seconds.
+
+    The simulation registers all its virtual nodes at once, slightly after the
+    ServerApp starts; SuperNodes of a deployment connect one by one.
+    """
+    deadline = time.monotonic() + timeout
+    previous, stable_since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        count = len(list(grid.get_node_ids()))
+        if count != previous:
+            previous, stable_since = count, time.monotonic()
+        elif count > 0 and time.monotonic() - stable_since >= 2.0:
+            return count
+        time.sleep(0.5)
+    raise RuntimeError(f"no stable set of nodes connected within {timeout:.0f} s")
+
+
+def run_experiment(
+    grid: Grid, config: ExperimentConfig, num_clients: int | None = None
+) -> list[HistoryRow]:
+    """Run ``config`` on ``grid``; write ``history.json`` and the plot.
+
+    ``num_clients`` skips waiting for the node count where it is known (the
+    in-process grid of tests and benchmarks).
+
+    Returns
+    -------
+    list[HistoryRow]
+        One row per evaluated round (round 0 is the initial model).
+    """
+    # Flower's stock strategies sample nodes with the global `random` module.
+    random.seed(config.seed)
+    num_clients = num_clients or wait_for_nodes(grid)
+    data = federated_data(config, num_clients)
+    model = global_model(config, data)
+    objective = Objective(data.task, l2=config.l2)
+    strategy = load_method(config.strategy).build_strategy(config, num_clients)
+
+    def central_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        model.load_state_dict(arrays.to_torch_state_dict())
+        metrics = evaluate(
+            model, data.test.x, data.test.y, objective, optimum=data.optimum
+        )
+        summary = ", ".join(f"{key}={value:.4g}" for key, value in metrics.items())
+        log(INFO, "[%s] round %d: %s", config.strategy, server_round, summary)
+        return MetricRecord(dict(metrics))
+
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord(model.state_dict()),
+        num_rounds=config.num_server_rounds,
+        evaluate_fn=central_evaluate,
+    )
+    rows = history_rows(result)
+    output_dir = config.output_path()
+    history_path = write_history(rows, output_dir)
+    plot_path = plot_history(
+        rows,
+        output_dir,
+        f"{config.strategy} on {config.dataset} ({num_clients} clients)",
+    )
+    log(INFO, "History written to %s", history_path)
+    log(INFO, "Plot written to %s", plot_path)
+    return rows
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Entry point of ``flwr run``."""
+    run_experiment(grid, ExperimentConfig.from_run_config(context.run_config))
