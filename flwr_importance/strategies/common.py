@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
-from typing import TypeVar
 
 import numpy as np
 from flwr.app import (
@@ -26,8 +25,6 @@ from flwr.app import (
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from numpy.typing import NDArray
-
-RecordT = TypeVar("RecordT", ArrayRecord, MetricRecord)
 
 
 def flatten(record: ArrayRecord) -> NDArray[np.float64]:
@@ -119,11 +116,27 @@ def send_query(
 
 @dataclass(frozen=True)
 class CheckedReply:
-    """A reply that passed :func:`check_replies`, unpacked."""
+    """A reply that passed :func:`check_replies`, unpacked.
+
+    ``arrays`` holds every ArrayRecord of the reply by its key; ``array_record``
+    is the only one, for the usual one-model reply.
+    """
 
     node_id: int
     metrics: dict[str, float]
-    arrays: ArrayRecord | None
+    arrays: dict[str, ArrayRecord]
+
+    @property
+    def array_record(self) -> ArrayRecord:
+        """The reply's single ArrayRecord."""
+        if len(self.arrays) != 1:
+            raise ValueError(f"reply carries {len(self.arrays)} ArrayRecords")
+        return next(iter(self.arrays.values()))
+
+
+#: What a reply's arrays must look like: one ArrayRecord shaped like the given
+#: one, or one ArrayRecord per key, each shaped like its template.
+ExpectedArrays = ArrayRecord | Mapping[str, ArrayRecord] | None
 
 
 def _metric_problem(
@@ -139,27 +152,39 @@ def _metric_problem(
     return None
 
 
-def _arrays_problem(arrays: ArrayRecord | None, expected: ArrayRecord) -> str | None:
+def _record_problem(
+    name: str, arrays: ArrayRecord | None, expected: ArrayRecord
+) -> str | None:
     if arrays is None:
-        return "the ArrayRecord is missing"
+        return f"ArrayRecord '{name}' is missing"
     if list(arrays.keys()) != list(expected.keys()):
-        return "its arrays do not match the model's keys"
+        return f"ArrayRecord '{name}' does not match the model's keys"
     for key, array in arrays.items():
         if tuple(array.shape) != tuple(expected[key].shape):
             return (
-                f"array '{key}' has shape {array.shape}, expected {expected[key].shape}"
+                f"array '{name}/{key}' has shape {array.shape}, "
+                f"expected {expected[key].shape}"
             )
         if not np.all(np.isfinite(array.numpy())):
-            return f"array '{key}' holds NaN or infinite values"
+            return f"array '{name}/{key}' holds NaN or infinite values"
     return None
 
 
-def _single(
-    records: Mapping[str, RecordT], kind: str
-) -> tuple[RecordT | None, str | None]:
-    if len(records) > 1:
-        return None, f"it carries {len(records)} {kind}s, expected one"
-    return next(iter(records.values()), None), None
+def _arrays_problem(
+    records: Mapping[str, ArrayRecord], expected: ExpectedArrays
+) -> str | None:
+    if expected is None:
+        return None
+    if isinstance(expected, ArrayRecord):
+        if len(records) != 1:
+            return f"it carries {len(records)} ArrayRecords, expected one"
+        ((name, record),) = records.items()
+        return _record_problem(name, record, expected)
+    for name, template in expected.items():
+        problem = _record_problem(name, records.get(name), template)
+        if problem is not None:
+            return problem
+    return None
 
 
 def check_replies(
@@ -167,15 +192,16 @@ def check_replies(
     *,
     metric_keys: Sequence[str] = (),
     nonnegative_keys: Sequence[str] = (),
-    expected_arrays: ArrayRecord | None = None,
+    expected_arrays: ExpectedArrays = None,
     context: str = "aggregate_train",
 ) -> list[CheckedReply]:
     """The replies a strategy can use, each checked; the rest logged and dropped.
 
     A reply is dropped when it is an error reply, when its node already replied
-    this round (only the first counts), when a required metric is missing, not a
-    finite number, or negative where it must not be, or when its ArrayRecord is
-    missing, has other keys or shapes than ``expected_arrays``, or holds NaN/inf.
+    this round (only the first counts), when it carries more than one
+    MetricRecord, when a required metric is missing, not a finite number, or
+    negative where it must not be, or when its arrays are missing, have other
+    keys or shapes than ``expected_arrays``, or hold NaN/inf.
 
     Parameters
     ----------
@@ -185,8 +211,10 @@ def check_replies(
         Metrics every reply must carry, as finite numbers.
     nonnegative_keys : Sequence[str]
         Those of ``metric_keys`` (or others) that must also be ``>= 0``.
-    expected_arrays : ArrayRecord, optional
-        When given, every reply must carry one ArrayRecord shaped like it.
+    expected_arrays : ArrayRecord or Mapping[str, ArrayRecord], optional
+        An ArrayRecord: the reply must carry exactly one ArrayRecord shaped like
+        it. A mapping: the reply must carry an ArrayRecord under each key,
+        shaped like the mapped one.
     context : str
         Prefix of the log lines (the calling method).
 
@@ -213,14 +241,15 @@ def check_replies(
             )
             continue
         seen.add(node_id)
-        metric_record, _ = _single(reply.content.metric_records, "MetricRecord")
-        array_record, _ = _single(reply.content.array_records, "ArrayRecord")
+        metric_records = reply.content.metric_records
         metrics = {
             key: float(value)
-            for key, value in (metric_record or MetricRecord()).items()
+            for record in metric_records.values()
+            for key, value in record.items()
             if isinstance(value, (int, float))
         }
-        checked.append(CheckedReply(node_id, metrics, array_record))
+        arrays = dict(reply.content.array_records)
+        checked.append(CheckedReply(node_id, metrics, arrays))
     log(INFO, "%s: %d usable replies", context, len(checked))
     return checked
 
@@ -230,19 +259,18 @@ def _reply_problem(
     duplicate: bool,
     required: Sequence[str],
     nonnegative_keys: Sequence[str],
-    expected_arrays: ArrayRecord | None,
+    expected_arrays: ExpectedArrays,
 ) -> str | None:
     if reply.has_error():
         return f"error reply ({reply.error.reason})"
     if duplicate:
         return "duplicate reply from the same node"
-    metric_record, problem = _single(reply.content.metric_records, "MetricRecord")
-    if problem is None:
-        for key in required:
-            problem = _metric_problem(metric_record, key, key in nonnegative_keys)
-            if problem is not None:
-                break
-    if problem is None and expected_arrays is not None:
-        array_record, problem = _single(reply.content.array_records, "ArrayRecord")
-        problem = problem or _arrays_problem(array_record, expected_arrays)
-    return problem
+    metric_records = reply.content.metric_records
+    if len(metric_records) > 1:
+        return f"it carries {len(metric_records)} MetricRecords, expected one"
+    metric_record = next(iter(metric_records.values()), None)
+    for key in required:
+        problem = _metric_problem(metric_record, key, key in nonnegative_keys)
+        if problem is not None:
+            return problem
+    return _arrays_problem(reply.content.array_records, expected_arrays)

@@ -88,6 +88,7 @@ def test_check_replies_keeps_good_ones_and_names_the_bad_nodes(
         )
     assert [item.node_id for item in checked] == [11, 19]
     assert checked[1].metrics["norm"] == 2.5
+    assert list(checked[1].array_record.keys()) == list(MODEL.keys())
     for node_id in range(12, 19):
         assert f"node {node_id} excluded" in caplog.text
     assert "node 11 excluded: duplicate" in caplog.text
@@ -109,3 +110,22 @@ def test_weighted_sum_and_mean() -> None:
         weighted_sum(vectors, [1.0])
     with pytest.raises(ValueError, match="NaN"):
         weighted_sum(vectors, [1.0, np.nan])
+
+
+def test_check_replies_with_named_array_records() -> None:
+    both = RecordDict(
+        {"model": MODEL, "gradient": MODEL, "metrics": MetricRecord({"norm": 1.0})}
+    )
+    only_model = RecordDict({"model": MODEL, "metrics": MetricRecord({"norm": 1.0})})
+    instruction = Message(RecordDict(), 21, "train")
+    instruction.metadata.__dict__["_message_id"] = "m21"
+    other = Message(RecordDict(), 22, "train")
+    other.metadata.__dict__["_message_id"] = "m22"
+    checked = check_replies(
+        [Message(both, reply_to=instruction), Message(only_model, reply_to=other)],
+        expected_arrays={"model": MODEL, "gradient": MODEL},
+    )
+    assert [item.node_id for item in checked] == [21]
+    assert set(checked[0].arrays) == {"model", "gradient"}
+    with pytest.raises(ValueError, match="2 ArrayRecords"):
+        _ = checked[0].array_record
