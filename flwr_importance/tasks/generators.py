@@ -32,11 +32,12 @@ REGRESSION_FEATURE_LOG_STD = 0.3
 REGRESSION_NOISE_MEDIAN = 0.5
 REGRESSION_NOISE_LOG_STD = 1.0
 
-# ISFedAvg logistic: per-agent feature means ~ N(0, LOGISTIC_MEAN_STD^2 I), feature
+# ISFedAvg logistic: per-agent feature means ~ N(0, LOGISTIC_MEAN_STD^2 I) (wide
+# enough that about 40% of the agents see over 90% of one class), feature
 # standard deviations ~ U[LOGISTIC_STD_RANGE], agent models within
 # LOGISTIC_MODEL_DRIFT_STD of the shared one ("do not drift too far apart").
 LOGISTIC_DIMENSION = 2
-LOGISTIC_MEAN_STD = 1.0
+LOGISTIC_MEAN_STD = 1.5
 LOGISTIC_STD_RANGE = (0.5, 1.5)
 LOGISTIC_MODEL_DRIFT_STD = 0.1
 
@@ -52,10 +53,15 @@ def synthetic_fedprox(
     classes. Non-IID: ``u_k ~ N(0, alpha^2)``, ``W_k, b_k ~ N(u_k, 1)``
     entrywise (model heterogeneity), ``B_k ~ N(0, beta^2)``, ``v_k ~ N(B_k, 1)``
     entrywise (feature heterogeneity); alpha and beta are standard deviations,
-    as in the reference generator. IID: one ``W, b ~ N(0, 1)`` and one feature
-    mean ``v ~ N(0, 1)`` shared by all devices, so every device samples the same
-    distribution (alpha and beta are unused). A random 20% of every device is
-    held out; the pooled hold-outs are the test set.
+    as in the reference generator. Note that ``u_k`` shifts every logit of a
+    sample by the same amount, so alpha does not change the labels (for one
+    seed, Synthetic(0, beta) and Synthetic(1, beta) label alike); the devices'
+    labelling functions differ because each draws its own ``W_k``. This is the
+    reference generator's behaviour, kept for comparability. IID: one ``W, b ~
+    N(0, 1)`` and one feature mean ``v ~ N(0, 1)`` shared by all devices, so
+    every device samples the same distribution (alpha and beta are unused). A
+    random 20% of every device is held out; the pooled hold-outs are the test
+    set.
 
     Parameters
     ----------
@@ -205,7 +211,7 @@ def isfedavg_logistic(
 
     Agent ``k`` holds ``N_k ~ U{ceil(max/5), ..., max}`` samples (``[20, 100]``
     for the paper's 100) with 2-D features ``h ~ N(mu_k, sigma_k^2 I)``,
-    ``mu_k ~ N(0, I)``, ``sigma_k ~ U[0.5, 1.5]``, and labels ``sign(h^T w*_k)``
+    ``mu_k ~ N(0, 1.5^2 I)``, ``sigma_k ~ U[0.5, 1.5]``, and labels ``sign(h^T w*_k)``
     mapped to classes ``{-1 -> 0, +1 -> 1}``, where the agent models ``w*_k =
     w* + N(0, 0.1^2 I)`` stay close to a shared ``w* ~ N(0, I)``. The features of
     the non-IID agents sit in different regions, so most agents see mostly one

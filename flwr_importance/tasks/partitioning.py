@@ -7,6 +7,8 @@ and the Hub data sets, and the features never pass through Arrow.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from datasets import Dataset
 from flwr_datasets.partitioner import (
@@ -129,10 +131,16 @@ def partition_indices(
             num_partitions, partition_by=_LABEL, num_shards_per_partition=1, seed=seed
         )
     partitioner.dataset = table
-    indices = [
-        np.asarray(partitioner.load_partition(partition_id)[_INDEX], dtype=np.int64)
-        for partition_id in range(num_partitions)
-    ]
+    with warnings.catch_warnings():
+        # datasets' sort (in ShardPartitioner) passes a pyarrow option that
+        # pyarrow 25 deprecates; nothing the caller can act on.
+        warnings.filterwarnings(
+            "ignore", message="Specifying null_placement", category=FutureWarning
+        )
+        indices = [
+            np.asarray(partitioner.load_partition(partition_id)[_INDEX], dtype=np.int64)
+            for partition_id in range(num_partitions)
+        ]
     return _fill_empty_partitions(indices)
 
 
