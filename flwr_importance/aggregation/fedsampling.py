@@ -1,0 +1,157 @@
+"""FedSampling's data-level sampling and server update (Qi et al., IJCAI 2023).
+
+The private size estimate lives in :mod:`flwr_importance.sampling.privacy`
+(``ldp_alpha``, ``privatize_size``, ``estimate_total_size``); this module holds
+the rest of Algorithm 1 as pure NumPy: the clients' Bernoulli data sampling
+(lines 10-14), the server update (line 18), and the size-weighted client
+sampling of the paper's Section 4.3 baseline (Li et al., 2019).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from flwr_importance.aggregation import weighted_sum
+from flwr_importance.sampling._checks import nonnegative_integer, nonnegative_vector
+
+
+def keep_probability(samples_per_round: int, estimated_total_size: float) -> float:
+    """Probability ``K / N_tilde`` with which a client keeps each of its samples.
+
+    Parameters
+    ----------
+    samples_per_round : int
+        The server's desired number of samples per round, ``K >= 1``.
+    estimated_total_size : float
+        The server's estimate ``N_tilde`` of the available clients' total size
+        (eq. 2), already clamped to at least ``K`` by the server.
+
+    Returns
+    -------
+    float
+        ``K / N_tilde`` in ``(0, 1]``.
+
+    Raises
+    ------
+    ValueError
+        If ``K < 1`` or ``N_tilde`` is not finite or is below ``K`` (a server
+        must clamp its estimate: a probability above one is no probability).
+    """
+    if nonnegative_integer("samples_per_round", samples_per_round) < 1:
+        raise ValueError("samples_per_round must be >= 1")
+    if not (np.isfinite(estimated_total_size) and estimated_total_size >= 1):
+        raise ValueError(
+            f"estimated_total_size must be finite and >= 1, got {estimated_total_size}"
+        )
+    if estimated_total_size < samples_per_round:
+        raise ValueError(
+            f"estimated_total_size ({estimated_total_size:g}) is below "
+            f"samples_per_round ({samples_per_round}): clamp it to at least K"
+        )
+    return samples_per_round / float(estimated_total_size)
+
+
+def bernoulli_keep(
+    num_samples: int, probability: float, rng: np.random.Generator
+) -> NDArray[np.bool_]:
+    """Independent keep decisions ``z_i ~ Bernoulli(K / N_tilde)`` (Algorithm 1, l. 12).
+
+    Every sample of every client is kept independently with the same
+    probability, which is what makes FedSampling data-level unbiased (the
+    paper's Definition 3.1): the expected number of samples a round uses is
+    ``K N / N_tilde``, i.e. ``K`` when the estimate is exact.
+
+    Parameters
+    ----------
+    num_samples : int
+        The client's number of samples ``|D_c| >= 0``.
+    probability : float
+        Keep probability in ``[0, 1]`` (see :func:`keep_probability`).
+    rng : numpy.random.Generator
+        Source of randomness; consumes ``num_samples`` uniforms.
+
+    Returns
+    -------
+    NDArray[np.bool_]
+        Mask of length ``num_samples``: ``True`` for the kept samples.
+    """
+    nonnegative_integer("num_samples", num_samples)
+    if not 0 <= probability <= 1:
+        raise ValueError(f"probability must lie in [0, 1], got {probability}")
+    return rng.random(num_samples) < probability
+
+
+def server_update(
+    model: NDArray[np.floating],
+    client_updates: Sequence[NDArray[np.floating]],
+    server_lr: float,
+) -> NDArray[np.float64]:
+    """``Theta - eta * sum_c G_c`` (Algorithm 1, line 18).
+
+    **Decision** (METHODS.md): the sign is descent. The paper writes
+    ``Theta + eta sum G`` with ``G`` meaning an update; here every client sends
+    ``G_c = (1/K) sum_{s in S_c} g_s``, a gradient, so ``sum_c G_c`` estimates
+    the mean gradient over ``K`` uniformly drawn samples and the step descends.
+
+    Parameters
+    ----------
+    model : NDArray
+        The flattened model ``Theta`` the clients' gradients were taken at.
+    client_updates : Sequence[NDArray]
+        The received ``G_c``, flattened like ``model``; none is fine (the model
+        is returned unchanged).
+    server_lr : float
+        Learning rate ``eta > 0``.
+
+    Returns
+    -------
+    NDArray[np.float64]
+        The new flattened model.
+    """
+    if not (np.isfinite(server_lr) and server_lr > 0):
+        raise ValueError(f"server_lr must be positive and finite, got {server_lr}")
+    current = np.array(model, dtype=np.float64)
+    if not client_updates:
+        return current
+    step = weighted_sum(client_updates, np.full(len(client_updates), server_lr))
+    if step.shape != current.shape:
+        raise ValueError(f"updates of shape {step.shape}, model of {current.shape}")
+    return current - step
+
+
+def size_weighted_draws(
+    sizes: ArrayLike, num_draws: int, rng: np.random.Generator
+) -> NDArray[np.int64]:
+    """Draw clients with replacement, with probability proportional to size.
+
+    The size-weighted client sampling baseline of the paper (Section 4.3, after
+    Li et al., 2019): ``num_draws`` independent draws with
+    ``P(client k) = n_k / sum_l n_l``; averaging the drawn clients' models with
+    equal weight per draw (so ``count_k / num_draws`` per client) is unbiased
+    for the size-weighted average of all clients' models.  It needs the true
+    sizes, which FedSampling keeps private.
+
+    Parameters
+    ----------
+    sizes : ArrayLike
+        True client sizes, non-negative, not all zero.
+    num_draws : int
+        Number of draws ``m >= 1``.
+    rng : numpy.random.Generator
+        Source of randomness.
+
+    Returns
+    -------
+    NDArray[np.int64]
+        How many times each client was drawn (sums to ``num_draws``).
+    """
+    weights = nonnegative_vector("sizes", sizes)
+    if weights.size == 0 or weights.sum() <= 0:
+        raise ValueError("sizes must contain a positive entry")
+    if nonnegative_integer("num_draws", num_draws) < 1:
+        raise ValueError("num_draws must be >= 1")
+    drawn = rng.choice(weights.size, size=num_draws, p=weights / weights.sum())
+    return np.bincount(drawn, minlength=weights.size).astype(np.int64)
