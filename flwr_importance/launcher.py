@@ -181,6 +181,8 @@ def flwr_run(
         FLWR_LOCAL_CONTROL_API_PORT=str(free_port()),
         # Ray would otherwise try to reach its usage-stats server.
         RAY_USAGE_STATS_ENABLED="0",
+        # Silences Ray's warning about a default that changes in a future release.
+        RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0",
     )
     flwr_bin = Path(sys.executable).with_name("flwr")
     command = [
