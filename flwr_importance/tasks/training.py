@@ -298,6 +298,7 @@ def train_local(
         )
     model.train()
     parameters = list(model.parameters())
+    # w_global of the proximal term: the weights on entry.
     anchors = [p.detach().clone() for p in parameters]
     loss_sum = torch.zeros(())
     for batch in itertools.islice(
