@@ -1,0 +1,392 @@
+"""ISFedAvg: two-level importance sampling of clients and of their data."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from logging import INFO, WARNING
+
+import numpy as np
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy.strategy_utils import sample_nodes
+from numpy.typing import NDArray
+
+from flwr_importance.aggregation import mean
+from flwr_importance.aggregation.isfedavg import (
+    DEFAULT_MIN_RELATIVE_CLIENT_PROB,
+    realized_normalized_probs,
+    update_client_probs,
+)
+from flwr_importance.clientapps.isfedavg import (
+    ADAPT_SAMPLE_PROBS_KEY,
+    BATCH_SIZE_KEY,
+    CLIENT_PROB_KEY,
+    GRADIENT_SQ_NORM_KEY,
+    LOCAL_STEPS_KEY,
+    MIN_RELATIVE_SAMPLE_PROB_KEY,
+    NUM_CLIENTS_KEY,
+    SIGMA2_KEY,
+)
+from flwr_importance.sampling import systematic_sample
+from flwr_importance.strategies.common import (
+    CheckedReply,
+    check_replies,
+    flatten,
+    node_messages,
+    unflatten,
+)
+
+#: Default floor on a sample's probability ``p_n``, as a fraction of ``1/N_k``.
+DEFAULT_MIN_RELATIVE_SAMPLE_PROB = 0.1
+
+
+class ISFedAvg(FedAvg):
+    """ISFedAvg (Rizk, Vlaski, Sayed, "Optimal Importance Sampling for
+    Federated Learning", ICASSP 2021), Algorithm 1 with the probabilities of
+    eq. 28-29.
+
+    The server keeps a normalized inclusion probability ``p_k`` per node (sum
+    1, uniform at first) and each round selects ``L`` distinct nodes with
+    ``P(k in S) = L p_k`` by Hartley–Rao randomized systematic sampling; where
+    ``L p_k > 1`` it is capped at 1 and the excess shared by the others. Each
+    selected node runs ``E_k`` importance-weighted SGD steps on mini-batches of
+    ``B_k`` samples it draws by its own per-sample probabilities (eq. 8, see
+    :mod:`flwr_importance.clientapps.isfedavg`). The new model is the plain mean
+    of the returned models (eq. 5): the importance weights were applied on the
+    clients. The returned statistics then update the participants' ``p_k``
+    (eq. 28), floored at ``min_relative_client_prob / K`` and renormalized.
+
+    Decisions (mirrored from METHODS.md §1 and made here):
+
+    * ``p_k`` sent to a client is its *realized* normalized inclusion
+      probability ``P(k in S) / L``, the capped one. The client divides its
+      step by ``K p_k``, and ``(1/L) sum_{k in S} x_k / (K p_k)`` is unbiased
+      for ``(1/K) sum_k x_k`` only with the probabilities the sampler really
+      used. Without capping it is the stored ``p_k``; eq. 28 keeps updating the
+      stored (uncapped) ones.
+    * Failed or missing replies: the model is the mean of the ``M < L`` models
+      that came back. If failures strike independently of which client failed,
+      the returned set is a uniform subset of the selected one and the mean of
+      ``M`` terms has the same expectation as that of ``L``: the estimator stays
+      unbiased, with more variance. (Counting the missing updates as zero would
+      instead shrink the expected step by ``M/L``.) A client that always fails
+      is never represented, which no reweighting can repair. A failed node
+      keeps its ``p_k``; eq. 28 renormalizes over the nodes that answered.
+    * Nodes that join get a fair share ``1/K`` and everyone is renormalized;
+      nodes that leave are dropped (their mass is renormalized away). ``K`` is
+      the number of connected nodes.
+    * ``E_k`` and ``B_k`` are drawn once per node, uniformly from the given
+      integer ranges (the paper: ``E_k in [1, 5]``, ``B_k in [1, 10]``), from
+      the strategy's seeded generator; equal bounds fix them.
+    * ``uniform=True`` freezes ``p_k = 1/K`` and tells clients to keep their
+      sample probabilities uniform: the same eq. 8 scaling (a step divided by
+      ``E_k``) without importance sampling, the baseline isolating its effect.
+
+    Parameters
+    ----------
+    clients_per_round : int (default: 10)
+        ``L``; fewer when fewer nodes are connected.
+    local_steps_range : tuple of int (default: (1, 5))
+        Inclusive range of ``E_k``.
+    batch_size_range : tuple of int (default: (1, 10))
+        Inclusive range of ``B_k``. A node with fewer samples uses all of them.
+    uniform : bool (default: False)
+        Freeze all probabilities at uniform (see above).
+    min_relative_client_prob : float (default: 0.1)
+        Floor on ``p_k`` as a fraction of ``1/K``, in ``(0, 1]``; it bounds the
+        step scaling ``1/(K p_k)`` by its inverse.
+    min_relative_sample_prob : float (default: 0.1)
+        Floor on every client's ``p_n`` as a fraction of ``1/N_k``, sent to the
+        clients, in ``(0, 1]``.
+    seed : int (default: 0)
+        Seeds client selection and the ``E_k``/``B_k`` draws.
+    fraction_evaluate, min_evaluate_nodes, min_available_nodes, weighted_by_key,
+    arrayrecord_key, configrecord_key, train_metrics_aggr_fn,
+    evaluate_metrics_aggr_fn
+        As in Flower's ``FedAvg`` (evaluation sampling is FedAvg's, uniform).
+
+    Client contract
+    ---------------
+    Sends ``train`` messages with the model under ``arrayrecord_key`` and a
+    per-node ConfigRecord under ``configrecord_key`` holding ``server-round``
+    and
+
+    * ``isfedavg-client-prob`` (float): ``p_k``, realized, see above;
+    * ``isfedavg-num-clients`` (int): ``K``;
+    * ``isfedavg-local-steps`` (int): ``E_k``;
+    * ``isfedavg-batch-size`` (int): ``B_k``;
+    * ``isfedavg-adapt-sample-probs`` (bool): False in uniform mode;
+    * ``isfedavg-min-relative-sample-prob`` (float): the sample floor.
+
+    Expects back one ArrayRecord shaped like the model and one MetricRecord
+    with ``isfedavg-sigma2`` (``sigma2_k``, eq. 22) and ``isfedavg-g2``
+    (``||grad P_k_hat||^2``, eq. 14), both finite and nonnegative, and the
+    ``weighted_by_key`` metric (``num-examples``), used only to average the
+    other metrics. A reply that fails these checks is logged and left out.
+    """
+
+    # pylint: disable=too-many-arguments
+    def __init__(
+        self,
+        clients_per_round: int = 10,
+        *,
+        local_steps_range: tuple[int, int] = (1, 5),
+        batch_size_range: tuple[int, int] = (1, 10),
+        uniform: bool = False,
+        min_relative_client_prob: float = DEFAULT_MIN_RELATIVE_CLIENT_PROB,
+        min_relative_sample_prob: float = DEFAULT_MIN_RELATIVE_SAMPLE_PROB,
+        seed: int = 0,
+        fraction_evaluate: float = 1.0,
+        min_evaluate_nodes: int = 2,
+        min_available_nodes: int = 2,
+        weighted_by_key: str = "num-examples",
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+        train_metrics_aggr_fn: (
+            Callable[[list[RecordDict], str], MetricRecord] | None
+        ) = None,
+        evaluate_metrics_aggr_fn: (
+            Callable[[list[RecordDict], str], MetricRecord] | None
+        ) = None,
+    ) -> None:
+        if clients_per_round < 1:
+            raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
+        for name, (low, high) in (
+            ("local_steps_range", local_steps_range),
+            ("batch_size_range", batch_size_range),
+        ):
+            if not 1 <= low <= high:
+                raise ValueError(f"{name} must be (low, high) with 1 <= low <= high")
+        for name, floor in (
+            ("min_relative_client_prob", min_relative_client_prob),
+            ("min_relative_sample_prob", min_relative_sample_prob),
+        ):
+            if not 0 < floor <= 1:
+                raise ValueError(f"{name} must lie in (0, 1], got {floor}")
+        super().__init__(
+            fraction_train=1.0,
+            fraction_evaluate=fraction_evaluate,
+            min_train_nodes=clients_per_round,
+            min_evaluate_nodes=min_evaluate_nodes,
+            min_available_nodes=min_available_nodes,
+            weighted_by_key=weighted_by_key,
+            arrayrecord_key=arrayrecord_key,
+            configrecord_key=configrecord_key,
+            train_metrics_aggr_fn=train_metrics_aggr_fn,
+            evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
+        )
+        self.clients_per_round = clients_per_round
+        self.local_steps_range = local_steps_range
+        self.batch_size_range = batch_size_range
+        self.uniform = uniform
+        self.min_relative_client_prob = min_relative_client_prob
+        self.min_relative_sample_prob = min_relative_sample_prob
+        self.seed = seed
+        self._rng = np.random.default_rng(seed)
+        # Per-node state, keyed by node id.
+        self.client_probs: dict[int, float] = {}
+        self.local_steps: dict[int, int] = {}
+        self.batch_sizes: dict[int, int] = {}
+        # What the current round sent, for aggregate_train.
+        self._sent_arrays: ArrayRecord | None = None
+        self._selected: set[int] = set()
+
+    def summary(self) -> None:
+        """Log the ISFedAvg settings, then FedAvg's."""
+        log(INFO, "\t├──> ISFedAvg:")
+        log(INFO, "\t│\t├── Clients per round L: %d", self.clients_per_round)
+        log(
+            INFO,
+            "\t│\t├── E_k in %s, B_k in %s (drawn once per node)",
+            self.local_steps_range,
+            self.batch_size_range,
+        )
+        log(INFO, "\t│\t├── Uniform probabilities: %s", self.uniform)
+        log(
+            INFO,
+            "\t│\t├── Floors: p_k >= %g/K, p_n >= %g/N_k",
+            self.min_relative_client_prob,
+            self.min_relative_sample_prob,
+        )
+        log(INFO, "\t│\t└── Seed: %d", self.seed)
+        super().summary()
+
+    # -- per-node state ----------------------------------------------------------
+    def sync_nodes(self, node_ids: Iterable[int]) -> list[int]:
+        """Track the connected nodes; return their ids in a fixed (sorted) order.
+
+        Departed nodes are dropped; new ones get ``1/K`` and their ``E_k``,
+        ``B_k``; then the probabilities are renormalized to sum 1.
+        """
+        connected = sorted(node_ids)
+        current = set(connected)
+        for departed in set(self.client_probs) - current:
+            for table in (self.client_probs, self.local_steps, self.batch_sizes):
+                del table[departed]
+        new_nodes = [node for node in connected if node not in self.client_probs]
+        for node in new_nodes:
+            self.client_probs[node] = 1.0 / len(connected)
+            self.local_steps[node] = int(
+                self._rng.integers(*self.local_steps_range, endpoint=True)
+            )
+            self.batch_sizes[node] = int(
+                self._rng.integers(*self.batch_size_range, endpoint=True)
+            )
+        if new_nodes:
+            log(INFO, "ISFedAvg: %d new node(s) get a fair share", len(new_nodes))
+        total = sum(self.client_probs.values())
+        for node in connected:
+            self.client_probs[node] = (
+                1.0 / len(connected)
+                if self.uniform
+                else self.client_probs[node] / total
+            )
+        return connected
+
+    def probability_vector(self, node_ids: list[int]) -> NDArray[np.float64]:
+        """The stored ``p_k`` of ``node_ids``, in that order."""
+        return np.array([self.client_probs[node] for node in node_ids])
+
+    # -- training ------------------------------------------------------------------
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Select ``L`` nodes with ``P(k in S) = L p_k``; send each its settings."""
+        # Waits for min_available_nodes; the sample itself is drawn below.
+        _, available = sample_nodes(grid, self.min_available_nodes, 0)
+        node_ids = self.sync_nodes(available)
+        if not node_ids:
+            log(WARNING, "configure_train: no node connected, round skipped")
+            return []
+        sample_size = min(self.clients_per_round, len(node_ids))
+        realized = realized_normalized_probs(
+            self.probability_vector(node_ids), sample_size
+        )
+        chosen = systematic_sample(sample_size * realized, self._rng)
+        self._selected = {node_ids[index] for index in chosen}
+        self._sent_arrays = arrays
+        log(
+            INFO,
+            "configure_train: sampled %d nodes (out of %d), p_k in [%.3g, %.3g]/K",
+            len(chosen),
+            len(node_ids),
+            len(node_ids) * realized.min(),
+            len(node_ids) * realized.max(),
+        )
+        node_configs = {
+            node_ids[index]: self._node_config(
+                config, server_round, node_ids[index], realized[index], len(node_ids)
+            )
+            for index in chosen
+        }
+        return node_messages(
+            node_configs,
+            MessageType.TRAIN,
+            arrays,
+            arrayrecord_key=self.arrayrecord_key,
+            configrecord_key=self.configrecord_key,
+        )
+
+    def _node_config(
+        self,
+        config: ConfigRecord,
+        server_round: int,
+        node_id: int,
+        client_prob: float,
+        num_clients: int,
+    ) -> ConfigRecord:
+        """The shared ``config`` plus this node's ISFedAvg settings."""
+        node_config = ConfigRecord(dict(config))
+        node_config["server-round"] = server_round
+        node_config[CLIENT_PROB_KEY] = float(client_prob)
+        node_config[NUM_CLIENTS_KEY] = num_clients
+        node_config[LOCAL_STEPS_KEY] = self.local_steps[node_id]
+        node_config[BATCH_SIZE_KEY] = self.batch_sizes[node_id]
+        node_config[ADAPT_SAMPLE_PROBS_KEY] = not self.uniform
+        node_config[MIN_RELATIVE_SAMPLE_PROB_KEY] = self.min_relative_sample_prob
+        return node_config
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Mean of the returned models (eq. 5), then eq. 28 for their nodes."""
+        checked = [
+            reply
+            for reply in check_replies(
+                replies,
+                nonnegative_keys=(
+                    SIGMA2_KEY,
+                    GRADIENT_SQ_NORM_KEY,
+                    self.weighted_by_key,
+                ),
+                expected_arrays=self._sent_arrays,
+                context="ISFedAvg aggregate_train",
+            )
+            if self._was_selected(reply)
+        ]
+        if not checked:
+            log(WARNING, "aggregate_train: no usable reply, the model is unchanged")
+            return None, None
+        if len(checked) < len(self._selected):
+            log(
+                INFO,
+                "aggregate_train: %d of %d selected nodes returned a usable model; "
+                "averaging those",
+                len(checked),
+                len(self._selected),
+            )
+        # The model sent fixes the keys and dtypes of the aggregate.
+        template = self._sent_arrays or checked[0].array_record
+        arrays = unflatten(
+            mean([flatten(reply.array_record) for reply in checked]), template
+        )
+        if not self.uniform:
+            self._update_probabilities(checked)
+        metrics = self.train_metrics_aggr_fn(
+            [RecordDict({"metrics": _metric_record(reply)}) for reply in checked],
+            self.weighted_by_key,
+        )
+        return arrays, metrics
+
+    def _was_selected(self, reply: CheckedReply) -> bool:
+        """Whether the reply's node was selected this round (else logged)."""
+        if reply.node_id in self._selected and reply.node_id in self.client_probs:
+            return True
+        log(
+            WARNING,
+            "ISFedAvg aggregate_train: reply from node %d excluded: it was not "
+            "selected this round",
+            reply.node_id,
+        )
+        return False
+
+    def _update_probabilities(self, checked: list[CheckedReply]) -> None:
+        """Eq. 28 over the nodes that answered; the others keep their ``p_k``."""
+        node_ids = sorted(self.client_probs)
+        position = {node: index for index, node in enumerate(node_ids)}
+        participants = [reply.node_id for reply in checked]
+        updated = update_client_probs(
+            self.probability_vector(node_ids),
+            [position[node] for node in participants],
+            [reply.metrics[SIGMA2_KEY] for reply in checked],
+            [reply.metrics[GRADIENT_SQ_NORM_KEY] for reply in checked],
+            [self.local_steps[node] for node in participants],
+            [self.batch_sizes[node] for node in participants],
+            self.min_relative_client_prob,
+        )
+        self.client_probs.update(zip(node_ids, updated.tolist(), strict=True))
+
+
+def _metric_record(reply: CheckedReply) -> MetricRecord:
+    """The reply's metrics as a MetricRecord (for Flower's metric averaging)."""
+    values: dict[str, int | float | list[int] | list[float]] = dict(reply.metrics)
+    return MetricRecord(values)
