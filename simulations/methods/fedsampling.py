@@ -1,0 +1,40 @@
+"""``strategy = "fedsampling"``: uniform data sampling with private sizes."""
+
+from __future__ import annotations
+
+from flwr_importance.clientapps import ClientHandler, TaskFactory
+from flwr_importance.clientapps.fedsampling import (
+    make_fedsampling_train_handler,
+    make_size_query_handler,
+)
+from flwr_importance.strategies.fedsampling import FedSampling
+from simulations.config import ExperimentConfig
+
+
+def build_strategy(config: ExperimentConfig, num_clients: int) -> FedSampling:
+    """FedSampling with the ``fedsampling-*`` options; every node takes part.
+
+    ``num_clients`` is unused: all available nodes are queried each round, and
+    the ServerApp has already waited for them (so one that leaves later does
+    not stall the run).
+    """
+    return FedSampling(
+        samples_per_round=int(config.option("fedsampling-samples-per-round")),
+        max_size=int(config.option("fedsampling-max-size")),
+        epsilon=float(config.option("fedsampling-epsilon")),
+        server_lr=float(config.option("fedsampling-server-lr")),
+        local_steps=int(config.option("fedsampling-local-steps")),
+        min_available_nodes=1,
+    )
+
+
+def client_handlers(task_factory: TaskFactory) -> dict[str, ClientHandler]:
+    """Randomized size reply and Bernoulli-sampled gradient.
+
+    No ``evaluate`` handler: the ServerApp evaluates centrally, and the stock
+    evaluate reply carries ``num-examples``, the size this method keeps private.
+    """
+    return {
+        "query.sizes": make_size_query_handler(task_factory),
+        "train": make_fedsampling_train_handler(task_factory),
+    }
