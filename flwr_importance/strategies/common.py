@@ -51,19 +51,25 @@ def unflatten(vector: NDArray[np.floating], like: ArrayRecord) -> ArrayRecord:
     return ArrayRecord.from_array_dict(arrays)
 
 
+#: What a message shares with every node: one ArrayRecord (stored under
+#: ``arrayrecord_key``) or several, by name (e.g. one per model).
+SharedArrays = ArrayRecord | Mapping[str, ArrayRecord] | None
+
+
 def node_messages(
     node_configs: Mapping[int, ConfigRecord],
     message_type: str,
-    arrays: ArrayRecord | None = None,
+    arrays: SharedArrays = None,
     arrayrecord_key: str = "arrays",
     configrecord_key: str = "config",
 ) -> list[Message]:
     """One message per node, each with its own config (and the shared arrays)."""
+    named_arrays: Mapping[str, ArrayRecord] = (
+        {arrayrecord_key: arrays} if isinstance(arrays, ArrayRecord) else arrays or {}
+    )
     messages = []
     for node_id, config in node_configs.items():
-        content = RecordDict({configrecord_key: config})
-        if arrays is not None:
-            content[arrayrecord_key] = arrays
+        content = RecordDict({configrecord_key: config, **named_arrays})
         messages.append(Message(content, node_id, message_type))
     return messages
 
@@ -72,13 +78,14 @@ def send_query(
     grid: Grid,
     node_configs: Mapping[int, ConfigRecord],
     action: str,
-    arrays: ArrayRecord | None = None,
+    arrays: SharedArrays = None,
     timeout: float = 600.0,
 ) -> dict[int, Message]:
     """Send ``query.<action>`` to the nodes; return the good replies by node id.
 
-    Nodes that fail or do not answer within ``timeout`` are logged and left out:
-    the caller works with whoever answered.
+    ``arrays`` goes to every node: one ArrayRecord under ``"arrays"``, or a
+    mapping of named ArrayRecords. Nodes that fail or do not answer within
+    ``timeout`` are logged and left out: the caller works with whoever answered.
     """
     messages = node_messages(node_configs, f"query.{action}", arrays)
     replies = grid.send_and_receive(messages, timeout=timeout)

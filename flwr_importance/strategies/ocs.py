@@ -1,0 +1,436 @@
+"""Optimal client sampling (OCS) and its privacy-friendly approximation (AOCS).
+
+Chen, Horváth, Richtárik, "Optimal Client Sampling for Federated Learning"
+(TMLR 2022), as used by Zhang et al. (2024, slides in ``papers/``); METHODS.md
+§5 and MMFL-DETAILS.md. The round plumbing shared with the multi-model strategy
+(:mod:`flwr_importance.strategies.mmfl`) lives here too: the single model is
+the case ``S = 1`` of the same client contract
+(:mod:`flwr_importance.clientapps.optimal`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from logging import INFO, WARNING
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+from numpy.typing import NDArray
+
+from flwr_importance.aggregation.optimal import size_fractions, unbiased_update
+from flwr_importance.clientapps.optimal import UPDATE_RECORD, model_record_name
+from flwr_importance.sampling import (
+    aocs_probs,
+    estimator_variance,
+    optimal_client_probs,
+    poisson_sample,
+)
+from flwr_importance.strategies.common import (
+    CheckedReply,
+    check_replies,
+    flatten,
+    send_query,
+    unflatten,
+)
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """One round's sample: who trains which model, with which ``d`` and ``p``.
+
+    Attributes
+    ----------
+    server_round : int
+        The round the plan belongs to; replies are matched against it.
+    node_ids : tuple of int
+        The round's population (the nodes that answered the query), in the row
+        order of ``fractions`` and ``probs``.
+    fractions : NDArray
+        ``d_{i,s}``, shape ``(N, S)``: each column sums to 1.
+    probs : NDArray
+        ``p_{s|i}``, shape ``(N, S)``: P(node i trains model s this round).
+    assigned : Mapping[int, int]
+        The sampled nodes and the model each trains.
+    """
+
+    server_round: int
+    node_ids: tuple[int, ...]
+    fractions: NDArray[np.float64]
+    probs: NDArray[np.float64]
+    assigned: Mapping[int, int]
+
+    def row_of(self, node_id: int) -> int:
+        """The matrix row of ``node_id``."""
+        return self.node_ids.index(node_id)
+
+
+def available_nodes(grid: Grid, min_available_nodes: int, context: str) -> list[int]:
+    """The connected node ids, sorted; empty (and logged) when too few."""
+    node_ids = sorted(grid.get_node_ids())
+    if len(node_ids) < min_available_nodes:
+        log(
+            WARNING,
+            "%s: %d nodes connected, %d needed; round skipped",
+            context,
+            len(node_ids),
+            min_available_nodes,
+        )
+        return []
+    return node_ids
+
+
+def query_matrix(
+    grid: Grid,
+    node_ids: Sequence[int],
+    action: str,
+    config: ConfigRecord,
+    metric_prefixes: Sequence[str],
+    num_models: int,
+    models: Mapping[str, ArrayRecord] | None = None,
+    timeout: float = 600.0,
+) -> tuple[list[int], list[NDArray[np.float64]]]:
+    """Send ``query.<action>``; return the good repliers and their metrics.
+
+    Every reply must carry ``<prefix>-<s>`` for each prefix and model ``s`` as
+    a finite nonnegative number; a reply that does not is logged and left out.
+
+    Returns
+    -------
+    tuple
+        The node ids that answered well (sorted), and for each prefix a matrix
+        of shape ``(len(node_ids), num_models)`` of their values.
+    """
+    replies = send_query(
+        grid,
+        {node_id: ConfigRecord(dict(config)) for node_id in node_ids},
+        action,
+        models,
+        timeout,
+    )
+    keys = [f"{prefix}-{s}" for prefix in metric_prefixes for s in range(num_models)]
+    checked = sorted(
+        check_replies(
+            replies.values(), nonnegative_keys=keys, context=f"query.{action}"
+        ),
+        key=lambda reply: reply.node_id,
+    )
+    matrices = [
+        np.array(
+            [
+                [reply.metrics[f"{prefix}-{s}"] for s in range(num_models)]
+                for reply in checked
+            ],
+            dtype=np.float64,
+        ).reshape(len(checked), num_models)
+        for prefix in metric_prefixes
+    ]
+    return [reply.node_id for reply in checked], matrices
+
+
+def train_messages(
+    plan: RoundPlan,
+    config: ConfigRecord,
+    models: Sequence[ArrayRecord] | None,
+) -> list[Message]:
+    """``train`` messages for the plan's sampled nodes.
+
+    With ``models`` each node receives its model (``model-<s>``) and trains it
+    now; without, it sends the update it kept from this round's ``query.norm``
+    (``kept-update = true``), so no model travels down.
+    """
+    messages = []
+    for node_id, model_index in plan.assigned.items():
+        node_config = ConfigRecord(
+            {
+                **dict(config),
+                "server-round": plan.server_round,
+                "model-index": model_index,
+                "kept-update": models is None,
+            }
+        )
+        content = RecordDict({"config": node_config})
+        if models is not None:
+            content[model_record_name(model_index)] = models[model_index]
+        messages.append(Message(content, node_id, "train"))
+    return messages
+
+
+def unbiased_step(
+    plan: RoundPlan,
+    replies: Iterable[Message],
+    models: Sequence[ArrayRecord],
+    server_lr: float,
+) -> tuple[list[ArrayRecord], dict[str, float]]:
+    """Apply ``w_s + server_lr * sum_{i in A_s} (d_is / p_is) U_is`` per model.
+
+    Replies that fail :func:`check_replies`, come from a node the plan did not
+    sample, or report another model than assigned are logged and skipped: the
+    round then misses their term (nothing is made up for them) and no NaN can
+    reach a model. A model without a usable reply keeps its weights.
+
+    Returns
+    -------
+    tuple
+        The new models and the round's metrics: ``num-sampled``,
+        ``num-received``, ``num-received-<s>`` (S > 1 only) and ``train-loss``
+        (mean over the usable replies, when there are any).
+    """
+    usable: list[CheckedReply] = []
+    for reply in check_replies(
+        replies,
+        metric_keys=["train-loss", "model-index"],
+        nonnegative_keys=["num-examples"],
+    ):
+        model_index = plan.assigned.get(reply.node_id)
+        if model_index is None or reply.metrics["model-index"] != model_index:
+            log(
+                WARNING,
+                "aggregate_train: reply from node %d excluded: not sampled for "
+                "model %s this round",
+                reply.node_id,
+                reply.metrics["model-index"],
+            )
+            continue
+        problem = _update_problem(reply, models[model_index])
+        if problem is not None:
+            log(
+                WARNING,
+                "aggregate_train: reply from node %d excluded: %s",
+                reply.node_id,
+                problem,
+            )
+            continue
+        usable.append(reply)
+    new_models = list(models)
+    metrics: dict[str, float] = {
+        "num-sampled": len(plan.assigned),
+        "num-received": len(usable),
+    }
+    for model_index, model in enumerate(models):
+        group = [
+            reply for reply in usable if plan.assigned[reply.node_id] == model_index
+        ]
+        if len(models) > 1:
+            metrics[f"num-received-{model_index}"] = len(group)
+        if not group:
+            continue
+        rows = [plan.row_of(reply.node_id) for reply in group]
+        estimate = unbiased_update(
+            [flatten(reply.arrays[UPDATE_RECORD]) for reply in group],
+            plan.fractions[rows, model_index],
+            plan.probs[rows, model_index],
+        )
+        new_models[model_index] = unflatten(
+            flatten(model) + server_lr * estimate, model
+        )
+    if usable:
+        metrics["train-loss"] = float(
+            np.mean([r.metrics["train-loss"] for r in usable])
+        )
+    return new_models, metrics
+
+
+def _update_problem(reply: CheckedReply, model: ArrayRecord) -> str | None:
+    """Why the reply's ``update`` cannot be added to ``model`` (None if it can)."""
+    update = reply.arrays.get(UPDATE_RECORD)
+    if update is None:
+        return f"ArrayRecord '{UPDATE_RECORD}' is missing"
+    if [(key, tuple(array.shape)) for key, array in update.items()] != [
+        (key, tuple(array.shape)) for key, array in model.items()
+    ]:
+        return f"'{UPDATE_RECORD}' does not match the model's keys and shapes"
+    if not np.all(np.isfinite(flatten(update))):
+        return f"'{UPDATE_RECORD}' holds NaN or infinite values"
+    return None
+
+
+class OptimalClientSampling(FedAvg):
+    """Optimal client sampling (OCS), or its approximation AOCS, for one model.
+
+    Chen, Horváth, Richtárik, "Optimal Client Sampling for Federated Learning",
+    TMLR 2022 (the single-model closed form quoted in Zhang et al. 2024; METHODS.md
+    §5). Every round:
+
+    1. ``query.norm`` to every connected node: each trains from the global model,
+       keeps its update ``U_i`` in its node state and replies ``||U_i||`` and
+       ``n_i``; the server forms ``d_i = n_i / sum_j n_j`` and
+       ``u_i = d_i ||U_i||``.
+    2. ``p = optimal_client_probs(u, m)`` (``aocs_probs`` when ``approximate``);
+       each node is sampled independently with probability ``p_i``
+       (``poisson_sample``, expected ``m`` participants).
+    3. The sampled nodes get a ``train`` message without model and send their
+       kept update; the server applies ``w + server_lr * sum (d_i / p_i) U_i``,
+       an unbiased estimate of the full-participation step.
+
+    **What the server learns** (a design decision; the paper has each client
+    send ``||d_i U_i||``, which needs ``sum_j n_j`` on the client): every node's
+    update norm ``||U_i||`` and sample count ``n_i`` (which FedAvg's
+    ``num-examples`` reveals anyway), and the updates of the sampled nodes only.
+    With ``approximate=True`` (AOCS, MMFL-DETAILS.md) the probabilities depend on
+    the ``u_i`` only through sums: ``sum u_i``, then per iteration the sum of the
+    below-one probabilities and their count. Here those sums are simulated by
+    summing on the server, which still receives the individual values; a
+    deployment would compute them with Flower's secure aggregation
+    (``flwr.server.workflow.SecAggPlusWorkflow``) so that no individual norm
+    reaches the server, and each client would compute its own ``p_i``.
+
+    Parameters
+    ----------
+    clients_per_round : int
+        ``m``, the expected number of participants (clamped to the number of
+        nodes that answered the query).
+    approximate : bool, default False
+        Use AOCS (``aocs_probs``) instead of the exact OCS probabilities.
+    aocs_iterations : int, default 4
+        AOCS rescaling rounds ``j_max`` (4 in the authors' script).
+    server_lr : float, default 1.0
+        Server step on the estimate (1 is the authors' setting with deltas).
+    seed : int, default 0
+        Seeds the server's participation draws.
+    min_available_nodes : int, default 1
+        Rounds with fewer connected nodes are skipped (logged).
+    fraction_evaluate : float, default 0.0
+        Flower's federated evaluation (``evaluate`` messages); 0 disables it.
+    query_timeout : float, default 600.0
+        Seconds to wait for the ``query.norm`` replies.
+
+    Client contract (:mod:`flwr_importance.clientapps.optimal`, ``S = 1``)
+    ---------------------------------------------------------------------
+    ``query.norm``: ArrayRecord ``model-0`` (the global model), config
+    ``server-round``; reply metrics ``update-norm-0`` and ``num-examples-0``
+    (nonnegative), the update kept in the node state for that round.
+    ``train``: config ``server-round``, ``model-index = 0``,
+    ``kept-update = true``, no arrays; reply ArrayRecord ``update``
+    (``w_local - w_global``, the model's keys and shapes) and metrics
+    ``num-examples``, ``train-loss``, ``model-index``. A node that lost its kept
+    update replies with an error and is skipped.
+    ``evaluate`` (if ``fraction_evaluate > 0``): Flower's usual evaluate message.
+
+    Round metrics: ``num-sampled``, ``num-received``, ``train-loss``,
+    ``expected-participants`` (``sum p``) and, with exact OCS only,
+    ``variance`` (``sum u_i^2 (1/p_i - 1)``, the estimator's variance given this
+    round's updates) and ``uniform-variance`` (the same for ``p_i = m / N``).
+    """
+
+    def __init__(
+        self,
+        clients_per_round: int,
+        *,
+        approximate: bool = False,
+        aocs_iterations: int = 4,
+        server_lr: float = 1.0,
+        seed: int = 0,
+        min_available_nodes: int = 1,
+        fraction_evaluate: float = 0.0,
+        query_timeout: float = 600.0,
+    ) -> None:
+        if clients_per_round < 1:
+            raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
+        if server_lr <= 0:
+            raise ValueError(f"server_lr must be > 0, got {server_lr}")
+        if aocs_iterations < 0:
+            raise ValueError(f"aocs_iterations must be >= 0, got {aocs_iterations}")
+        super().__init__(
+            fraction_train=1.0,
+            fraction_evaluate=fraction_evaluate,
+            min_available_nodes=min_available_nodes,
+        )
+        self.clients_per_round = clients_per_round
+        self.approximate = approximate
+        self.aocs_iterations = aocs_iterations
+        self.server_lr = server_lr
+        self.seed = seed
+        self.query_timeout = query_timeout
+        self._rng = np.random.default_rng(seed)
+        self._plan: RoundPlan | None = None
+        self._norms: NDArray[np.float64] | None = None
+        self._global: ArrayRecord | None = None
+
+    @property
+    def plan(self) -> RoundPlan | None:
+        """The current round's sample and probabilities (None before round 1)."""
+        return self._plan
+
+    def summary(self) -> None:
+        """Log the method's parameters."""
+        log(
+            INFO,
+            "\t├──> OptimalClientSampling (%s):",
+            "AOCS" if self.approximate else "OCS",
+        )
+        log(INFO, "\t│\t├── expected participants m: %d", self.clients_per_round)
+        if self.approximate:
+            log(INFO, "\t│\t├── AOCS iterations: %d", self.aocs_iterations)
+        log(INFO, "\t│\t├── server lr: %g", self.server_lr)
+        log(INFO, "\t│\t└── seed: %d", self.seed)
+        super().summary()
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Query every node's update norm, compute ``p``, sample independently."""
+        self._plan, self._global = None, arrays
+        node_ids = available_nodes(grid, self.min_available_nodes, "configure_train")
+        if not node_ids:
+            return []
+        query_config = ConfigRecord({**dict(config), "server-round": server_round})
+        answered, (norms, sizes) = query_matrix(
+            grid,
+            node_ids,
+            "norm",
+            query_config,
+            ["update-norm", "num-examples"],
+            1,
+            {model_record_name(0): arrays},
+            self.query_timeout,
+        )
+        fractions = size_fractions(sizes)
+        self._norms = (fractions * norms)[:, 0]
+        if self.approximate:
+            probs = aocs_probs(
+                self._norms, self.clients_per_round, self.aocs_iterations
+            )
+        else:
+            probs = optimal_client_probs(self._norms, self.clients_per_round)
+        sampled = poisson_sample(probs, self._rng)
+        self._plan = RoundPlan(
+            server_round,
+            tuple(answered),
+            fractions,
+            probs[:, None],
+            {answered[row]: 0 for row in sampled},
+        )
+        log(
+            INFO,
+            "configure_train: %d of %d nodes sampled (expected %.2f)",
+            len(sampled),
+            len(answered),
+            probs.sum(),
+        )
+        return train_messages(self._plan, config, None)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Apply the unbiased ``w + server_lr * sum (d_i / p_i) U_i``."""
+        replies = list(replies)
+        if self._plan is None or self._global is None or self._norms is None:
+            return None, None
+        (model,), metrics = unbiased_step(
+            self._plan, replies, [self._global], self.server_lr
+        )
+        probs = self._plan.probs[:, 0]
+        metrics["expected-participants"] = float(probs.sum())
+        if not self.approximate:
+            # The norms are known exactly here, so the round's variance is too.
+            population = probs.size
+            uniform = np.full(
+                population, min(self.clients_per_round, population) / population
+            )
+            metrics["variance"] = estimator_variance(self._norms, probs)
+            metrics["uniform-variance"] = estimator_variance(self._norms, uniform)
+        return model, MetricRecord(dict(metrics))

@@ -1,0 +1,30 @@
+"""``strategy = "ocs"``: optimal client sampling (OCS), or AOCS, for one model.
+
+Options: ``ocs-approximate`` (AOCS instead of the exact probabilities),
+``ocs-aocs-iterations`` (its ``j_max``), ``ocs-server-lr`` (server step on the
+unbiased estimate). ``clients-per-round`` is the expected number of
+participants ``m``.
+"""
+
+from __future__ import annotations
+
+from flwr_importance.clientapps import ClientHandler, TaskFactory
+from flwr_importance.clientapps.optimal import make_ocs_handlers
+from flwr_importance.strategies.ocs import OptimalClientSampling
+from simulations.config import ExperimentConfig
+
+
+def build_strategy(config: ExperimentConfig, num_clients: int) -> OptimalClientSampling:
+    """OCS with ``m = clients-per-round`` (at most ``num_clients``)."""
+    return OptimalClientSampling(
+        clients_per_round=min(config.clients_per_round, num_clients),
+        approximate=bool(config.option("ocs-approximate")),
+        aocs_iterations=int(config.option("ocs-aocs-iterations")),
+        server_lr=float(config.option("ocs-server-lr")),
+        seed=config.seed,
+    )
+
+
+def client_handlers(task_factory: TaskFactory) -> dict[str, ClientHandler]:
+    """``query.norm`` (train and keep), ``train`` (send the kept update), evaluate."""
+    return make_ocs_handlers(task_factory)
