@@ -15,7 +15,8 @@ It reports medians after warm-up and the ratios to ``plain``; the target is a
 ``weighted``/``plain`` ratio of at most 2.5 for the MLP at batch 64 on
 digits-shaped input (1x8x8, 10 classes).
 
-Run: ``python benchmarks/per_sample_grads.py [--batch-size 64] [--repeats 200]``.
+Run: ``python benchmarks/per_sample_grads.py [--batch-size 64] [--repeats 200]
+[--threads 1]``.
 """
 
 from __future__ import annotations
@@ -120,12 +121,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--threads",
         type=int,
-        default=None,
-        help="torch intra-op threads (default: torch's own choice)",
+        default=1,
+        help="torch intra-op threads; 1 (default) is what a simulated client on "
+        "one core gets and keeps timings stable on a shared machine; 0 leaves "
+        "torch's own choice",
     )
     parser.add_argument("--models", nargs="+", choices=MODEL_NAMES, default=MODEL_NAMES)
     args = parser.parse_args(argv)
-    if args.threads is not None:
+    if args.threads > 0:
         torch.set_num_threads(args.threads)
     print(
         f"per-sample gradient norms vs plain SGD step: batch {args.batch_size}, "
