@@ -9,6 +9,7 @@ from logging import INFO
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import Result
 
 from flwr_importance.tasks import Objective, evaluate
 from simulations.config import ExperimentConfig
@@ -37,6 +38,32 @@ def wait_for_nodes(grid: Grid, timeout: float = 120.0) -> int:
     raise RuntimeError(f"no stable set of nodes connected within {timeout:.0f} s")
 
 
+def start_single_model(
+    grid: Grid, config: ExperimentConfig, num_clients: int
+) -> Result:
+    """Build the method's strategy for one model and run it, evaluating centrally."""
+    data = federated_data(config, num_clients)
+    model = global_model(config, data)
+    objective = Objective(data.task, l2=config.l2)
+    strategy = load_method(config.strategy).build_strategy(config, num_clients)
+
+    def central_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        model.load_state_dict(arrays.to_torch_state_dict())
+        metrics = evaluate(
+            model, data.test.x, data.test.y, objective, optimum=data.optimum
+        )
+        summary = ", ".join(f"{key}={value:.4g}" for key, value in metrics.items())
+        log(INFO, "[%s] round %d: %s", config.strategy, server_round, summary)
+        return MetricRecord(dict(metrics))
+
+    return strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord(model.state_dict()),
+        num_rounds=config.num_server_rounds,
+        evaluate_fn=central_evaluate,
+    )
+
+
 def run_experiment(
     grid: Grid, config: ExperimentConfig, num_clients: int | None = None
 ) -> list[HistoryRow]:
@@ -53,27 +80,10 @@ def run_experiment(
     # Flower's stock strategies sample nodes with the global `random` module.
     random.seed(config.seed)
     num_clients = num_clients or wait_for_nodes(grid)
-    data = federated_data(config, num_clients)
-    model = global_model(config, data)
-    objective = Objective(data.task, l2=config.l2)
-    strategy = load_method(config.strategy).build_strategy(config, num_clients)
-
-    def central_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        model.load_state_dict(arrays.to_torch_state_dict())
-        metrics = evaluate(
-            model, data.test.x, data.test.y, objective, optimum=data.optimum
-        )
-        summary = ", ".join(f"{key}={value:.4g}" for key, value in metrics.items())
-        log(INFO, "[%s] round %d: %s", config.strategy, server_round, summary)
-        return MetricRecord(dict(metrics))
-
-    result = strategy.start(
-        grid=grid,
-        initial_arrays=ArrayRecord(model.state_dict()),
-        num_rounds=config.num_server_rounds,
-        evaluate_fn=central_evaluate,
-    )
-    rows = history_rows(result)
+    # A method training several models (mmfl) starts its strategy itself.
+    method = load_method(config.strategy)
+    start_strategy = getattr(method, "start_strategy", start_single_model)
+    rows = history_rows(start_strategy(grid, config, num_clients))
     output_dir = config.output_path()
     history_path = write_history(rows, output_dir)
     plot_path = plot_history(

@@ -1,0 +1,330 @@
+"""Multi-model federated learning with optimal variance-reduced sampling (MMFL).
+
+Zhang, Li, Gong, Siew, Joe-Wong, El-Azouzi, "Optimal Variance-Reduced Client
+Sampling in Multiple Models Federated Learning" (2024; slides in ``papers/``),
+METHODS.md §5 and MMFL-DETAILS.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from logging import INFO
+from typing import Literal, get_args
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+from numpy.typing import NDArray
+
+from flwr_importance.aggregation.optimal import size_fractions, uniform_assignment_prob
+from flwr_importance.clientapps.optimal import MODEL_RECORD_PREFIX, model_record_name
+from flwr_importance.sampling import assign_models, estimator_variance, mmfl_probs
+from flwr_importance.strategies.ocs import (
+    RoundPlan,
+    available_nodes,
+    query_matrix,
+    train_messages,
+    unbiased_step,
+)
+
+Variant = Literal["gradnorm", "loss", "random", "round-robin"]
+VARIANTS: tuple[Variant, ...] = get_args(Variant)
+
+#: Separates the model prefix from a parameter name in a packed ArrayRecord.
+PACKED_SEPARATOR = "/"
+
+
+def pack_models(models: Sequence[ArrayRecord]) -> ArrayRecord:
+    """The ``S`` models as one ArrayRecord, keys ``model-<s>/<parameter>``.
+
+    Flower's ``Strategy.start`` and ``Result`` carry one ArrayRecord; packing
+    lets the multi-model strategy run in Flower's own round loop, while every
+    message carries the models as separate ArrayRecords (``model-<s>``).
+    """
+    arrays: dict[str, Array] = {}
+    for model_index, model in enumerate(models):
+        for key, array in model.items():
+            arrays[f"{model_record_name(model_index)}{PACKED_SEPARATOR}{key}"] = array
+    return ArrayRecord.from_array_dict(arrays)
+
+
+def unpack_models(packed: ArrayRecord) -> list[ArrayRecord]:
+    """Inverse of :func:`pack_models`: the models in index order.
+
+    Raises
+    ------
+    ValueError
+        If a key is not ``model-<s>/<parameter>`` or the indices are not
+        ``0..S-1``.
+    """
+    grouped: dict[int, dict[str, Array]] = {}
+    for packed_key, array in packed.items():
+        name, separator, key = packed_key.partition(PACKED_SEPARATOR)
+        index = name.removeprefix(MODEL_RECORD_PREFIX)
+        if (
+            not separator
+            or not index.isdigit()
+            or name != model_record_name(int(index))
+        ):
+            raise ValueError(f"'{packed_key}' is not a packed model key")
+        grouped.setdefault(int(index), {})[key] = array
+    if sorted(grouped) != list(range(len(grouped))):
+        raise ValueError(f"packed model indices {sorted(grouped)} are not 0..S-1")
+    return [ArrayRecord.from_array_dict(grouped[index]) for index in sorted(grouped)]
+
+
+class MultiModelSampling(FedAvg):
+    """Train ``S`` models at once, each client training at most one per round.
+
+    Zhang et al. 2024 (slides, Algorithm 1 and eq. 5; METHODS.md §5,
+    MMFL-DETAILS.md). Client ``i`` trains model ``s`` with probability
+    ``p_{s|i}`` or idles; the server updates every model with the unbiased
+    ``w_s + server_lr * sum_{i in A_s} (d_is / p_{s|i}) U_is``, where
+    ``d_is = n_is / sum_j n_js`` and ``U_is`` is the local model delta. The
+    ``S`` global models travel through Flower's round loop packed in one
+    ArrayRecord (:func:`pack_models` / :func:`unpack_models`); in messages each
+    is its own ArrayRecord ``model-<s>``.
+
+    Variants (``p_{s|i}`` and who trains):
+
+    - ``"gradnorm"``: ``query.norm`` with all models; every client trains all
+      ``S`` (exact, expensive) and reports ``||U_is||``;
+      ``p = mmfl_probs(d * ||U||, m)``; the sampled clients send the kept
+      update of their model.
+    - ``"loss"``: ``query.loss`` with all models; clients report their mean loss
+      ``f_is(w_s)`` (forward passes only); ``p = mmfl_probs(d * f, m)``; only the
+      sampled clients train. **Decision:** ``u_is = d_is f_is`` as the formula
+      says; the authors' code divides the loss by the sample count, cancelling
+      the ``d`` weighting (MMFL-DETAILS.md).
+    - ``"random"``: ``m`` clients without replacement, each given a uniformly
+      random model; ``p = m / (N S)``.
+    - ``"round-robin"``: the same ``m`` clients; client ``i`` trains model
+      ``(node_id + round) mod S``, so its model rotates every round; weighted
+      with the same ``p = m / (N S)`` (unbiased on average over ``S`` rounds,
+      not within one).
+
+    The baselines need every ``n_is`` once: a ``query.sizes`` to each node the
+    first time it is seen (kept per node id; departed nodes drop out).
+
+    Parameters
+    ----------
+    num_models : int
+        ``S``.
+    clients_per_round : int
+        ``m``, the expected number of active clients over all models.
+    variant : {"gradnorm", "loss", "random", "round-robin"}, default "gradnorm"
+    server_lr : float, default 1.0
+        Server step on the estimate.
+    seed : int, default 0
+        Seeds the server's draws.
+    min_available_nodes : int, default 1
+        Rounds with fewer connected nodes are skipped (logged).
+    query_timeout : float, default 600.0
+        Seconds to wait for query replies.
+
+    Client contract (:mod:`flwr_importance.clientapps.optimal`)
+    -----------------------------------------------------------
+    ``query.norm`` (gradnorm): ArrayRecords ``model-0..model-<S-1>``, config
+    ``server-round``; reply metrics ``update-norm-<s>``, ``num-examples-<s>``.
+    ``query.loss`` (loss): the same models; reply ``loss-<s>``,
+    ``num-examples-<s>``. ``query.sizes`` (random, round-robin): config
+    ``num-models``; reply ``num-examples-<s>``. ``train``: config
+    ``server-round``, ``model-index``, ``kept-update`` (true for gradnorm: no
+    model attached, send the kept update; false: ArrayRecord ``model-<s>``
+    attached, train it); reply ArrayRecord ``update`` (``w_local - w_s``) and
+    metrics ``num-examples``, ``train-loss``, ``model-index``. Federated
+    evaluation is not used (the ServerApp evaluates each model centrally).
+
+    Round metrics: ``num-sampled``, ``num-received``, ``num-received-<s>``,
+    ``train-loss``, ``expected-participants`` and, for ``"gradnorm"``,
+    ``variance`` and ``random-variance`` (the estimator's variance given the
+    round's updates under ``p`` and under ``m / (N S)``).
+    """
+
+    def __init__(
+        self,
+        num_models: int,
+        clients_per_round: int,
+        *,
+        variant: Variant = "gradnorm",
+        server_lr: float = 1.0,
+        seed: int = 0,
+        min_available_nodes: int = 1,
+        query_timeout: float = 600.0,
+    ) -> None:
+        if num_models < 1 or clients_per_round < 1:
+            raise ValueError(
+                f"need num_models >= 1 and clients_per_round >= 1, got "
+                f"{num_models} and {clients_per_round}"
+            )
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown variant {variant!r}; valid: {VARIANTS}")
+        if server_lr <= 0:
+            raise ValueError(f"server_lr must be > 0, got {server_lr}")
+        super().__init__(
+            fraction_train=1.0,
+            fraction_evaluate=0.0,
+            min_available_nodes=min_available_nodes,
+        )
+        self.num_models = num_models
+        self.clients_per_round = clients_per_round
+        self.variant = variant
+        self.server_lr = server_lr
+        self.seed = seed
+        self.query_timeout = query_timeout
+        self._rng = np.random.default_rng(seed)
+        self._known_sizes: dict[int, NDArray[np.float64]] = {}
+        self._plan: RoundPlan | None = None
+        self._models: list[ArrayRecord] = []
+        self._norms: NDArray[np.float64] | None = None
+
+    @property
+    def plan(self) -> RoundPlan | None:
+        """The current round's sample and probabilities (None before round 1)."""
+        return self._plan
+
+    def summary(self) -> None:
+        """Log the method's parameters."""
+        log(INFO, "\t├──> MultiModelSampling (%s):", self.variant)
+        log(INFO, "\t│\t├── models S: %d", self.num_models)
+        log(INFO, "\t│\t├── expected active clients m: %d", self.clients_per_round)
+        log(INFO, "\t│\t├── server lr: %g", self.server_lr)
+        log(INFO, "\t│\t└── seed: %d", self.seed)
+        super().summary()
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Compute ``p_{s|i}`` for the variant, assign models, build messages."""
+        self._plan, self._norms = None, None
+        self._models = unpack_models(arrays)
+        if len(self._models) != self.num_models:
+            raise ValueError(
+                f"{len(self._models)} packed models, strategy built for "
+                f"{self.num_models}"
+            )
+        node_ids = available_nodes(grid, self.min_available_nodes, "configure_train")
+        if not node_ids:
+            return []
+        query_config = ConfigRecord({**dict(config), "server-round": server_round})
+        if self.variant in ("gradnorm", "loss"):
+            self._plan = self._optimal_plan(server_round, node_ids, query_config, grid)
+        else:
+            self._plan = self._baseline_plan(server_round, node_ids, grid)
+        log(
+            INFO,
+            "configure_train: %d of %d nodes active, per model %s",
+            len(self._plan.assigned),
+            len(self._plan.node_ids),
+            np.bincount(list(self._plan.assigned.values()), minlength=self.num_models),
+        )
+        kept = self.variant == "gradnorm"
+        return train_messages(self._plan, config, None if kept else self._models)
+
+    def _optimal_plan(
+        self, server_round: int, node_ids: list[int], config: ConfigRecord, grid: Grid
+    ) -> RoundPlan:
+        """``p = mmfl_probs(d * score, m)`` from a norm or loss query."""
+        action, score_key = (
+            ("norm", "update-norm") if self.variant == "gradnorm" else ("loss", "loss")
+        )
+        models = {model_record_name(s): model for s, model in enumerate(self._models)}
+        answered, (scores, sizes) = query_matrix(
+            grid,
+            node_ids,
+            action,
+            config,
+            [score_key, "num-examples"],
+            self.num_models,
+            models,
+            self.query_timeout,
+        )
+        fractions = size_fractions(sizes)
+        weighted_scores = fractions * scores
+        probs = mmfl_probs(weighted_scores, self.clients_per_round)
+        if self.variant == "gradnorm":
+            self._norms = weighted_scores
+        return self._plan_from(server_round, answered, fractions, probs)
+
+    def _plan_from(
+        self,
+        server_round: int,
+        node_ids: Sequence[int],
+        fractions: NDArray[np.float64],
+        probs: NDArray[np.float64],
+    ) -> RoundPlan:
+        models = assign_models(probs, self._rng)
+        assigned = {
+            node_ids[int(row)]: int(models[row]) for row in np.flatnonzero(models >= 0)
+        }
+        return RoundPlan(server_round, tuple(node_ids), fractions, probs, assigned)
+
+    def _baseline_plan(
+        self, server_round: int, node_ids: list[int], grid: Grid
+    ) -> RoundPlan:
+        """``m`` clients without replacement; a random or rotating model each."""
+        unknown = [node_id for node_id in node_ids if node_id not in self._known_sizes]
+        if unknown:
+            answered, (sizes,) = query_matrix(
+                grid,
+                unknown,
+                "sizes",
+                ConfigRecord({"num-models": self.num_models}),
+                ["num-examples"],
+                self.num_models,
+                timeout=self.query_timeout,
+            )
+            self._known_sizes.update(zip(answered, sizes, strict=True))
+        population = [node_id for node_id in node_ids if node_id in self._known_sizes]
+        fractions = size_fractions([self._known_sizes[node] for node in population])
+        fractions = fractions.reshape(len(population), self.num_models)
+        num_active = min(self.clients_per_round, len(population))
+        active = self._rng.choice(len(population), size=num_active, replace=False)
+        if self.variant == "random":
+            models = self._rng.integers(self.num_models, size=num_active)
+        else:
+            models = np.array(
+                [(population[row] + server_round) % self.num_models for row in active]
+            )
+        probs = np.full(
+            fractions.shape,
+            uniform_assignment_prob(
+                max(len(population), 1), self.num_models, self.clients_per_round
+            ),
+        )
+        assigned = {
+            population[row]: int(model)
+            for row, model in zip(active, models, strict=True)
+        }
+        return RoundPlan(server_round, tuple(population), fractions, probs, assigned)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Apply ``w_s + server_lr * sum_{i in A_s} (d_is / p_is) U_is`` per model."""
+        replies = list(replies)
+        if self._plan is None:
+            return None, None
+        new_models, metrics = unbiased_step(
+            self._plan, replies, self._models, self.server_lr
+        )
+        metrics["expected-participants"] = float(self._plan.probs.sum())
+        if self._norms is not None:
+            population = self._norms.shape[0]
+            random_probs = np.full_like(
+                self._norms,
+                uniform_assignment_prob(
+                    population, self.num_models, self.clients_per_round
+                ),
+            )
+            metrics["variance"] = estimator_variance(self._norms, self._plan.probs)
+            metrics["random-variance"] = estimator_variance(self._norms, random_probs)
+        return pack_models(new_models), MetricRecord(dict(metrics))
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """No federated evaluation: each model is evaluated centrally."""
+        return []
