@@ -120,7 +120,8 @@ def folb_weights(
     reference_gradients : Sequence[NDArray], optional
         Gradients of the second set ``S2`` (eq. 10); ``None`` estimates the
         global gradient on ``gradients`` themselves (eq. 13). Non-finite ones
-        are left out of the estimate.
+        are left out of the estimate; an empty sequence (the second set did
+        not answer) falls back to the mean.
     reference_multiplicities : ArrayLike, optional
         Times each ``S2`` device was drawn (default one each).
     inexactness : ArrayLike, optional
@@ -147,7 +148,7 @@ def folb_weights(
         For inconsistent lengths or shapes, negative multiplicities or ``psi``,
         ``gamma_k`` outside ``[0, 1]``, or an unknown option.
     """
-    _check_options(penalty, negative, denominator, psi)
+    check_options(penalty, negative, denominator, psi)
     counts = _multiplicities(multiplicities, len(gradients))
     if not gradients:
         raise ValueError("need at least one device")
@@ -156,6 +157,9 @@ def folb_weights(
     finite = np.all(np.isfinite(matrix), axis=1)
     if reference_gradients is None:
         reference, reference_counts = matrix[finite], counts[finite]
+    elif len(reference_gradients) == 0:
+        # The whole second set failed to answer: nothing to estimate gS2 with.
+        reference, reference_counts = matrix[:0], counts[:0]
     else:
         reference = _stack(reference_gradients, "reference_gradients")
         if reference.shape[1] != matrix.shape[1]:
@@ -321,7 +325,8 @@ def _inexactness(
     return gammas
 
 
-def _check_options(penalty: str, negative: str, denominator: str, psi: float) -> None:
+def check_options(penalty: str, negative: str, denominator: str, psi: float) -> None:
+    """Raise ``ValueError`` for an unknown option or a negative/non-finite ``psi``."""
     if penalty not in PENALTIES:
         raise ValueError(f"penalty must be one of {PENALTIES}, got {penalty!r}")
     if negative not in NEGATIVE_RULES:

@@ -129,6 +129,12 @@ def test_drop_with_only_negative_scores_falls_back() -> None:
     np.testing.assert_allclose(result.weights, [0.5, 0.5])
 
 
+def test_empty_second_set_falls_back() -> None:
+    result = two_set_weights(GRADIENTS, [])
+    assert result.fallback_reason is not None
+    np.testing.assert_allclose(result.weights, np.full(3, 1.0 / 3.0))
+
+
 def test_signed_denominator_that_is_negative_falls_back() -> None:
     reference = [np.array([-1.0, 0.0])]
     gradients = [np.array([1.0, 0.0]), np.array([0.5, 0.0])]
