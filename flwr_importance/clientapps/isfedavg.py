@@ -58,7 +58,8 @@ NUM_CLIENTS_KEY = "isfedavg-num-clients"
 LOCAL_STEPS_KEY = "isfedavg-local-steps"
 #: ``B_k``: mini-batch size.
 BATCH_SIZE_KEY = "isfedavg-batch-size"
-#: Whether to adapt the sample probabilities (eq. 29); False keeps them uniform.
+#: Whether to apply eq. 29 to the sample probabilities; False leaves them as
+#: they are (uniform, as stored on a node's first round, in uniform mode).
 ADAPT_SAMPLE_PROBS_KEY = "isfedavg-adapt-sample-probs"
 #: Floor on every ``p_n`` as a fraction of ``1/N_k``, in ``(0, 1]``.
 MIN_RELATIVE_SAMPLE_PROB_KEY = "isfedavg-min-relative-sample-prob"
@@ -209,8 +210,6 @@ def importance_sampled_sgd(
             num_samples,
         )
         batch_size = num_samples
-    if not settings.adapt_sample_probs:
-        sample_state.probs = np.full(num_samples, 1.0 / num_samples)
     client_scale = settings.num_clients * settings.client_prob
     parameters = list(task.model.parameters())
     # sum_e (1/(E B)) sum_b 1/(N p_b) grad Q_b, the eq. 14 gradient of the round.
