@@ -21,7 +21,9 @@ def test_flwr_run_default_experiment_learns_and_leaves_nothing_running(
     completed = flwr_run(
         APP_DIR,
         num_supernodes=10,
+        # IID partitions: this test checks the plumbing learns, not a method.
         run_config={
+            "partitioning": "iid",
             "num-server-rounds": 4,
             "clients-per-round": 5,
             "output-dir": str(output_dir),
@@ -34,6 +36,6 @@ def test_flwr_run_default_experiment_learns_and_leaves_nothing_running(
     assert completed.returncode == 0, log
     rows = json.loads((output_dir / "history.json").read_text())
     assert [row["round"] for row in rows] == [0, 1, 2, 3, 4]
-    assert rows[-1]["accuracy"] > rows[0]["accuracy"] + 0.2, rows
+    assert rows[-1]["accuracy"] > rows[0]["accuracy"] + 0.4, rows
     assert (output_dir / "convergence.png").stat().st_size > 0
     assert processes_mentioning(str(flwr_home.resolve())) == []
