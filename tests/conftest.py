@@ -1,0 +1,51 @@
+"""Fixtures shared across the test suite."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import pytest
+
+from flwr_importance.launcher import flwr_run, processes_mentioning
+
+APP_DIR = Path(__file__).resolve().parent.parent
+
+FlwrSimulation = Callable[..., list[dict[str, float]]]
+
+
+@pytest.fixture
+def flwr_simulation(tmp_path: Path) -> FlwrSimulation:
+    """Run the simulation app through a real ``flwr run``; return its history.
+
+    The returned function takes run-config overrides and the number of virtual
+    SuperNodes, checks that the run succeeded, wrote its history and plot, and
+    left no process running, and returns the ``history.json`` rows.
+    """
+
+    def run(
+        run_config: Mapping[str, bool | int | float | str],
+        num_supernodes: int,
+        timeout: float = 400,
+    ) -> list[dict[str, float]]:
+        output_dir = tmp_path / "out"
+        flwr_home = tmp_path / "flwr-home"
+        completed = flwr_run(
+            APP_DIR,
+            num_supernodes=num_supernodes,
+            run_config={**run_config, "output-dir": str(output_dir)},
+            flwr_home=flwr_home,
+            capture=True,
+            timeout=timeout,
+        )
+        log = completed.stdout[-4000:] + completed.stderr[-4000:]
+        assert completed.returncode == 0, log
+        assert processes_mentioning(str(flwr_home.resolve())) == []
+        assert (output_dir / "convergence.png").stat().st_size > 0
+        rows: list[dict[str, float]] = json.loads(
+            (output_dir / "history.json").read_text()
+        )
+        return rows
+
+    return run
