@@ -15,11 +15,18 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from flwr_importance.clientapps.optimal import UPDATE_RECORD, model_record_name
 from flwr_importance.strategies.common import flatten
+from flwr_importance.strategies.mmfl import MultiModelSampling
 from flwr_importance.strategies.ocs import OptimalClientSampling
 from flwr_importance.testing import InProcessGrid
 from simulations.client_app import app as client_app
 from simulations.config import ExperimentConfig
-from simulations.inprocess import resolve_run_config, run_inprocess
+from simulations.inprocess import (
+    PRESETS_DIR,
+    load_preset,
+    resolve_run_config,
+    run_inprocess,
+)
+from simulations.methods import load_method
 from simulations.methods.mmfl import parse_tasks
 from simulations.task import federated_data, global_model
 
@@ -144,3 +151,20 @@ def test_parse_tasks_reads_dataset_partitioning_parameter_and_model() -> None:
         parse_tasks("digits:iid:3")
     with pytest.raises(ValueError, match="dataset"):
         parse_tasks("digits:iid::mlp:extra")
+
+
+@pytest.mark.parametrize(
+    "preset",
+    sorted(
+        path.stem
+        for pattern in ("ocs-*.toml", "mmfl-*.toml")
+        for path in PRESETS_DIR.glob(pattern)
+    ),
+)
+def test_presets_are_valid_run_configs(preset: str) -> None:
+    run_config = resolve_run_config(load_preset(preset))
+    config = ExperimentConfig.from_run_config(run_config)
+    strategy = load_method(config.strategy).build_strategy(config, 100)
+    if config.strategy == "mmfl":
+        assert isinstance(strategy, MultiModelSampling)
+        assert strategy.num_models == len(parse_tasks(str(run_config["mmfl-tasks"])))
