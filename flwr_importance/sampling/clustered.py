@@ -28,7 +28,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.cluster.hierarchy import fcluster, linkage
-from scipy.spatial.distance import pdist, squareform
+from scipy.spatial.distance import cdist, pdist, squareform
 
 from flwr_importance.sampling._checks import (
     nonnegative_matrix,
@@ -51,6 +51,9 @@ _ROW_SUM_TOLERANCE = 1e-9
 # memory of the projection matrix block and fixes the generator's stream, so
 # the same seed always gives the same projection.
 _PROJECTION_BLOCK = 4096
+
+# Bytes of float64 copy `cross_distances` makes at a time for L1 distances.
+_L1_BLOCK_BYTES = 64 * 2**20
 
 
 def clustered_distributions_by_size(sizes: ArrayLike, m: int) -> NDArray[np.float64]:
@@ -225,6 +228,59 @@ def pairwise_distances(
     """
     grads = _checked_gradients(representative_grads)
     return _distance_matrix(grads, _checked_distance_name(distance))
+
+
+def cross_distances(
+    left_grads: ArrayLike, right_grads: ArrayLike, distance: Distance = "arccos"
+) -> NDArray[np.float64]:
+    """Distances between every row of ``left_grads`` and every row of ``right_grads``.
+
+    What a strategy needs to keep a distance matrix up to date: only the rows
+    (and columns) of the clients that returned a new gradient are recomputed,
+    ``O(k N d)`` for ``k`` new gradients instead of ``O(N^2 d)``.  Same
+    conventions as :func:`pairwise_distances` (zero gradients included);
+    float32 input stays float32 for the inner products.
+
+    Parameters
+    ----------
+    left_grads : ArrayLike
+        Array of shape ``(k, d)``.
+    right_grads : ArrayLike
+        Array of shape ``(N, d)``, the same ``d``.
+    distance : {"arccos", "l2", "l1"}
+        Dissimilarity, as in :func:`clustered_distributions_by_similarity`.
+
+    Returns
+    -------
+    NDArray[np.float64]
+        Matrix of shape ``(k, N)``.
+
+    Raises
+    ------
+    ValueError
+        If the gradients are not finite 2-D arrays with the same number of
+        columns, or ``distance`` is unknown.
+    """
+    left = _checked_gradients(left_grads)
+    right = _checked_gradients(right_grads)
+    if left.shape[1] != right.shape[1]:
+        raise ValueError(
+            f"gradients must have the same dimension, got {left.shape[1]} "
+            f"and {right.shape[1]}"
+        )
+    name = _checked_distance_name(distance)
+    if name == "l1":
+        # cdist works in float64: blocks of rows bound that copy of ``right``.
+        rows_per_block = max(1, _L1_BLOCK_BYTES // (8 * right.shape[1]))
+        blocks = [
+            cdist(left, right[start : start + rows_per_block], metric="cityblock")
+            for start in range(0, right.shape[0], rows_per_block)
+        ]
+        return np.hstack([np.zeros((left.shape[0], 0)), *blocks])
+    gram = (left @ right.T).astype(np.float64)
+    return _distances_from_gram(
+        gram, _squared_row_norms(left), _squared_row_norms(right), name
+    )
 
 
 def sample_from_distributions(
@@ -417,6 +473,11 @@ def _checked_gradients(
     return grads
 
 
+def _squared_row_norms(grads: NDArray) -> NDArray[np.float64]:
+    """``||g_i||^2`` of every row, accumulated in the rows' own precision."""
+    return np.einsum("ij,ij->i", grads, grads).astype(np.float64)
+
+
 def _checked_distance_name(distance: str) -> Distance:
     """Reject an unknown distance name."""
     if distance not in DISTANCES:
@@ -572,17 +633,29 @@ def _distance_matrix(grads: NDArray, distance: Distance) -> NDArray[np.float64]:
         return squareform(pdist(grads, metric="cityblock"))
     gram = (grads @ grads.T).astype(np.float64)
     squared_norms = np.diag(gram).copy()
+    return _distances_from_gram(gram, squared_norms, squared_norms, distance)
+
+
+def _distances_from_gram(
+    gram: NDArray[np.float64],
+    left_squared_norms: NDArray[np.float64],
+    right_squared_norms: NDArray[np.float64],
+    distance: Literal["arccos", "l2"],
+) -> NDArray[np.float64]:
+    """``arccos`` or ``l2`` distances from inner products and squared norms."""
     if distance == "l2":
         # |a - b|^2 = |a|^2 + |b|^2 - 2 <a, b>; rounding can dip below zero.
-        squared = squared_norms[:, None] + squared_norms[None, :] - 2 * gram
+        squared = left_squared_norms[:, None] + right_squared_norms[None, :] - 2 * gram
         return np.sqrt(np.maximum(squared, 0.0))
-    norms = np.sqrt(squared_norms)
-    is_zero = norms == 0
+    left_norms = np.sqrt(left_squared_norms)
+    right_norms = np.sqrt(right_squared_norms)
+    left_zero, right_zero = left_norms == 0, right_norms == 0
     # Zero rows of the Gram matrix give cosine 0 (orthogonal) against any
     # vector; two zero vectors are then set to cosine 1 (same direction).
-    safe_norms = np.where(is_zero, 1.0, norms)
-    cosine = gram / np.outer(safe_norms, safe_norms)
-    cosine[np.ix_(is_zero, is_zero)] = 1.0
+    cosine = gram / np.outer(
+        np.where(left_zero, 1.0, left_norms), np.where(right_zero, 1.0, right_norms)
+    )
+    cosine[np.ix_(left_zero, right_zero)] = 1.0
     return np.arccos(np.clip(cosine, -1.0, 1.0))
 
 

@@ -1,0 +1,35 @@
+"""ClientApp handlers for clustered and MD sampling (Fraboni et al., ICML 2021).
+
+Training is plain FedAvg training
+(:func:`~flwr_importance.clientapps.make_train_handler`, which reports
+``num-examples``); the only extra message is the server's size query, answered
+by :func:`make_sizes_handler`::
+
+    app = ClientApp()
+    app.train()(make_train_handler(my_task))
+    app.query("sizes")(make_sizes_handler(my_task))
+"""
+
+from __future__ import annotations
+
+from flwr.app import Context, Message, MetricRecord, RecordDict
+
+from flwr_importance.clientapps.common import ClientHandler, TaskFactory
+
+#: Metric of the reply: the node's number of local training samples.
+SIZE_KEY = "num-examples"
+
+
+def make_sizes_handler(task_factory: TaskFactory) -> ClientHandler:
+    """Answer ``query.sizes`` with the node's sample count.
+
+    The reply carries one MetricRecord ``metrics`` with ``num-examples``, the
+    number of local training samples (what the server uses for ``n_i``).
+    """
+
+    def sizes(message: Message, context: Context) -> Message:
+        task = task_factory(context)
+        content = RecordDict({"metrics": MetricRecord({SIZE_KEY: len(task.x)})})
+        return Message(content, reply_to=message)
+
+    return sizes

@@ -1,0 +1,272 @@
+"""Shared base of MD and clustered sampling: draws with repeats, mean with multiplicity.
+
+Both schemes of Fraboni et al. (ICML 2021) draw ``m`` clients *with repeats*
+and set the new global model to the plain mean of the ``m`` drawn models, a
+client drawn twice counting twice (paper, eq. 3 with ``omega_i`` = times drawn
+/ ``m``).  They differ only in how the ``m`` draws are made, which is the one
+abstract method, :meth:`MultisetSampling.draw_clients`.
+
+A client drawn several times trains once: its model is the same whichever draw
+it answers, so sending it several messages would only repeat the work.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from logging import INFO, WARNING
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy.strategy_utils import sample_nodes
+from numpy.typing import NDArray
+
+from flwr_importance.aggregation import weighted_sum
+from flwr_importance.strategies.common import (
+    CheckedReply,
+    check_replies,
+    flatten,
+    node_messages,
+    send_query,
+    unflatten,
+)
+
+#: Metric carrying a client's sample count, in size-query and train replies.
+SIZE_KEY = "num-examples"
+#: Query action asking the clients for their sample counts (``query.sizes``).
+SIZE_QUERY_ACTION = "sizes"
+
+
+class MultisetSampling(FedAvg, ABC):
+    """``m`` draws with repeats, one training per distinct client, mean with repeats.
+
+    Keeps every connected node's sample count ``n_i``: asked with a
+    ``query.sizes`` round trip the first time a node is seen (the first round,
+    and whenever nodes join), refreshed from the ``num-examples`` of its train
+    replies, forgotten when the node leaves.  A node that does not answer the
+    size query is not drawn this round and is asked again the next.
+
+    Parameters
+    ----------
+    clients_per_round : int
+        ``m``, the number of draws per round (>= 1).
+    seed : int
+        Seed of the server's draws (``numpy.random.default_rng``).
+    query_timeout : float
+        Seconds to wait for the size replies.
+    fraction_evaluate, min_evaluate_nodes, min_available_nodes
+        As in Flower's ``FedAvg`` (federated evaluation samples uniformly).
+    arrayrecord_key, configrecord_key
+        Keys of the model and the config in the messages sent.
+    """
+
+    def __init__(
+        self,
+        clients_per_round: int,
+        *,
+        seed: int = 0,
+        query_timeout: float = 600.0,
+        fraction_evaluate: float = 1.0,
+        min_evaluate_nodes: int = 2,
+        min_available_nodes: int = 1,
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+    ) -> None:
+        if isinstance(clients_per_round, bool) or clients_per_round < 1:
+            raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
+        if query_timeout <= 0:
+            raise ValueError(f"query_timeout must be > 0, got {query_timeout}")
+        super().__init__(
+            fraction_evaluate=fraction_evaluate,
+            min_train_nodes=clients_per_round,
+            min_evaluate_nodes=min_evaluate_nodes,
+            min_available_nodes=min_available_nodes,
+            weighted_by_key=SIZE_KEY,
+            arrayrecord_key=arrayrecord_key,
+            configrecord_key=configrecord_key,
+        )
+        self.clients_per_round = int(clients_per_round)
+        self.seed = seed
+        self.query_timeout = query_timeout
+        self.rng = np.random.default_rng(seed)
+        self._sizes: dict[int, int] = {}
+        self._drawn: Counter[int] = Counter()
+        self._round_model: ArrayRecord | None = None
+
+    # -- what a sampling scheme defines ------------------------------------------
+    @abstractmethod
+    def draw_clients(
+        self, node_ids: Sequence[int], sizes: NDArray[np.int64]
+    ) -> NDArray[np.intp]:
+        """The round's ``m`` draws, as positions in ``node_ids`` (repeats allowed).
+
+        ``sizes[i]`` is the sample count of ``node_ids[i]``; they do not all
+        vanish.
+        """
+
+    def track_nodes(self, node_ids: Sequence[int]) -> None:
+        """Called each round with the nodes that can be drawn (drop the others)."""
+
+    def record_updates(
+        self,
+        models: Mapping[int, NDArray[np.float64]],
+        global_model: NDArray[np.float64],
+    ) -> None:
+        """Called with the flattened returned models and the model they started from."""
+
+    # -- read-only views -------------------------------------------------------
+    @property
+    def drawn_counts(self) -> dict[int, int]:
+        """Times each node was drawn in the latest round (a node id -> count map)."""
+        return dict(self._drawn)
+
+    @property
+    def sizes(self) -> dict[int, int]:
+        """The sample count known for each node."""
+        return dict(self._sizes)
+
+    def summary(self) -> None:
+        """Log the sampling parameters, then Flower's ``FedAvg`` summary."""
+        log(INFO, "\t├──> %s:", type(self).__name__)
+        log(INFO, "\t│\t├── Draws per round (m): %d", self.clients_per_round)
+        log(INFO, "\t│\t├── Seed: %d", self.seed)
+        log(INFO, "\t│\t└── Size query timeout: %.0f s", self.query_timeout)
+        super().summary()
+
+    # -- Flower's Strategy API -------------------------------------------------
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Draw ``m`` clients with repeats; one train message per distinct client."""
+        _, connected = sample_nodes(grid, self.min_available_nodes, 0)
+        self._refresh_sizes(server_round, sorted(connected), grid)
+        node_ids = sorted(self._sizes)
+        self.track_nodes(node_ids)
+        self._drawn = Counter()
+        sizes = np.array([self._sizes[node_id] for node_id in node_ids], np.int64)
+        if sizes.sum() == 0:
+            log(WARNING, "configure_train: no client with a known, positive size")
+            return []
+        positions = self.draw_clients(node_ids, sizes)
+        self._drawn = Counter(node_ids[position] for position in positions)
+        self._round_model = arrays
+        log(
+            INFO,
+            "configure_train: %d draws, %d distinct clients (of %d)",
+            len(positions),
+            len(self._drawn),
+            len(node_ids),
+        )
+        config["server-round"] = server_round
+        return node_messages(
+            dict.fromkeys(sorted(self._drawn), config),
+            MessageType.TRAIN,
+            arrays,
+            self.arrayrecord_key,
+            self.configrecord_key,
+        )
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Plain mean of the returned models, each counted as often as drawn.
+
+        **Decision:** a drawn client that fails or sends a bad reply is left
+        out and the mean is taken over the draws that came back (the paper
+        assumes every drawn client answers).  No usable reply: the model stays.
+        """
+        if self._round_model is None:
+            return None, None
+        checked = check_replies(
+            replies,
+            nonnegative_keys=[SIZE_KEY],
+            expected_arrays=self._round_model,
+            context="aggregate_train",
+        )
+        usable = [reply for reply in checked if self._was_drawn(reply)]
+        if not usable:
+            log(WARNING, "aggregate_train: no usable reply, the model is unchanged")
+            return None, None
+        for reply in usable:
+            self._store_size(reply, "aggregate_train")
+        multiplicity = np.array([self._drawn[reply.node_id] for reply in usable])
+        weights = multiplicity / multiplicity.sum()
+        models = {reply.node_id: flatten(reply.array_record) for reply in usable}
+        global_model = flatten(self._round_model)
+        arrays = unflatten(
+            weighted_sum(list(models.values()), weights), self._round_model
+        )
+        self.record_updates(models, global_model)
+        return arrays, _round_metrics(usable, weights, multiplicity)
+
+    # -- sizes -----------------------------------------------------------------
+    def _refresh_sizes(
+        self, server_round: int, connected: list[int], grid: Grid
+    ) -> None:
+        """Forget departed nodes; ask newly seen ones for their size."""
+        for node_id in set(self._sizes) - set(connected):
+            del self._sizes[node_id]
+        unknown = [node_id for node_id in connected if node_id not in self._sizes]
+        if not unknown:
+            return
+        query_config = ConfigRecord({"server-round": server_round})
+        replies = send_query(
+            grid,
+            dict.fromkeys(unknown, query_config),
+            SIZE_QUERY_ACTION,
+            timeout=self.query_timeout,
+        )
+        for reply in check_replies(
+            replies.values(), nonnegative_keys=[SIZE_KEY], context="query.sizes"
+        ):
+            self._store_size(reply, "query.sizes")
+
+    def _store_size(self, reply: CheckedReply, context: str) -> None:
+        """Keep a reply's ``num-examples`` if it is a whole number (logged if not)."""
+        size = reply.metrics[SIZE_KEY]
+        if size != int(size):
+            log(
+                WARNING,
+                "%s: node %d sent a non-integer %s (%r), size not updated",
+                context,
+                reply.node_id,
+                SIZE_KEY,
+                size,
+            )
+            return
+        self._sizes[reply.node_id] = int(size)
+
+    def _was_drawn(self, reply: CheckedReply) -> bool:
+        """Whether the reply's node was drawn this round (logged if not)."""
+        if reply.node_id in self._drawn:
+            return True
+        log(
+            WARNING,
+            "aggregate_train: reply from undrawn node %d ignored",
+            reply.node_id,
+        )
+        return False
+
+
+def _round_metrics(
+    replies: Sequence[CheckedReply],
+    weights: NDArray[np.float64],
+    multiplicity: NDArray[np.int64],
+) -> MetricRecord:
+    """Multiplicity-weighted means of the metrics all replies share, and the counts.
+
+    ``distinct-clients`` is the number of distinct clients aggregated this
+    round, ``aggregated-draws`` the number of draws they account for.
+    """
+    shared = set.intersection(*(set(reply.metrics) for reply in replies))
+    metrics: dict[str, int | float | list[int] | list[float]] = {
+        key: float(np.dot(weights, [reply.metrics[key] for reply in replies]))
+        for key in sorted(shared)
+    }
+    metrics["distinct-clients"] = len(replies)
+    metrics["aggregated-draws"] = int(multiplicity.sum())
+    return MetricRecord(metrics)

@@ -1,0 +1,62 @@
+"""MD sampling, the multinomial baseline of clustered sampling (Fraboni et al.)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from flwr_importance.sampling import md_sample
+from flwr_importance.strategies._multiset import MultisetSampling
+
+
+class MDSampling(MultisetSampling):
+    """Multinomial distribution (MD) client sampling with FedAvg aggregation.
+
+    Fraboni, Vidal, Kameni, Lorenzi, "Clustered Sampling: Low-Variance and
+    Improved Representativity for Clients Selection in Federated Learning",
+    ICML 2021, Section 2 (the baseline of Li et al., 2020): ``m`` i.i.d. draws
+    with ``p_i = n_i / M_tot``; the new model is the plain mean of the ``m``
+    drawn models, a client drawn twice counting twice (it trains once).  The
+    round metric ``distinct-clients`` shows how often repeats happen (with 100
+    equal clients and ``m = 10``, only ~63% of rounds see 10 distinct ones).
+
+    Parameters
+    ----------
+    clients_per_round : int
+        ``m``, draws per round.
+    seed : int
+        Seed of the server's draws.
+    query_timeout : float
+        Seconds to wait for the replies to ``query.sizes``.
+    fraction_evaluate, min_evaluate_nodes, min_available_nodes
+        As in Flower's ``FedAvg``.
+    arrayrecord_key, configrecord_key
+        Keys of the model and the config in the messages sent.
+
+    Notes
+    -----
+    Client contract (the same for :class:`ClusteredSampling`):
+
+    - ``query.sizes`` (the first round, and once for every node that joins):
+      the server sends a ConfigRecord ``config`` with ``server-round``; the
+      reply carries one MetricRecord with ``num-examples``, the client's sample
+      count (a non-negative integer).  A client without a size is not drawn.
+    - ``train``: ArrayRecord ``arrays`` (the global model) and ConfigRecord
+      ``config`` with ``server-round``, once per distinct drawn client.  The
+      reply carries one ArrayRecord with the model's keys and shapes and one
+      MetricRecord with ``num-examples`` (which updates the client's size);
+      every other numeric metric all replies share is averaged with the
+      draws' multiplicities (e.g. ``train-loss``).
+    - ``evaluate``: as Flower's ``FedAvg``.
+
+    Round metrics: ``distinct-clients`` and ``aggregated-draws``.  The server
+    learns each client's sample count, as in Flower's ``FedAvg``.
+    """
+
+    def draw_clients(
+        self, node_ids: Sequence[int], sizes: NDArray[np.int64]
+    ) -> NDArray[np.intp]:
+        """``m`` i.i.d. draws with probabilities ``n_i / M_tot``."""
+        return md_sample(sizes / sizes.sum(), self.clients_per_round, self.rng)

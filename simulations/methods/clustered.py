@@ -1,0 +1,44 @@
+"""``strategy = "clustered"``: clustered sampling, Algorithm 1 or 2 (Fraboni et al.).
+
+Options (``[tool.flwr.app.config]``): ``clustered-method`` (``size`` or
+``similarity``), ``clustered-distance`` (``arccos``, ``l2``, ``l1``) and
+``clustered-projection-dim`` (0: keep representative gradients whole).
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+from flwr_importance.clientapps import (
+    ClientHandler,
+    TaskFactory,
+    make_evaluate_handler,
+    make_train_handler,
+)
+from flwr_importance.clientapps.clustered import make_sizes_handler
+from flwr_importance.sampling import Distance
+from flwr_importance.strategies.clustered import ClusteredSampling, ClusteringMethod
+from simulations.config import ExperimentConfig
+
+
+def build_strategy(config: ExperimentConfig, num_clients: int) -> ClusteredSampling:
+    """``ClusteredSampling`` drawing ``clients-per-round`` clients per round."""
+    projection_dim = int(config.option("clustered-projection-dim"))
+    return ClusteredSampling(
+        config.clients_per_round,
+        method=cast(ClusteringMethod, str(config.option("clustered-method"))),
+        distance=cast(Distance, str(config.option("clustered-distance"))),
+        projection_dim=projection_dim or None,
+        seed=config.seed,
+        # The ServerApp evaluates centrally.
+        fraction_evaluate=0.0,
+    )
+
+
+def client_handlers(task_factory: TaskFactory) -> dict[str, ClientHandler]:
+    """Plain local SGD, local evaluation and the size query."""
+    return {
+        "train": make_train_handler(task_factory),
+        "evaluate": make_evaluate_handler(task_factory),
+        "query.sizes": make_sizes_handler(task_factory),
+    }

@@ -1,0 +1,15 @@
+"""``strategy = "md"``: MD sampling, the baseline of clustered sampling."""
+
+from __future__ import annotations
+
+from flwr_importance.strategies.md import MDSampling
+from simulations.config import ExperimentConfig
+from simulations.methods.clustered import client_handlers
+
+__all__ = ["build_strategy", "client_handlers"]
+
+
+def build_strategy(config: ExperimentConfig, num_clients: int) -> MDSampling:
+    """``MDSampling`` drawing ``clients-per-round`` clients per round."""
+    # The ServerApp evaluates centrally.
+    return MDSampling(config.clients_per_round, seed=config.seed, fraction_evaluate=0.0)
