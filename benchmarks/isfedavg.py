@@ -86,8 +86,8 @@ def settings(full: bool) -> list[Setting]:
             ),
         ]
     return [
-        Setting("regression", "isfedavg-regression", 300, 200, (0, 1), "msd"),
-        Setting("logistic", "isfedavg-logistic", 100, 100, (0, 1), "error"),
+        Setting("regression", "isfedavg-regression", 300, 160, (0, 1), "msd"),
+        Setting("logistic", "isfedavg-logistic", 100, 50, (0, 1), "error"),
     ]
 
 
