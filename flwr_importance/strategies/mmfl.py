@@ -304,7 +304,6 @@ class MultiModelSampling(FedAvg):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Apply ``w_s + server_lr * sum_{i in A_s} (d_is / p_is) U_is`` per model."""
-        replies = list(replies)
         if self._plan is None:
             return None, None
         new_models, metrics = unbiased_step(

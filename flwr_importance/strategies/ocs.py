@@ -417,7 +417,6 @@ class OptimalClientSampling(FedAvg):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Apply the unbiased ``w + server_lr * sum (d_i / p_i) U_i``."""
-        replies = list(replies)
         if self._plan is None or self._global is None or self._norms is None:
             return None, None
         (model,), metrics = unbiased_step(
