@@ -1,0 +1,32 @@
+"""Flower Message-API strategies, one module per paper.
+
+Each is a subclass of Flower's ``flwr.serverapp.strategy.FedAvg``: sampling in
+``configure_train``, reweighted aggregation in ``aggregate_train``. Each class
+docstring states its paper, its parameters and its client contract.
+"""
+
+from flwr_importance.strategies.clustered import ClusteredSampling
+from flwr_importance.strategies.fedsampling import FedSampling
+from flwr_importance.strategies.folb import FOLB
+from flwr_importance.strategies.isfedavg import ISFedAvg
+from flwr_importance.strategies.md import MDSampling
+from flwr_importance.strategies.mmfl import (
+    MultiModelSampling,
+    pack_models,
+    unpack_models,
+)
+from flwr_importance.strategies.ocs import OptimalClientSampling
+from flwr_importance.strategies.size_weighted import SizeWeightedSampling
+
+__all__ = [
+    "FOLB",
+    "ClusteredSampling",
+    "FedSampling",
+    "ISFedAvg",
+    "MDSampling",
+    "MultiModelSampling",
+    "OptimalClientSampling",
+    "SizeWeightedSampling",
+    "pack_models",
+    "unpack_models",
+]
