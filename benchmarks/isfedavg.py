@@ -86,7 +86,7 @@ def settings(full: bool) -> list[Setting]:
             ),
         ]
     return [
-        Setting("regression", "isfedavg-regression", 300, 160, (0, 1), "msd"),
+        Setting("regression", "isfedavg-regression", 300, 200, (0, 1), "msd"),
         Setting("logistic", "isfedavg-logistic", 100, 50, (0, 1), "error"),
     ]
 
@@ -185,13 +185,18 @@ def verdict(setting: Setting, summary: MethodSummary) -> str:
         ours_curve = np.array(ours["mean_curve"])
         fedavg_curve = np.array(fedavg["mean_curve"])
         below = float(np.mean(ours_curve[1:] <= fedavg_curve[1:]))
+        ratio = ours["final_ratio_vs_fedavg"]
         return (
             f"Ours: ISFedAvg's mean MSD is below FedAvg's in {below:.0%} of rounds; "
-            f"final MSD ratio ISFedAvg/FedAvg {ours['final_ratio_vs_fedavg']:.2f}, "
-            f"ISFedAvg/uniform-ISFedAvg "
-            f"{ours['final_mean'] / uniform['final_mean']:.2f}. FedAvg's step is not "
-            "divided by E_k (eq. 4 vs eq. 8), so it moves E_k times faster early and "
-            "settles higher; the uniform variant isolates the probabilities' effect."
+            f"its final MSD is {ratio:.2f}x FedAvg's ("
+            f"{'lower' if ratio < 1 else 'not lower'}) and "
+            f"{ours['final_mean'] / uniform['final_mean']:.2f}x uniform ISFedAvg's. "
+            "The paper's claim holds here only at the end, if at all: FedAvg's step "
+            "is not divided by E_k (eq. 4 vs eq. 8), so it moves ~E_k times faster "
+            "and its curve is lower early; the uniform variant isolates the effect "
+            "of the probabilities from that scaling. A 'final' value still inside "
+            "ISFedAvg's transient (rounds to target near the run length) is not its "
+            "steady state: use --full."
         )
     return (
         f"Ours: test error FedAvg {fedavg['final_mean']:.1%}, uniform ISFedAvg "
