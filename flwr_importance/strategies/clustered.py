@@ -134,11 +134,12 @@ class ClusteredSampling(MultisetSampling):
     def summary(self) -> None:
         """Log the clustering parameters, then the sampling summary."""
         log(INFO, "\t├──> Clustered sampling:")
-        log(INFO, "\t│\t├── Method: %s", self.method)
         if self.method == "similarity":
+            log(INFO, "\t│\t├── Method: similarity (Algorithm 2)")
             log(INFO, "\t│\t├── Distance: %s", self.distance)
-            log(INFO, "\t│\t├── Projection dim: %s", self.projection_dim or "none")
-        log(INFO, "\t│\t└── Draws per round (m): %d", self.clients_per_round)
+            log(INFO, "\t│\t└── Projection dim: %s", self.projection_dim or "none")
+        else:
+            log(INFO, "\t│\t└── Method: size (Algorithm 1)")
         super().summary()
 
     # -- MultisetSampling hooks ------------------------------------------------
