@@ -15,8 +15,11 @@ that is a multi-GB CUDA build). This module runs it the way this project needs:
 
 Command line::
 
-    python -m flwr_importance.launcher --num-supernodes 30 \\
+    python -m flwr_importance.launcher \\
         --run-config simulations/presets/isfedavg-regression.toml
+
+The number of virtual SuperNodes is the run config's ``num-supernodes`` (the
+preset's, else the app's default) unless ``--num-supernodes`` overrides it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,11 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 FLWR_CONFIG = """\
 [superlink]
@@ -136,10 +144,26 @@ def stop_local_superlink(flwr_home: Path) -> list[int]:
     return targets
 
 
+def intended_supernodes(
+    app_dir: Path, run_config: Path | Mapping[str, object] | None
+) -> int:
+    """The ``num-supernodes`` of the run config, else of the app's defaults."""
+    overrides: Mapping[str, object] = {}
+    if isinstance(run_config, Path):
+        with run_config.open("rb") as file:
+            overrides = tomllib.load(file)
+    elif run_config:
+        overrides = run_config
+    if "num-supernodes" not in overrides:
+        with (app_dir / "pyproject.toml").open("rb") as file:
+            overrides = tomllib.load(file)["tool"]["flwr"]["app"]["config"]
+    return int(str(overrides["num-supernodes"]))
+
+
 def flwr_run(
     app_dir: Path,
     *,
-    num_supernodes: int,
+    num_supernodes: int | None = None,
     run_config: Path | Mapping[str, object] | None = None,
     flwr_home: Path | None = None,
     timeout: float | None = None,
@@ -151,8 +175,9 @@ def flwr_run(
     ----------
     app_dir : Path
         The Flower App (folder holding its ``pyproject.toml``).
-    num_supernodes : int
-        Number of virtual SuperNodes of the simulation.
+    num_supernodes : int, optional
+        Number of virtual SuperNodes; by default the run config's
+        ``num-supernodes``.
     run_config : Path or mapping, optional
         A TOML file of run-config overrides, or the overrides themselves.
     flwr_home : Path, optional
@@ -168,6 +193,8 @@ def flwr_run(
         The finished ``flwr run`` process; check ``returncode``.
     """
     app_dir = app_dir.resolve()
+    if num_supernodes is None:
+        num_supernodes = intended_supernodes(app_dir, run_config)
     flwr_home = (flwr_home or app_dir / ".flwr-home").resolve()
     flwr_home.mkdir(parents=True, exist_ok=True)
     (flwr_home / "config.toml").write_text(FLWR_CONFIG)
@@ -215,7 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point: one ``flwr run`` simulation, cleaned up after."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--app", type=Path, default=Path.cwd())
-    parser.add_argument("--num-supernodes", type=int, default=30)
+    parser.add_argument(
+        "--num-supernodes", type=int, help="default: the run config's num-supernodes"
+    )
     parser.add_argument(
         "--run-config", type=Path, help="TOML file of run-config overrides"
     )

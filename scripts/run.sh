@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-env.sh
-exec .venv/bin/python -m flwr_importance.launcher --num-supernodes 30 "$@"
+exec .venv/bin/python -m flwr_importance.launcher "$@"

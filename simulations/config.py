@@ -39,6 +39,7 @@ class ExperimentConfig:
     dirichlet_alpha: float
     lognormal_sigma: float
     samples_per_client: int
+    num_supernodes: int
     run_config: Mapping[str, bool | int | float | str] = field(default_factory=dict)
 
     @classmethod
@@ -70,6 +71,7 @@ class ExperimentConfig:
             dirichlet_alpha=float(get("dirichlet-alpha")),
             lognormal_sigma=float(get("lognormal-sigma")),
             samples_per_client=int(get("samples-per-client")),
+            num_supernodes=int(get("num-supernodes")),
             run_config=dict(run_config),
         )
         config.check()

@@ -48,9 +48,12 @@ def resolve_run_config(overrides: RunConfig) -> dict[str, bool | int | float | s
 
 
 def run_inprocess(
-    overrides: Mapping[str, bool | int | float | str], num_clients: int
+    overrides: Mapping[str, bool | int | float | str], num_clients: int | None = None
 ) -> tuple[list[HistoryRow], InProcessGrid]:
     """Run the app with ``overrides`` on ``num_clients`` in-process nodes.
+
+    ``num_clients`` defaults to the run config's ``num-supernodes`` and, when
+    given, replaces it, as ``--num-supernodes`` does for the launcher.
 
     Returns
     -------
@@ -58,6 +61,9 @@ def run_inprocess(
         The history rows and the grid (for its ``wire_log`` and node states).
     """
     run_config = resolve_run_config(overrides)
+    if num_clients is None:
+        num_clients = int(run_config["num-supernodes"])
+    run_config["num-supernodes"] = num_clients
     grid = InProcessGrid(
         client_app, num_clients, run_config, seed=int(run_config["seed"])
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import time
-from logging import INFO
+from logging import INFO, WARNING
 
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.common.logger import log
@@ -80,6 +80,13 @@ def run_experiment(
     # Flower's stock strategies sample nodes with the global `random` module.
     random.seed(config.seed)
     num_clients = num_clients or wait_for_nodes(grid)
+    if num_clients != config.num_supernodes:
+        log(
+            WARNING,
+            "%d nodes connected but the run config is meant for num-supernodes=%d",
+            num_clients,
+            config.num_supernodes,
+        )
     # A method training several models (mmfl) starts its strategy itself.
     method = load_method(config.strategy)
     start_strategy = getattr(method, "start_strategy", start_single_model)
