@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
 
 from flwr_importance.tasks import (
     Objective,
@@ -188,3 +189,21 @@ def make_evaluate_handler(task_factory: TaskFactory) -> ClientHandler:
         return Message(content, reply_to=message)
 
     return evaluate_handler
+
+
+def register_handlers(
+    app: ClientApp, handlers: Mapping[str, ClientHandler]
+) -> ClientApp:
+    """Register ``handlers``, keyed by message type, on ``app``.
+
+    Keys are Flower message types: ``"train"``, ``"evaluate"``, ``"query"`` or
+    ``"<category>.<action>"`` such as ``"query.norm"``.
+    """
+    registrars = {"train": app.train, "evaluate": app.evaluate, "query": app.query}
+    for message_type, handler in handlers.items():
+        category, _, action = message_type.partition(".")
+        if category not in registrars:
+            raise ValueError(f"unknown message category in '{message_type}'")
+        register = registrars[category]
+        (register(action) if action else register())(handler)
+    return app

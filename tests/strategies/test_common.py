@@ -129,3 +129,31 @@ def test_check_replies_with_named_array_records() -> None:
     assert set(checked[0].arrays) == {"model", "gradient"}
     with pytest.raises(ValueError, match="2 ArrayRecords"):
         _ = checked[0].array_record
+
+
+def test_register_handlers_routes_message_types() -> None:
+    from flwr.app import Context
+    from flwr.clientapp import ClientApp
+
+    from flwr_importance.clientapps import register_handlers
+
+    def answer(tag: str):
+        def handler(message: Message, context: Context) -> Message:
+            return Message(
+                RecordDict({"m": MetricRecord({tag: 1.0})}), reply_to=message
+            )
+
+        return handler
+
+    app = register_handlers(
+        ClientApp(), {"train": answer("t"), "query.norm": answer("q")}
+    )
+    context = Context(
+        run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config={}
+    )
+    for message_type, tag in [("train", "t"), ("query.norm", "q")]:
+        message = Message(RecordDict(), 5, message_type)
+        message.metadata.__dict__["_message_id"] = message_type
+        assert tag in app(message, context).content["m"]
+    with pytest.raises(ValueError, match="category"):
+        register_handlers(ClientApp(), {"bogus.x": answer("b")})
