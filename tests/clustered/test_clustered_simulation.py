@@ -44,6 +44,7 @@ def test_flwr_run_clustered_preset(tmp_path: Path) -> None:
         num_supernodes=12,
         run_config={
             **load_preset("clustered-digits"),
+            "num-supernodes": 12,
             "num-server-rounds": 2,
             "output-dir": str(output_dir),
         },
