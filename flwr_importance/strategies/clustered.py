@@ -15,10 +15,10 @@ from flwr_importance.sampling import (
     Distance,
     clustered_distributions_by_size,
     clustered_distributions_from_distances,
+    cross_distances,
     project_gradients,
     sample_from_distributions,
 )
-from flwr_importance.sampling.clustered import cross_distances
 from flwr_importance.strategies._multiset import MultisetSampling
 
 ClusteringMethod = Literal["size", "similarity"]
