@@ -24,6 +24,7 @@ from flwr_importance.clientapps.common import (
     round_generators,
     round_local_steps,
     server_round_of,
+    train_round,
 )
 
 __all__ = [
@@ -39,4 +40,5 @@ __all__ = [
     "round_generators",
     "round_local_steps",
     "server_round_of",
+    "train_round",
 ]

@@ -145,6 +145,31 @@ def server_round_of(message: Message) -> int:
     return int(config_number(message, "server-round", 0))
 
 
+def train_round(
+    task: LocalTask, server_round: int, proximal_mu: float = 0.0
+) -> dict[str, float]:
+    """This round's local SGD on ``task.model``, from the weights it holds now.
+
+    Uses the node's round randomness (:func:`round_generators`), so every method
+    that trains locally sees the same mini-batches and step counts for the same
+    node and round. Returns ``train_local``'s metrics.
+    """
+    numpy_rng, torch_rng = round_generators(task, server_round)
+    local_steps = round_local_steps(task, numpy_rng)
+    return train_local(
+        task.model,
+        task.x,
+        task.y,
+        task.objective,
+        lr=task.lr,
+        batch_size=task.batch_size,
+        local_steps=local_steps,
+        epochs=None if local_steps is not None else task.epochs,
+        proximal_mu=proximal_mu,
+        generator=torch_rng,
+    )
+
+
 def make_train_handler(task_factory: TaskFactory) -> ClientHandler:
     """FedAvg/FedProx local training: SGD from the global model.
 
@@ -157,20 +182,7 @@ def make_train_handler(task_factory: TaskFactory) -> ClientHandler:
         task = task_factory(context)
         load_global_model(task, message)
         proximal_mu = config_number(message, "proximal-mu", 0.0)
-        numpy_rng, torch_rng = round_generators(task, server_round_of(message))
-        local_steps = round_local_steps(task, numpy_rng)
-        result = train_local(
-            task.model,
-            task.x,
-            task.y,
-            task.objective,
-            lr=task.lr,
-            batch_size=task.batch_size,
-            local_steps=local_steps,
-            epochs=None if local_steps is not None else task.epochs,
-            proximal_mu=proximal_mu,
-            generator=torch_rng,
-        )
+        result = train_round(task, server_round_of(message), proximal_mu)
         return model_reply(message, task.model, {**result, "num-examples": len(task.x)})
 
     return train

@@ -56,11 +56,10 @@ from flwr_importance.clientapps.common import (
     TaskFactory,
     config_number,
     make_evaluate_handler,
-    round_generators,
-    round_local_steps,
     server_round_of,
+    train_round,
 )
-from flwr_importance.tasks import evaluate, train_local
+from flwr_importance.tasks import evaluate
 
 #: ``(context, model_index) -> LocalTask``: a node's task for each model.
 ModelTaskFactory = Callable[[Context, int], LocalTask]
@@ -104,7 +103,7 @@ def local_update(
 ) -> tuple[ArrayRecord, dict[str, float]]:
     """Train ``task.model`` from ``global_model``; return ``U = w_local - w_global``.
 
-    The local randomness comes from :func:`round_generators`, so the update does
+    The local randomness comes from :func:`train_round`, so the update does
     not depend on whether it is computed in the query or in the train message.
 
     Returns
@@ -115,19 +114,7 @@ def local_update(
     """
     start = global_model.to_torch_state_dict()
     task.model.load_state_dict(start)
-    numpy_rng, torch_rng = round_generators(task, server_round)
-    local_steps = round_local_steps(task, numpy_rng)
-    result = train_local(
-        task.model,
-        task.x,
-        task.y,
-        task.objective,
-        lr=task.lr,
-        batch_size=task.batch_size,
-        local_steps=local_steps,
-        epochs=None if local_steps is not None else task.epochs,
-        generator=torch_rng,
-    )
+    result = train_round(task, server_round)
     trained = task.model.state_dict()
     delta = OrderedDict(
         (key, (trained[key].detach() - start[key]).to(torch.float64)) for key in start
