@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
+import torch
 
 from flwr_importance.launcher import flwr_run, processes_mentioning
 
@@ -49,3 +50,17 @@ def flwr_simulation(tmp_path: Path) -> FlwrSimulation:
         return rows
 
     return run
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_torch_thread() -> Iterator[None]:
+    """Run torch on one thread in tests.
+
+    The models are tiny: extra intra-op threads only oversubscribe the two
+    cores and make each small op many times slower. The library never sets
+    this; the tests do, and restore it afterwards.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

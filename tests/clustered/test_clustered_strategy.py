@@ -8,12 +8,11 @@ samples, a logistic regression trained for one local step.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import pytest
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
@@ -42,15 +41,6 @@ ONE_CLASS_DIGITS = load_dataset(
 )
 # Every partition holds at least this many samples of its digit.
 MAX_SIZE = int(ONE_CLASS_DIGITS.partition_sizes.min())
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """Tiny models: threads only add contention on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def one_class_task(sizes: Sequence[int]) -> TaskFactory:

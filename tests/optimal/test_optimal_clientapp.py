@@ -6,11 +6,8 @@ regression, a few local steps) through the in-process grid.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from flwr_importance.clientapps.optimal import UPDATE_RECORD, model_record_name
@@ -38,15 +35,6 @@ OVERRIDES: dict[str, bool | int | float | str] = {
     "num-server-rounds": 1,
     "clients-per-round": 3,
 }
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """The machine is shared: keep torch to one thread in these tests."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture
