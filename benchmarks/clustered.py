@@ -23,9 +23,7 @@ Usage: ``python -m benchmarks.clustered [--full] [--skip-dirichlet]
 
 from __future__ import annotations
 
-import argparse
 import json
-import logging
 import statistics
 import time
 import tracemalloc
@@ -41,8 +39,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, MetricRecord
-from flwr.common.logger import FLOWER_LOGGER
 
+from benchmarks.harness import benchmark_parser, prepare_run
 from flwr_importance.strategies._multiset import MultisetSampling
 from flwr_importance.strategies.clustered import RepresentativeGradients
 from flwr_importance.tasks import Objective, evaluate
@@ -307,15 +305,10 @@ def plot(
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the comparison; print and write the tables, JSON and plots."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--full", action="store_true", help="paper-scale rounds/seeds")
+    parser = benchmark_parser("clustered", __doc__)
     parser.add_argument("--skip-dirichlet", action="store_true")
-    parser.add_argument(
-        "--output-dir", type=Path, default=Path("outputs/benchmarks/clustered")
-    )
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    FLOWER_LOGGER.setLevel(logging.WARNING)
+    prepare_run()
     out: Path = args.output_dir
     out.mkdir(parents=True, exist_ok=True)
     run_dir = {"output-dir": str(out / "runs")}

@@ -22,7 +22,6 @@ with ``--full`` (paper-like: more clients, rounds, seeds and epsilons).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import time
@@ -37,6 +36,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
+from benchmarks.harness import benchmark_parser, prepare_run
 from flwr_importance.tasks import Objective, evaluate, train_local
 from simulations.config import ExperimentConfig
 from simulations.inprocess import resolve_run_config, run_inprocess
@@ -295,12 +295,7 @@ def plot(outcome: dict[str, object], path: Path) -> None:
 
 def parse_setting(argv: Sequence[str] | None) -> tuple[Setting, Path]:
     """The command line: quick defaults, ``--full`` for paper-like runs."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--full", action="store_true", help="paper-like scale")
-    parser.add_argument(
-        "--output-dir", type=Path, default=Path("outputs/benchmarks/fedsampling")
-    )
-    args = parser.parse_args(argv)
+    args = benchmark_parser("fedsampling", __doc__).parse_args(argv)
     if args.full:
         setting = Setting(
             100,
@@ -323,7 +318,7 @@ def parse_setting(argv: Sequence[str] | None) -> tuple[Setting, Path]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run, print and write ``results.json``, ``summary.md`` and the plot."""
-    torch.set_num_threads(1)
+    prepare_run()
     setting, output_dir = parse_setting(argv)
     output_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()

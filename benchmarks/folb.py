@@ -18,9 +18,7 @@ seeds can reach it too.
 
 from __future__ import annotations
 
-import argparse
 import json
-import logging
 import random
 import time
 from collections.abc import Sequence
@@ -36,6 +34,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, MetricRecord
 
+from benchmarks.harness import benchmark_parser, prepare_run
 from flwr_importance.tasks import Objective, evaluate
 from flwr_importance.testing import InProcessGrid
 from simulations.client_app import app as client_app
@@ -247,14 +246,8 @@ def plot(
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the comparison and write ``results.json``, ``summary.md`` and plots."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--full", action="store_true", help="paper-scale runs")
-    parser.add_argument(
-        "--output-dir", type=Path, default=Path("outputs/benchmarks/folb")
-    )
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    logging.getLogger("flwr").setLevel(logging.ERROR)
+    args = benchmark_parser("folb", __doc__).parse_args(argv)
+    prepare_run()
     psi_grid: Sequence[float]
     if args.full:
         seeds, psi_grid = list(range(5)), PSI_GRID

@@ -20,9 +20,7 @@ Run ``python -m benchmarks.isfedavg`` (quick) or ``--full`` (paper-scale).
 
 from __future__ import annotations
 
-import argparse
 import json
-import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,8 +32,8 @@ import matplotlib
 matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt
 import numpy as np
-import torch
 
+from benchmarks.harness import benchmark_parser, prepare_run
 from simulations.inprocess import load_preset, run_inprocess
 
 METHODS: dict[str, dict[str, bool | int | float | str]] = {
@@ -208,14 +206,8 @@ def verdict(setting: Setting, summary: MethodSummary) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the benchmark; print and write the tables, JSON and plots."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--full", action="store_true", help="paper-scale runs")
-    parser.add_argument(
-        "--output-dir", type=Path, default=Path("outputs/benchmarks/isfedavg")
-    )
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    logging.getLogger("flwr").setLevel(logging.ERROR)
+    args = benchmark_parser("isfedavg", __doc__).parse_args(argv)
+    prepare_run()
     output_dir: Path = args.output_dir
     output_dir.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"mode": "full" if args.full else "quick"}

@@ -19,9 +19,7 @@ Usage: ``python -m benchmarks.optimal_sampling [--full] [--output-dir DIR]``.
 
 from __future__ import annotations
 
-import argparse
 import json
-import logging
 import statistics
 import time
 from collections.abc import Sequence
@@ -33,9 +31,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
-import torch
-from flwr.common.logger import FLOWER_LOGGER
 
+from benchmarks.harness import benchmark_parser, prepare_run
 from simulations.inprocess import run_inprocess
 from simulations.methods.mmfl import parse_tasks
 from simulations.report import HistoryRow
@@ -275,14 +272,8 @@ def plot(setting: Setting, results: dict[str, MethodResult], output_dir: Path) -
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the comparisons; write results.json, summary.md and the plots."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--full", action="store_true", help="paper-scale settings")
-    parser.add_argument(
-        "--output-dir", type=Path, default=Path("outputs/benchmarks/optimal_sampling")
-    )
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    FLOWER_LOGGER.setLevel(logging.WARNING)
+    args = benchmark_parser("optimal_sampling", __doc__).parse_args(argv)
+    prepare_run()
     args.output_dir.mkdir(parents=True, exist_ok=True)
     sections = ["# Optimal variance-reduced sampling (OCS, MMFL)", ""]
     numbers: dict[str, object] = {"full": args.full}
