@@ -200,6 +200,10 @@ def flwr_run(
     (flwr_home / "config.toml").write_text(FLWR_CONFIG)
 
     env = dict(os.environ)
+    # `flwr run` starts `flower-superlink` by name: the environment's scripts
+    # must be on PATH even when it is not activated (make run, CI).
+    scripts_dir = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join([scripts_dir, env.get("PATH", "")])
     env.update(
         FLWR_HOME=str(flwr_home),
         FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
@@ -211,9 +215,8 @@ def flwr_run(
         # Silences Ray's warning about a default that changes in a future release.
         RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0",
     )
-    flwr_bin = Path(sys.executable).with_name("flwr")
     command = [
-        str(flwr_bin),
+        str(Path(scripts_dir) / "flwr"),
         "run",
         str(app_dir),
         "--stream",
