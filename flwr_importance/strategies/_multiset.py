@@ -22,13 +22,13 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
-from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from numpy.typing import NDArray
 
 from flwr_importance.aggregation import weighted_sum
 from flwr_importance.strategies.common import (
     CheckedReply,
     check_replies,
+    connected_nodes,
     flatten,
     node_messages,
     send_query,
@@ -142,7 +142,7 @@ class MultisetSampling(FedAvg, ABC):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Draw ``m`` clients with repeats; one train message per distinct client."""
-        _, connected = sample_nodes(grid, self.min_available_nodes, 0)
+        connected = connected_nodes(grid, self.min_available_nodes)
         self._refresh_sizes(server_round, sorted(connected), grid)
         node_ids = sorted(self._sizes)
         self.track_nodes(node_ids)

@@ -24,6 +24,7 @@ from flwr.app import (
 )
 from flwr.common.logger import log
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from numpy.typing import NDArray
 
 
@@ -54,6 +55,17 @@ def unflatten(vector: NDArray[np.floating], like: ArrayRecord) -> ArrayRecord:
 #: What a message shares with every node: one ArrayRecord (stored under
 #: ``arrayrecord_key``) or several, by name (e.g. one per model).
 SharedArrays = ArrayRecord | Mapping[str, ArrayRecord] | None
+
+
+def connected_nodes(grid: Grid, min_available_nodes: int) -> list[int]:
+    """The connected node ids, sorted, once at least ``min_available_nodes`` are
+    (and at least one).
+
+    Waits as Flower's ``FedAvg`` does; sorted so that a seeded draw over them
+    does not depend on the order the grid lists them in.
+    """
+    _, connected = sample_nodes(grid, max(min_available_nodes, 1), 0)
+    return sorted(connected)
 
 
 def node_messages(

@@ -17,13 +17,13 @@ from flwr.app import (
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
-from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from flwr_importance.aggregation.fedsampling import server_update
 from flwr_importance.clientapps.fedsampling import SIZE_RESPONSE_KEY
 from flwr_importance.sampling import estimate_total_size, ldp_alpha
 from flwr_importance.strategies.common import (
     check_replies,
+    connected_nodes,
     flatten,
     send_query,
     unflatten,
@@ -176,7 +176,7 @@ class FedSampling(FedAvg):
     ) -> Iterable[Message]:
         """Query private sizes, estimate ``N_tilde``, send the model to responders."""
         self._plan = None
-        _, available = sample_nodes(grid, self.min_available_nodes, 0)
+        available = connected_nodes(grid, self.min_available_nodes)
         responses = self._size_responses(server_round, available, grid)
         if not responses:
             log(WARNING, "configure_train: no usable size reply; round skipped")

@@ -35,6 +35,7 @@ from flwr_importance.clientapps.folb import GAMMA_KEY, GRADIENT_KEY, UPDATE_KEY
 from flwr_importance.strategies.common import (
     CheckedReply,
     check_replies,
+    connected_nodes,
     flatten,
     node_messages,
     send_query,
@@ -220,16 +221,7 @@ class FOLB(FedAvg):
     ) -> Iterable[Message]:
         """Draw ``S`` (and ``S2``), query ``S2``'s gradients, send train messages."""
         self._round = None
-        node_ids = sorted(grid.get_node_ids())
-        if len(node_ids) < max(self.min_available_nodes, 1):
-            log(
-                WARNING,
-                "configure_train: %d nodes connected, need %d; round %d skipped",
-                len(node_ids),
-                self.min_available_nodes,
-                server_round,
-            )
-            return []
+        node_ids = connected_nodes(grid, self.min_available_nodes)
         config["server-round"] = server_round
         config["proximal-mu"] = self.proximal_mu
         draws = _RoundDraws(server_round, arrays, flatten(arrays), self._draw(node_ids))

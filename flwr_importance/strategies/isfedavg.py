@@ -17,7 +17,6 @@ from flwr.app import (
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
-from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from numpy.typing import NDArray
 
 from flwr_importance.aggregation import mean
@@ -40,6 +39,7 @@ from flwr_importance.sampling import systematic_sample
 from flwr_importance.strategies.common import (
     CheckedReply,
     check_replies,
+    connected_nodes,
     flatten,
     node_messages,
     unflatten,
@@ -262,7 +262,7 @@ class ISFedAvg(FedAvg):
     ) -> Iterable[Message]:
         """Select ``L`` nodes with ``P(k in S) = L p_k``; send each its settings."""
         # Waits for min_available_nodes; the sample itself is drawn below.
-        _, available = sample_nodes(grid, self.min_available_nodes, 0)
+        available = connected_nodes(grid, self.min_available_nodes)
         node_ids = self.sync_nodes(available)
         if not node_ids:
             log(WARNING, "configure_train: no node connected, round skipped")

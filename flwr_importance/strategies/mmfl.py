@@ -21,9 +21,9 @@ from numpy.typing import NDArray
 from flwr_importance.aggregation.optimal import size_fractions, uniform_assignment_prob
 from flwr_importance.clientapps.optimal import MODEL_RECORD_PREFIX, model_record_name
 from flwr_importance.sampling import assign_models, estimator_variance, mmfl_probs
+from flwr_importance.strategies.common import connected_nodes
 from flwr_importance.strategies.ocs import (
     RoundPlan,
-    available_nodes,
     query_matrix,
     train_messages,
     unbiased_step,
@@ -205,9 +205,7 @@ class MultiModelSampling(FedAvg):
                 f"{len(self._models)} packed models, strategy built for "
                 f"{self.num_models}"
             )
-        node_ids = available_nodes(grid, self.min_available_nodes, "configure_train")
-        if not node_ids:
-            return []
+        node_ids = connected_nodes(grid, self.min_available_nodes)
         query_config = ConfigRecord({**dict(config), "server-round": server_round})
         if self.variant in ("gradnorm", "loss"):
             self._plan = self._optimal_plan(server_round, node_ids, query_config, grid)

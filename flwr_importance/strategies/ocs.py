@@ -32,6 +32,7 @@ from flwr_importance.sampling import (
 from flwr_importance.strategies.common import (
     CheckedReply,
     check_replies,
+    connected_nodes,
     flatten,
     send_query,
     unflatten,
@@ -66,21 +67,6 @@ class RoundPlan:
     def row_of(self, node_id: int) -> int:
         """The matrix row of ``node_id``."""
         return self.node_ids.index(node_id)
-
-
-def available_nodes(grid: Grid, min_available_nodes: int, context: str) -> list[int]:
-    """The connected node ids, sorted; empty (and logged) when too few."""
-    node_ids = sorted(grid.get_node_ids())
-    if len(node_ids) < min_available_nodes:
-        log(
-            WARNING,
-            "%s: %d nodes connected, %d needed; round skipped",
-            context,
-            len(node_ids),
-            min_available_nodes,
-        )
-        return []
-    return node_ids
 
 
 def query_matrix(
@@ -374,9 +360,7 @@ class OptimalClientSampling(FedAvg):
     ) -> Iterable[Message]:
         """Query every node's update norm, compute ``p``, sample independently."""
         self._plan, self._global = None, arrays
-        node_ids = available_nodes(grid, self.min_available_nodes, "configure_train")
-        if not node_ids:
-            return []
+        node_ids = connected_nodes(grid, self.min_available_nodes)
         query_config = ConfigRecord({**dict(config), "server-round": server_round})
         answered, (norms, sizes) = query_matrix(
             grid,

@@ -17,13 +17,13 @@ from flwr.app import (
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
-from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from flwr_importance.aggregation import weighted_sum
 from flwr_importance.aggregation.fedsampling import size_weighted_draws
 from flwr_importance.clientapps.fedsampling import TRUE_SIZE_KEY
 from flwr_importance.strategies.common import (
     check_replies,
+    connected_nodes,
     flatten,
     send_query,
     unflatten,
@@ -120,7 +120,7 @@ class SizeWeightedSampling(FedAvg):
     ) -> Iterable[Message]:
         """Learn new nodes' sizes, draw ``m`` clients by size, send them the model."""
         self._draw_counts, self._arrays = {}, arrays
-        _, available = sample_nodes(grid, self.min_available_nodes, 0)
+        available = connected_nodes(grid, self.min_available_nodes)
         self._update_sizes(available, grid)
         candidates = [node_id for node_id in available if self._sizes.get(node_id)]
         if not candidates:
