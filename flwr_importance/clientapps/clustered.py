@@ -14,7 +14,12 @@ from __future__ import annotations
 
 from flwr.app import Context, Message, MetricRecord, RecordDict
 
-from flwr_importance.clientapps.common import ClientHandler, TaskFactory
+from flwr_importance.clientapps.common import (
+    ClientHandler,
+    TaskFactory,
+    make_evaluate_handler,
+    make_train_handler,
+)
 
 #: Metric of the reply: the node's number of local training samples.
 SIZE_KEY = "num-examples"
@@ -33,3 +38,12 @@ def make_sizes_handler(task_factory: TaskFactory) -> ClientHandler:
         return Message(content, reply_to=message)
 
     return sizes
+
+
+def make_clustered_handlers(task_factory: TaskFactory) -> dict[str, ClientHandler]:
+    """The handler set of clustered and MD sampling: train, evaluate, query.sizes."""
+    return {
+        "train": make_train_handler(task_factory),
+        "evaluate": make_evaluate_handler(task_factory),
+        "query.sizes": make_sizes_handler(task_factory),
+    }

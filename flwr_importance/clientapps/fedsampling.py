@@ -169,3 +169,15 @@ def make_true_size_handler(task_factory: TaskFactory) -> ClientHandler:
         return Message(content, reply_to=message)
 
     return true_size
+
+
+def make_fedsampling_handlers(task_factory: TaskFactory) -> dict[str, ClientHandler]:
+    """FedSampling's handler set: ``query.sizes`` and ``train``.
+
+    No ``evaluate``: the stock evaluate reply carries ``num-examples``, the size
+    this method keeps private.
+    """
+    return {
+        "query.sizes": make_size_query_handler(task_factory),
+        "train": make_fedsampling_train_handler(task_factory),
+    }

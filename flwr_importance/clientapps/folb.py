@@ -34,6 +34,7 @@ from flwr_importance.clientapps.common import (
     TaskFactory,
     config_number,
     load_global_model,
+    make_evaluate_handler,
     make_train_handler,
 )
 from flwr_importance.tasks import full_gradient
@@ -169,3 +170,12 @@ def make_folb_gradient_handler(task_factory: TaskFactory) -> ClientHandler:
         return Message(content, reply_to=message)
 
     return gradient_handler
+
+
+def make_folb_handlers(task_factory: TaskFactory) -> dict[str, ClientHandler]:
+    """FOLB's handler set: ``train``, ``query.gradient`` and ``evaluate``."""
+    return {
+        "train": make_folb_train_handler(task_factory),
+        "query.gradient": make_folb_gradient_handler(task_factory),
+        "evaluate": make_evaluate_handler(task_factory),
+    }

@@ -42,6 +42,7 @@ from flwr_importance.clientapps.common import (
     TaskFactory,
     config_number,
     load_global_model,
+    make_evaluate_handler,
     model_reply,
     round_generators,
     server_round_of,
@@ -292,3 +293,11 @@ def make_isfedavg_train_handler(task_factory: TaskFactory) -> ClientHandler:
         )
 
     return train
+
+
+def make_isfedavg_handlers(task_factory: TaskFactory) -> dict[str, ClientHandler]:
+    """ISFedAvg's handler set by message type: ``train`` and ``evaluate``."""
+    return {
+        "train": make_isfedavg_train_handler(task_factory),
+        "evaluate": make_evaluate_handler(task_factory),
+    }

@@ -1,0 +1,167 @@
+"""The client side of the legacy API: the library's ClientApp handlers in a NumPyClient.
+
+A :class:`HandlerClient` serves the legacy calls with the very handlers a
+Message-API ClientApp registers (:mod:`flwr_importance.clientapps`): it
+rebuilds the message the handler expects from the legacy call (type and
+array layout from the config, see :mod:`flwr_importance.compat.transport`)
+and turns the reply back into what the legacy API returns::
+
+    from flwr.client import ClientApp
+    from flwr_importance.clientapps.isfedavg import make_isfedavg_handlers
+    from flwr_importance.compat import handler_client_fn
+
+    app = ClientApp(client_fn=handler_client_fn(my_task, make_isfedavg_handlers))
+
+Per method, the handler sets are the ``make_<method>_handlers`` functions of
+:mod:`flwr_importance.clientapps`; ``context.state`` (ISFedAvg's sample
+probabilities, OCS's kept update) persists across rounds as it does for a
+Message-API ClientApp.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+from flwr.app import ConfigRecord, Context, Message, Metadata
+from flwr.client import Client, NumPyClient
+from flwr.common import NDArrays, Scalar
+from flwr.common.constant import SUPERLINK_NODE_ID
+
+from flwr_importance.clientapps.common import ClientHandler, TaskFactory
+from flwr_importance.compat.transport import (
+    ARRAY_LAYOUT_KEY,
+    MESSAGE_TYPE_KEY,
+    ScalarDict,
+    legacy_scalars,
+    pack_arrays,
+    unpack_arrays,
+)
+
+#: ``task_factory -> {message type: handler}``, e.g. ``make_isfedavg_handlers``.
+HandlersFactory = Callable[[TaskFactory], Mapping[str, ClientHandler]]
+
+#: How long a rebuilt message lives; it is handled at once, in this process.
+_MESSAGE_TTL = 3600.0
+
+
+class HandlerClient(NumPyClient):
+    """A ``NumPyClient`` that serves each legacy call with a Message-API handler.
+
+    ``fit`` runs the handler of the message type in the config
+    (``compat-message-type``, default ``train``), ``get_properties`` the one of
+    a query without arrays, ``evaluate`` the ``evaluate`` handler. A handler's
+    error propagates, which Flower reports to the server as a failed client.
+
+    Parameters
+    ----------
+    context : Context
+        The node's context (its ``state`` persists across rounds).
+    task_factory : TaskFactory
+        The node's task; its model's state-dict keys name the received arrays.
+    handlers : Mapping[str, ClientHandler]
+        Handlers by message type.
+    """
+
+    def __init__(
+        self,
+        context: Context,
+        task_factory: TaskFactory,
+        handlers: Mapping[str, ClientHandler],
+    ) -> None:
+        self.node_context = context
+        self.task_factory = task_factory
+        self.handlers = handlers
+
+    def get_parameters(self, config: ScalarDict) -> NDArrays:
+        """The node's initial model (the legacy server's fallback initial model)."""
+        model = self.task_factory(self.node_context).model
+        return [value.detach().cpu().numpy() for value in model.state_dict().values()]
+
+    def get_properties(self, config: ScalarDict) -> ScalarDict:
+        """A query without arrays: its reply's metrics."""
+        return self._metrics(self._handle([], config, "query"))
+
+    def fit(
+        self, parameters: NDArrays, config: ScalarDict
+    ) -> tuple[NDArrays, int, ScalarDict]:
+        """A train message or a query with arrays: its reply's arrays and metrics."""
+        reply = self._handle(parameters, config, "train")
+        arrays, layout = pack_arrays(reply.content.array_records)
+        metrics = self._metrics(reply)
+        metrics[ARRAY_LAYOUT_KEY] = layout
+        return arrays, int(metrics.get("num-examples", 0)), metrics
+
+    def evaluate(
+        self, parameters: NDArrays, config: ScalarDict
+    ) -> tuple[float, int, ScalarDict]:
+        """The ``evaluate`` handler: loss, ``num-examples`` and its metrics."""
+        metrics = self._metrics(self._handle(parameters, config, "evaluate"))
+        return float(metrics["loss"]), int(metrics.get("num-examples", 0)), metrics
+
+    def _handle(
+        self, parameters: NDArrays, config: ScalarDict, default_type: str
+    ) -> Message:
+        """Rebuild the message from the legacy call and run its handler."""
+        settings = ConfigRecord()
+        for key, value in config.items():
+            settings[key] = value
+        message_type = str(settings.pop(MESSAGE_TYPE_KEY, default_type))
+        layout = settings.pop(ARRAY_LAYOUT_KEY, None)
+        handler = self.handlers.get(message_type)
+        if handler is None:
+            raise ValueError(f"no handler for message type '{message_type}'")
+        model_keys = list(self.task_factory(self.node_context).model.state_dict())
+        content = unpack_arrays(
+            parameters, None if layout is None else str(layout), model_keys
+        )
+        content["config"] = settings
+        # Built from its metadata: outside a ClientApp process (in a test, or a
+        # simulation worker) Flower's task identity for new messages is unset.
+        message = Message(  # type: ignore[call-overload]
+            content, metadata=self._metadata(message_type)
+        )
+        return handler(message, self.node_context)
+
+    def _metadata(self, message_type: str) -> Metadata:
+        """Metadata of a message from the server to this node."""
+        return Metadata(
+            run_id=self.node_context.run_id,
+            message_id="",
+            src_node_id=SUPERLINK_NODE_ID,
+            dst_node_id=self.node_context.node_id,
+            reply_to_message_id="",
+            group_id="",
+            created_at=time.time(),
+            ttl=_MESSAGE_TTL,
+            message_type=message_type,
+        )
+
+    @staticmethod
+    def _metrics(reply: Message) -> dict[str, Scalar]:
+        """The reply's metrics as legacy scalars (all of its MetricRecords)."""
+        metrics: dict[str, Scalar] = {}
+        for record in reply.content.metric_records.values():
+            metrics.update(legacy_scalars(record, "metric"))
+        return metrics
+
+
+def handler_client_fn(
+    task_factory: TaskFactory, handlers_factory: HandlersFactory
+) -> Callable[[Context], Client]:
+    """A legacy ``client_fn`` serving the calls with ``handlers_factory``'s handlers.
+
+    Parameters
+    ----------
+    task_factory : TaskFactory
+        ``Context -> LocalTask``: the node's model, objective, data, settings.
+    handlers_factory : HandlersFactory
+        The method's handler set, e.g.
+        :func:`~flwr_importance.clientapps.isfedavg.make_isfedavg_handlers`.
+    """
+    handlers = handlers_factory(task_factory)
+
+    def client_fn(context: Context) -> Client:
+        return HandlerClient(context, task_factory, handlers).to_client()
+
+    return client_fn

@@ -1,0 +1,48 @@
+"""FOLB on Flower's legacy Strategy API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flwr_importance.compat.adapter import LegacyOptions, LegacyStrategyAdapter
+from flwr_importance.strategies import folb as message_folb
+
+
+class FOLB(LegacyStrategyAdapter):
+    """FOLB (Nguyen et al., IEEE JSAC 2021) as a legacy ``FedAvg`` subclass.
+
+    Runs :class:`flwr_importance.strategies.FOLB`: ``K`` uniform draws with
+    replacement, FedProx local solves, updates weighed by the alignment of
+    their gradient with the estimated global one (eq. 13, 9-10 or 18).
+
+    Parameters
+    ----------
+    clients_per_round : int (default: 10)
+        ``K``.
+    legacy : LegacyOptions, optional
+        Initial parameters and evaluation, as in the legacy ``FedAvg``.
+    **options
+        The other parameters of the Message-API ``FOLB`` (``proximal_mu``,
+        ``mode``, ``psi``, ``penalty``, ``negative``, ``denominator``, ``seed``,
+        ``query_timeout``, ``min_available_nodes``).
+
+    Client contract
+    ---------------
+    ``fit`` (config ``server-round``, ``proximal-mu``) returns two ArrayRecords
+    in one ``FitRes``: ``update`` then ``gradient``, their layout in the metric
+    ``compat-array-layout``, and ``gamma`` in the metrics. Two-set mode: the
+    gradients of ``S2`` are a ``ClientProxy.fit`` call made from inside
+    ``configure_fit`` with ``compat-message-type = query.gradient`` (it carries
+    the model, which ``get_properties`` cannot); the client computes
+    ``grad F_k(w^t)`` without training. Client:
+    ``handler_client_fn(task, make_folb_handlers)``.
+    """
+
+    def __init__(
+        self,
+        clients_per_round: int = 10,
+        *,
+        legacy: LegacyOptions | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(message_folb.FOLB(clients_per_round, **options), legacy)

@@ -1,0 +1,46 @@
+"""ISFedAvg on Flower's legacy Strategy API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flwr_importance.compat.adapter import LegacyOptions, LegacyStrategyAdapter
+from flwr_importance.strategies.isfedavg import ISFedAvg as MessageISFedAvg
+
+
+class ISFedAvg(LegacyStrategyAdapter):
+    """ISFedAvg (Rizk, Vlaski, Sayed, ICASSP 2021) as a legacy ``FedAvg`` subclass.
+
+    Runs :class:`flwr_importance.strategies.ISFedAvg`: ``L`` clients selected
+    with ``P(k in S) = L p_k``, importance-sampled local steps (eq. 8, 29), the
+    plain mean of the returned models (eq. 5) and eq. 28 for the ``p_k``.
+
+    Parameters
+    ----------
+    clients_per_round : int (default: 10)
+        ``L``.
+    legacy : LegacyOptions, optional
+        Initial parameters and evaluation, as in the legacy ``FedAvg``.
+    **options
+        The other parameters of the Message-API ``ISFedAvg``
+        (``local_steps_range``, ``batch_size_range``, ``uniform``,
+        ``min_relative_client_prob``, ``min_relative_sample_prob``, ``seed``,
+        ``min_available_nodes``).
+
+    Client contract
+    ---------------
+    No extra round trip: each selected client's settings (``isfedavg-client-prob``,
+    ``-num-clients``, ``-local-steps``, ``-batch-size``, ...) ride in its own
+    ``FitIns.config``; ``isfedavg-sigma2`` and ``isfedavg-g2`` come back in the
+    ``FitRes`` metrics. The per-sample probabilities stay in the client's
+    ``context.state``. Client: ``handler_client_fn(task, make_isfedavg_handlers)``.
+    """
+
+    def __init__(
+        self,
+        clients_per_round: int = 10,
+        *,
+        legacy: LegacyOptions | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(MessageISFedAvg(clients_per_round, **options), legacy)

@@ -1,0 +1,42 @@
+"""MD sampling on Flower's legacy Strategy API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flwr_importance.compat.adapter import LegacyOptions, LegacyStrategyAdapter
+from flwr_importance.strategies.md import MDSampling as MessageMDSampling
+
+
+class MDSampling(LegacyStrategyAdapter):
+    """MD sampling (Fraboni et al., ICML 2021, Section 2) as a legacy ``FedAvg``.
+
+    Runs :class:`flwr_importance.strategies.MDSampling`: ``m`` i.i.d. draws
+    with ``p_i = n_i / M_tot``, the plain mean of the drawn models with their
+    multiplicities.
+
+    Parameters
+    ----------
+    clients_per_round : int
+        ``m``.
+    legacy : LegacyOptions, optional
+        Initial parameters and evaluation, as in the legacy ``FedAvg``.
+    **options
+        The other parameters of the Message-API ``MDSampling`` (``seed``,
+        ``query_timeout``, ``min_available_nodes``).
+
+    Client contract
+    ---------------
+    As :class:`flwr_importance.compat.ClusteredSampling`: sizes by
+    ``ClientProxy.get_properties`` (``num-examples``), plain FedAvg ``fit``.
+    Client: ``handler_client_fn(task, make_clustered_handlers)``.
+    """
+
+    def __init__(
+        self,
+        clients_per_round: int,
+        *,
+        legacy: LegacyOptions | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(MessageMDSampling(clients_per_round, **options), legacy)

@@ -1,0 +1,52 @@
+"""Optimal client sampling (OCS/AOCS) on Flower's legacy Strategy API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flwr_importance.compat.adapter import LegacyOptions, LegacyStrategyAdapter
+from flwr_importance.strategies.ocs import (
+    OptimalClientSampling as MessageOptimalClientSampling,
+)
+
+
+class OptimalClientSampling(LegacyStrategyAdapter):
+    """OCS (Chen, Horváth, Richtárik, TMLR 2022) as a legacy ``FedAvg`` subclass.
+
+    Runs :class:`flwr_importance.strategies.OptimalClientSampling`: every node
+    reports its update norm, nodes are sampled independently with the optimal
+    (or AOCS) probabilities, and the sampled updates are combined into the
+    unbiased ``w + server_lr * sum (d_i / p_i) U_i``.
+
+    Parameters
+    ----------
+    clients_per_round : int
+        ``m``, the expected number of participants.
+    legacy : LegacyOptions, optional
+        Initial parameters and evaluation, as in the legacy ``FedAvg``.
+    **options
+        The other parameters of the Message-API ``OptimalClientSampling``
+        (``approximate``, ``aocs_iterations``, ``server_lr``, ``seed``,
+        ``min_available_nodes``, ``query_timeout``).
+
+    Client contract
+    ---------------
+    The norm query is a ``ClientProxy.fit`` call from inside ``configure_fit``
+    (``compat-message-type = query.norm``, the model as ``model-0``): the
+    client trains, keeps its update in ``context.state`` and returns no arrays,
+    only ``update-norm-0`` and ``num-examples-0`` in the ``FitRes`` metrics.
+    The round's ``fit`` then carries no model (``kept-update = true``) and
+    returns the kept update as the ArrayRecord ``update``. Client:
+    ``handler_client_fn(task, make_ocs_handlers)``.
+    """
+
+    def __init__(
+        self,
+        clients_per_round: int,
+        *,
+        legacy: LegacyOptions | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(
+            MessageOptimalClientSampling(clients_per_round, **options), legacy
+        )
