@@ -12,7 +12,7 @@ sample or another weight (one SGD step moves entries by ~1e-2).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -43,7 +43,6 @@ class Case:
     legacy_class: Callable[..., LegacyStrategyAdapter]
     handlers: Callable[[TaskFactory], Mapping[str, ClientHandler]]
     arguments: dict[str, Any]
-    overrides: dict[str, bool | int | float | str] = field(default_factory=dict)
 
 
 SHARED = {"seed": 3, "min_available_nodes": 1}
@@ -100,8 +99,12 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[case.strategy for case in CASES])
 def test_legacy_strategy_gives_the_message_api_model(case: Case) -> None:
-    overrides = {"strategy": case.strategy, "local-steps": 5, "samples-per-client": 40}
-    federation = TwinFederation({**overrides, **case.overrides}, NUM_NODES)
+    overrides: dict[str, bool | int | float | str] = {
+        "strategy": case.strategy,
+        "local-steps": 5,
+        "samples-per-client": 40,
+    }
+    federation = TwinFederation(overrides, NUM_NODES)
     message_model = federation.run_message_api(
         case.message_class(**case.arguments), NUM_ROUNDS
     )
