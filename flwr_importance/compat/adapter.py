@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from logging import INFO, WARNING
+from typing import Any
 
 from flwr.app import ConfigRecord, Message
 from flwr.common import FitIns, FitRes, MetricsAggregationFn, NDArrays, Parameters
@@ -75,7 +76,7 @@ class LegacyOptions:
 
 
 class LegacyStrategyAdapter(FedAvg):
-    """Any Message-API strategy of this library as a legacy ``FedAvg`` subclass.
+    """A Message-API strategy of this library as a legacy ``FedAvg`` subclass.
 
     ``configure_fit`` hands the Message-API strategy a :class:`ProxyGrid` over
     the legacy clients (so its extra queries reach them through
@@ -86,30 +87,39 @@ class LegacyStrategyAdapter(FedAvg):
     that failed is simply missing from the replies, which every strategy of
     this library handles.
 
+    Subclasses name the Message-API class in ``message_strategy_class``; the
+    constructor passes its arguments (but ``legacy``) on to it.
+
     Parameters
     ----------
-    strategy : flwr.serverapp.strategy.Strategy
-        The Message-API strategy that does the work.
+    *args, **options
+        The Message-API strategy's arguments.
     legacy : LegacyOptions, optional
         Legacy ``FedAvg`` options (initial model, evaluation).
     """
 
-    def __init__(self, strategy: Strategy, legacy: LegacyOptions | None = None):
-        options = legacy or LegacyOptions()
+    message_strategy_class: Callable[..., Strategy]
+
+    def __init__(
+        self, *args: Any, legacy: LegacyOptions | None = None, **options: Any
+    ) -> None:
+        legacy_options = legacy or LegacyOptions()
         super().__init__(
             fraction_fit=1.0,
-            fraction_evaluate=options.fraction_evaluate,
+            fraction_evaluate=legacy_options.fraction_evaluate,
             min_fit_clients=1,
-            min_evaluate_clients=options.min_evaluate_clients,
+            min_evaluate_clients=legacy_options.min_evaluate_clients,
             min_available_clients=1,
-            evaluate_fn=options.evaluate_fn,
-            on_fit_config_fn=options.on_fit_config_fn,
-            on_evaluate_config_fn=options.on_evaluate_config_fn,
-            initial_parameters=options.initial_parameters,
-            evaluate_metrics_aggregation_fn=options.evaluate_metrics_aggregation_fn,
+            evaluate_fn=legacy_options.evaluate_fn,
+            on_fit_config_fn=legacy_options.on_fit_config_fn,
+            on_evaluate_config_fn=legacy_options.on_evaluate_config_fn,
+            initial_parameters=legacy_options.initial_parameters,
+            evaluate_metrics_aggregation_fn=(
+                legacy_options.evaluate_metrics_aggregation_fn
+            ),
         )
-        self.strategy = strategy
-        self.max_workers = options.max_workers
+        self.strategy = self.message_strategy_class(*args, **options)
+        self.max_workers = legacy_options.max_workers
         self._sent: dict[int, Message] = {}
 
     def __repr__(self) -> str:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from flwr_importance.compat.adapter import LegacyOptions, LegacyStrategyAdapter
+from flwr_importance.compat.adapter import LegacyStrategyAdapter
 from flwr_importance.strategies.fedsampling import FedSampling as MessageFedSampling
 
 
@@ -38,11 +36,4 @@ class FedSampling(LegacyStrategyAdapter):
     ``handler_client_fn(task, make_fedsampling_handlers)``.
     """
 
-    def __init__(
-        self,
-        samples_per_round: int,
-        *,
-        legacy: LegacyOptions | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(MessageFedSampling(samples_per_round, **options), legacy)
+    message_strategy_class = MessageFedSampling

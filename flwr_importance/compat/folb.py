@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from flwr_importance.compat.adapter import LegacyOptions, LegacyStrategyAdapter
+from flwr_importance.compat.adapter import LegacyStrategyAdapter
 from flwr_importance.strategies import folb as message_folb
 
 
@@ -38,11 +36,4 @@ class FOLB(LegacyStrategyAdapter):
     ``handler_client_fn(task, make_folb_handlers)``.
     """
 
-    def __init__(
-        self,
-        clients_per_round: int = 10,
-        *,
-        legacy: LegacyOptions | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(message_folb.FOLB(clients_per_round, **options), legacy)
+    message_strategy_class = message_folb.FOLB

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from flwr_importance.compat.adapter import LegacyOptions, LegacyStrategyAdapter
+from flwr_importance.compat.adapter import LegacyStrategyAdapter
 from flwr_importance.strategies.isfedavg import ISFedAvg as MessageISFedAvg
 
 
@@ -36,11 +34,4 @@ class ISFedAvg(LegacyStrategyAdapter):
     ``context.state``. Client: ``handler_client_fn(task, make_isfedavg_handlers)``.
     """
 
-    def __init__(
-        self,
-        clients_per_round: int = 10,
-        *,
-        legacy: LegacyOptions | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(MessageISFedAvg(clients_per_round, **options), legacy)
+    message_strategy_class = MessageISFedAvg

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from flwr_importance.compat.adapter import LegacyOptions, LegacyStrategyAdapter
+from flwr_importance.compat.adapter import LegacyStrategyAdapter
 from flwr_importance.strategies.md import MDSampling as MessageMDSampling
 
 
@@ -32,11 +30,4 @@ class MDSampling(LegacyStrategyAdapter):
     Client: ``handler_client_fn(task, make_clustered_handlers)``.
     """
 
-    def __init__(
-        self,
-        clients_per_round: int,
-        *,
-        legacy: LegacyOptions | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(MessageMDSampling(clients_per_round, **options), legacy)
+    message_strategy_class = MessageMDSampling

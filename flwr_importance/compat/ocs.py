@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from flwr_importance.compat.adapter import LegacyOptions, LegacyStrategyAdapter
+from flwr_importance.compat.adapter import LegacyStrategyAdapter
 from flwr_importance.strategies.ocs import (
     OptimalClientSampling as MessageOptimalClientSampling,
 )
@@ -40,13 +38,4 @@ class OptimalClientSampling(LegacyStrategyAdapter):
     ``handler_client_fn(task, make_ocs_handlers)``.
     """
 
-    def __init__(
-        self,
-        clients_per_round: int,
-        *,
-        legacy: LegacyOptions | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(
-            MessageOptimalClientSampling(clients_per_round, **options), legacy
-        )
+    message_strategy_class = MessageOptimalClientSampling
