@@ -109,7 +109,8 @@ class LegacyStrategyAdapter(FedAvg):
             fraction_evaluate=legacy_options.fraction_evaluate,
             min_fit_clients=1,
             min_evaluate_clients=legacy_options.min_evaluate_clients,
-            min_available_clients=1,
+            # FedAvg asks for this much; the Message-API strategy waits for its own.
+            min_available_clients=legacy_options.min_evaluate_clients,
             evaluate_fn=legacy_options.evaluate_fn,
             on_fit_config_fn=legacy_options.on_fit_config_fn,
             on_evaluate_config_fn=legacy_options.on_evaluate_config_fn,
@@ -165,9 +166,9 @@ class LegacyStrategyAdapter(FedAvg):
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, ScalarDict]:
         """The strategy's aggregation of the replies the FitRes carry."""
-        if failures:
-            log(WARNING, "aggregate_fit: %d client(s) failed", len(failures))
         received = {int(proxy.cid): fit_res for proxy, fit_res in results}
+        for node_id in sorted(self._sent.keys() - received.keys()):
+            log(WARNING, "aggregate_fit: node %d returned no fit result", node_id)
         replies = [
             reply_from_fit_res(message, received[node_id])
             for node_id, message in self._sent.items()
