@@ -37,6 +37,7 @@ from flwr_importance.compat.transport import (
     pack_arrays,
     unpack_arrays,
 )
+from flwr_importance.tasks import get_weights
 
 #: ``task_factory -> {message type: handler}``, e.g. ``make_isfedavg_handlers``.
 HandlersFactory = Callable[[TaskFactory], Mapping[str, ClientHandler]]
@@ -75,8 +76,7 @@ class HandlerClient(NumPyClient):
 
     def get_parameters(self, config: ScalarDict) -> NDArrays:
         """The node's initial model (the legacy server's fallback initial model)."""
-        model = self.task_factory(self.node_context).model
-        return [value.detach().cpu().numpy() for value in model.state_dict().values()]
+        return get_weights(self.task_factory(self.node_context).model)
 
     def get_properties(self, config: ScalarDict) -> ScalarDict:
         """A query without arrays: its reply's metrics."""
