@@ -1,0 +1,1 @@
+"""A legacy-API Flower App running the importance-sampling strategies."""
