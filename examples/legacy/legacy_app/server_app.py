@@ -51,12 +51,13 @@ def build_strategy(run_config: UserConfig, num_clients: int) -> Strategy:
         initial_parameters=ndarrays_to_parameters(get_weights(initial)),
         evaluate_fn=central_evaluation(run_config, num_clients),
     )
-    options = {"min_available_nodes": num_clients, "legacy": legacy}
     if name == "fedsampling":
         samples_per_round = clients_per_round * int(
             run_config["samples-per-round-factor"]
         )
-        return compat.FedSampling(samples_per_round, **options)
+        return compat.FedSampling(
+            samples_per_round, min_available_nodes=num_clients, legacy=legacy
+        )
     client_sampling: dict[str, type[compat.LegacyStrategyAdapter]] = {
         "isfedavg": compat.ISFedAvg,
         "folb": compat.FOLB,
@@ -69,7 +70,9 @@ def build_strategy(run_config: UserConfig, num_clients: int) -> Strategy:
             f"unknown strategy '{name}', one of {sorted(client_sampling)} "
             "or fedsampling"
         )
-    return client_sampling[name](clients_per_round, seed=seed, **options)
+    return client_sampling[name](
+        clients_per_round, seed=seed, min_available_nodes=num_clients, legacy=legacy
+    )
 
 
 def server_fn(context: Context) -> ServerAppComponents:
