@@ -205,15 +205,21 @@ def reply_from_fit_res(message: Message, fit_res: FitRes) -> Message:
     absent when there are none (FedSampling's train reply has no metrics).
     ``num_examples`` is not copied: the handlers report ``num-examples`` in
     their metrics when their contract asks for it.
+    A reply whose arrays do not match its layout becomes an error reply.
     """
     if fit_res.status.code != Code.OK:
         return error_reply(message, f"fit failed: {fit_res.status.message}")
     metrics = dict(fit_res.metrics)
     layout = metrics.pop(ARRAY_LAYOUT_KEY, None)
-    content = unpack_arrays(
-        parameters_to_ndarrays(fit_res.parameters),
-        layout if isinstance(layout, str) else None,
-    )
+    try:
+        content = unpack_arrays(
+            parameters_to_ndarrays(fit_res.parameters),
+            layout if isinstance(layout, str) else None,
+        )
+    except ValueError as exc:
+        # A malformed reply is the client's fault: an error reply, which the
+        # strategy's checks log (naming the node) and leave out.
+        return error_reply(message, str(exc))
     metric_record = numeric_metrics(metrics)
     if metric_record is not None:
         content["metrics"] = metric_record

@@ -8,8 +8,9 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, Context
+from flwr.app import ArrayRecord, Context, Message, RecordDict
 from flwr.client import Client
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 from flwr.server.strategy import FedAvg as LegacyFedAvg
 
 from flwr_importance import compat
@@ -17,7 +18,12 @@ from flwr_importance.clientapps import ClientHandler, TaskFactory
 from flwr_importance.clientapps.common import make_evaluate_handler, make_train_handler
 from flwr_importance.clientapps.fedsampling import make_fedsampling_handlers
 from flwr_importance.clientapps.isfedavg import make_isfedavg_handlers
-from flwr_importance.compat.transport import pack_arrays, unpack_arrays
+from flwr_importance.compat.transport import (
+    ARRAY_LAYOUT_KEY,
+    pack_arrays,
+    reply_from_fit_res,
+    unpack_arrays,
+)
 from tests.compat.compat_harness import (
     InProcessClientProxy,
     TwinFederation,
@@ -63,6 +69,24 @@ def test_arrays_without_layout_are_one_model_record() -> None:
 def test_a_layout_that_does_not_match_the_arrays_is_refused(layout: str) -> None:
     with pytest.raises(ValueError, match="compat-array-layout"):
         unpack_arrays([np.zeros(2), np.ones(1)], layout)
+
+
+def test_a_fit_result_with_a_wrong_layout_becomes_an_error_reply() -> None:
+    federation = TwinFederation({"strategy": "fedavg"}, 1)
+    (node_id,) = federation.grid.get_node_ids()
+    message = Message(RecordDict(), node_id, "train")
+    fit_res = FitRes(
+        Status(Code.OK, ""),
+        ndarrays_to_parameters([np.zeros(2)]),
+        0,
+        {ARRAY_LAYOUT_KEY: '[["update", 2]]'},
+    )
+
+    reply = reply_from_fit_res(message, fit_res)
+
+    assert reply.has_error()
+    assert "does not cover 1" in str(reply.error.reason)
+    assert reply.metadata.src_node_id == node_id
 
 
 def failing_client(context: Context) -> Client:
