@@ -9,13 +9,9 @@ from __future__ import annotations
 
 from typing import cast
 
-from flwr_importance.clientapps import (
-    ClientHandler,
-    TaskFactory,
-    make_evaluate_handler,
-    make_train_handler,
+from flwr_importance.clientapps.clustered import (
+    make_clustered_handlers,
 )
-from flwr_importance.clientapps.clustered import make_sizes_handler
 from flwr_importance.sampling import Distance
 from flwr_importance.strategies.clustered import ClusteredSampling, ClusteringMethod
 from simulations.config import ExperimentConfig
@@ -35,10 +31,5 @@ def build_strategy(config: ExperimentConfig, num_clients: int) -> ClusteredSampl
     )
 
 
-def client_handlers(task_factory: TaskFactory) -> dict[str, ClientHandler]:
-    """Plain local SGD, local evaluation and the size query."""
-    return {
-        "train": make_train_handler(task_factory),
-        "evaluate": make_evaluate_handler(task_factory),
-        "query.sizes": make_sizes_handler(task_factory),
-    }
+#: The ClientApp side: the method's handler set from the library.
+client_handlers = make_clustered_handlers

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from flwr_importance.clientapps import ClientHandler, TaskFactory
-from flwr_importance.clientapps.fedsampling import (
-    make_fedsampling_train_handler,
-    make_size_query_handler,
-)
+from flwr_importance.clientapps.fedsampling import make_fedsampling_handlers
 from flwr_importance.strategies.fedsampling import FedSampling
 from simulations.config import ExperimentConfig
 
@@ -28,13 +24,5 @@ def build_strategy(config: ExperimentConfig, num_clients: int) -> FedSampling:
     )
 
 
-def client_handlers(task_factory: TaskFactory) -> dict[str, ClientHandler]:
-    """Randomized size reply and Bernoulli-sampled gradient.
-
-    No ``evaluate`` handler: the ServerApp evaluates centrally, and the stock
-    evaluate reply carries ``num-examples``, the size this method keeps private.
-    """
-    return {
-        "query.sizes": make_size_query_handler(task_factory),
-        "train": make_fedsampling_train_handler(task_factory),
-    }
+#: The ClientApp side: the method's handler set from the library.
+client_handlers = make_fedsampling_handlers

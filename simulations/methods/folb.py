@@ -12,11 +12,7 @@ from __future__ import annotations
 from typing import cast
 
 from flwr_importance.aggregation.folb import Denominator, NegativeRule, Penalty
-from flwr_importance.clientapps import ClientHandler, TaskFactory, make_evaluate_handler
-from flwr_importance.clientapps.folb import (
-    make_folb_gradient_handler,
-    make_folb_train_handler,
-)
+from flwr_importance.clientapps.folb import make_folb_handlers
 from flwr_importance.strategies.folb import FOLB, Mode
 from simulations.config import ExperimentConfig
 
@@ -40,10 +36,5 @@ def build_strategy(config: ExperimentConfig, num_clients: int) -> FOLB:
     )
 
 
-def client_handlers(task_factory: TaskFactory) -> dict[str, ClientHandler]:
-    """Train (gradient + FedProx solve + gamma), gradient query, evaluation."""
-    return {
-        "train": make_folb_train_handler(task_factory),
-        "query.gradient": make_folb_gradient_handler(task_factory),
-        "evaluate": make_evaluate_handler(task_factory),
-    }
+#: The ClientApp side: the method's handler set from the library.
+client_handlers = make_folb_handlers

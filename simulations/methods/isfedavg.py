@@ -11,8 +11,9 @@ its ``E_k`` and ``B_k``).
 
 from __future__ import annotations
 
-from flwr_importance.clientapps import ClientHandler, TaskFactory, make_evaluate_handler
-from flwr_importance.clientapps.isfedavg import make_isfedavg_train_handler
+from flwr_importance.clientapps.isfedavg import (
+    make_isfedavg_handlers,
+)
 from flwr_importance.strategies.isfedavg import ISFedAvg
 from simulations.config import ExperimentConfig
 
@@ -43,9 +44,5 @@ def build_strategy(config: ExperimentConfig, num_clients: int) -> ISFedAvg:
     )
 
 
-def client_handlers(task_factory: TaskFactory) -> dict[str, ClientHandler]:
-    """Importance-sampled local SGD (eq. 8, 29) and local evaluation."""
-    return {
-        "train": make_isfedavg_train_handler(task_factory),
-        "evaluate": make_evaluate_handler(task_factory),
-    }
+#: The ClientApp side: the method's handler set from the library.
+client_handlers = make_isfedavg_handlers
