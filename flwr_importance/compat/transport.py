@@ -54,9 +54,10 @@ from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
-from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from numpy.typing import NDArray
+
+from flwr_importance.local_grid import LocalGrid
 
 #: Config key carrying the Message-API message type (``train``, ``query.norm``).
 MESSAGE_TYPE_KEY = "compat-message-type"
@@ -243,7 +244,7 @@ def proxies_by_node(client_manager: ClientManager) -> dict[int, ClientProxy]:
     return proxies
 
 
-class ProxyGrid(Grid):
+class ProxyGrid(LocalGrid):
     """A Message-API ``Grid`` that reaches the nodes through legacy ``ClientProxy``.
 
     What a Message-API strategy needs from inside ``configure_fit``: the
@@ -265,26 +266,6 @@ class ProxyGrid(Grid):
         self.client_manager = client_manager
         self.max_workers = max_workers
         self._run = Run.create_empty(0)
-
-    @property
-    def run(self) -> Run:
-        """A placeholder run (the legacy server owns the real one)."""
-        return self._run
-
-    def set_run(self, run: Run) -> None:
-        """Keep ``run`` (part of the ``Grid`` interface)."""
-        self._run = run
-
-    def create_message(
-        self,
-        content: RecordDict,
-        message_type: str,
-        dst_node_id: int,
-        group_id: str,
-        ttl: float | None = None,
-    ) -> Message:
-        """An instruction message (part of the ``Grid`` interface)."""
-        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
     def get_node_ids(self) -> Iterable[int]:
         """Ids of the clients the legacy server knows."""

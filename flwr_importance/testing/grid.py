@@ -21,9 +21,10 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.common.serde import message_from_proto, message_to_proto
 from flwr.proto.message_pb2 import Message as ProtoMessage  # pylint: disable=E0611
-from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
+
+from flwr_importance.local_grid import LocalGrid
 
 NodeConfigFactory = Callable[[int, int], UserConfig]
 
@@ -57,7 +58,7 @@ class _Node:
 
 
 @dataclass
-class InProcessGrid(Grid):
+class InProcessGrid(LocalGrid):
     """Deliver messages to ``client_app`` in this process, one ``Context`` per node.
 
     Parameters
@@ -131,26 +132,6 @@ class InProcessGrid(Grid):
         return self._nodes[node_id].context.state
 
     # -- Grid API --------------------------------------------------------------
-    def set_run(self, run: Run) -> None:
-        """Replace the run (kept for the ``Grid`` interface)."""
-        self._run = run
-
-    @property
-    def run(self) -> Run:
-        """The run this grid serves."""
-        return self._run
-
-    def create_message(
-        self,
-        content: RecordDict,
-        message_type: str,
-        dst_node_id: int,
-        group_id: str,
-        ttl: float | None = None,
-    ) -> Message:
-        """Create an instruction message (deprecated Grid API, kept for legacy)."""
-        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
-
     def get_node_ids(self) -> Iterable[int]:
         """Ids of the connected nodes."""
         return list(self._nodes)
