@@ -20,25 +20,35 @@ Command line::
 
 The number of virtual SuperNodes is the run config's ``num-supernodes`` (the
 preset's, else the app's default) unless ``--num-supernodes`` overrides it.
+
+The deployment engine on loopback (:func:`deployment`): a real
+``flower-superlink`` and N ``flower-supernode`` processes on free ports, each
+node with its own ``partition-id``/``num-partitions`` node config, runs
+submitted with ``flwr run <app> <superlink>`` and followed with ``flwr ls``;
+every process started is stopped, with its descendants, on exit.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
+
+SCRIPTS_DIR = Path(sys.executable).parent
 
 FLWR_CONFIG = """\
 [superlink]
@@ -160,6 +170,29 @@ def intended_supernodes(
     return int(str(overrides["num-supernodes"]))
 
 
+def flower_environment(flwr_home: Path) -> dict[str, str]:
+    """This process's environment, set up for Flower processes under ``flwr_home``.
+
+    ``flwr run`` and the SuperLink/SuperNode start Flower's other commands
+    (``flower-superexec``, ``flwr-serverapp``, ``flwr-clientapp``) by name, so
+    the environment's scripts go on PATH even when it is not activated (make
+    run, CI); runtime dependency installation is off so the apps run on this
+    environment.
+    """
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(SCRIPTS_DIR), env.get("PATH", "")])
+    env.update(
+        FLWR_HOME=str(flwr_home),
+        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+        FLWR_DISABLE_UPDATE_CHECK="1",
+        # Ray would otherwise try to reach its usage-stats server.
+        RAY_USAGE_STATS_ENABLED="0",
+        # Silences Ray's warning about a default that changes in a future release.
+        RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0",
+    )
+    return env
+
+
 def flwr_run(
     app_dir: Path,
     *,
@@ -168,6 +201,7 @@ def flwr_run(
     flwr_home: Path | None = None,
     timeout: float | None = None,
     capture: bool = False,
+    extra_env: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``flwr run <app_dir> --stream`` and stop its SuperLink afterwards.
 
@@ -186,6 +220,10 @@ def flwr_run(
         Seconds before the run is killed (``subprocess.TimeoutExpired`` raised).
     capture : bool
         Capture stdout/stderr (tests) instead of streaming them to the terminal.
+    extra_env : mapping, optional
+        Environment variables for ``flwr run`` and the SuperLink it starts (and
+        so the simulation runtime), e.g. ``RAY_ADDRESS`` to run the simulation
+        on a Ray cluster started separately.
 
     Returns
     -------
@@ -199,24 +237,15 @@ def flwr_run(
     flwr_home.mkdir(parents=True, exist_ok=True)
     (flwr_home / "config.toml").write_text(FLWR_CONFIG)
 
-    env = dict(os.environ)
-    # `flwr run` starts `flower-superlink` by name: the environment's scripts
-    # must be on PATH even when it is not activated (make run, CI).
-    scripts_dir = str(Path(sys.executable).parent)
-    env["PATH"] = os.pathsep.join([scripts_dir, env.get("PATH", "")])
+    env = flower_environment(flwr_home)
     env.update(
-        FLWR_HOME=str(flwr_home),
-        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-        FLWR_DISABLE_UPDATE_CHECK="1",
         FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(free_port()),
         FLWR_LOCAL_CONTROL_API_PORT=str(free_port()),
-        # Ray would otherwise try to reach its usage-stats server.
-        RAY_USAGE_STATS_ENABLED="0",
-        # Silences Ray's warning about a default that changes in a future release.
-        RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0",
     )
+    if extra_env:
+        env.update(extra_env)
     command = [
-        str(Path(scripts_dir) / "flwr"),
+        str(SCRIPTS_DIR / "flwr"),
         "run",
         str(app_dir),
         "--stream",
@@ -239,6 +268,277 @@ def flwr_run(
         )
     finally:
         stop_local_superlink(flwr_home)
+
+
+# The name of a deployment's SuperLink connection in its FLWR_HOME config.toml.
+DEPLOYMENT_CONNECTION = "deployment"
+# `flwr ls` status prefix of a run that is over ("finished:completed", ...).
+RUN_FINISHED = "finished"
+
+
+def _program(process: subprocess.Popen[bytes]) -> str:
+    """The name of the program ``process`` runs (for error messages)."""
+    args = process.args
+    first = args[0] if isinstance(args, list) else args
+    return Path(os.fsdecode(first)).name  # type: ignore[arg-type]
+
+
+class RunFailedError(RuntimeError):
+    """A ``flwr run`` submission or a run on the deployment did not succeed."""
+
+
+@dataclass
+class Deployment:
+    """A SuperLink and its SuperNodes on loopback, started by :func:`deployment`.
+
+    Attributes
+    ----------
+    address : str
+        ``host:port`` of the SuperLink (Fleet, Control and ServerAppIo APIs).
+    flwr_home : Path
+        ``FLWR_HOME`` of every process started here and of ``flwr`` commands.
+    work_dir : Path
+        Folder holding the SuperLink database and one log file per process.
+    env : dict
+        Environment of the processes and of the ``flwr`` commands.
+    processes : list
+        The ``flower-superlink`` process first, then one per SuperNode.
+    markers : list
+        Strings only the command lines of this deployment's processes (and the
+        apps they start) contain: its ports and folders.
+    """
+
+    address: str
+    flwr_home: Path
+    work_dir: Path
+    env: dict[str, str]
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    markers: list[str] = field(default_factory=list)
+
+    def flwr(self, *args: str, timeout: float = 60.0) -> dict[str, object]:
+        """Run ``flwr <args> --format json`` against this deployment; its JSON."""
+        completed = subprocess.run(
+            [str(SCRIPTS_DIR / "flwr"), *args, "--format", "json"],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        try:
+            reply: dict[str, object] = json.loads(completed.stdout)
+        except json.JSONDecodeError as error:
+            raise RunFailedError(
+                f"flwr {' '.join(args)}: {completed.stdout}{completed.stderr}"
+            ) from error
+        if not reply.get("success"):
+            raise RunFailedError(f"flwr {' '.join(args)}: {reply}")
+        return reply
+
+    def submit(
+        self, app_dir: Path, run_config: Path | Mapping[str, object] | None = None
+    ) -> int:
+        """``flwr run <app_dir> <this SuperLink>``; return the new run's id.
+
+        The run is submitted, not awaited: several runs submitted one after the
+        other run on the SuperLink at the same time.
+        """
+        command = ["run", str(app_dir.resolve()), DEPLOYMENT_CONNECTION]
+        if isinstance(run_config, Path):
+            command += ["--run-config", str(run_config.resolve())]
+        elif run_config:
+            command += ["--run-config", format_run_config(run_config)]
+        return int(str(self.flwr(*command, timeout=120.0)["run-id"]))
+
+    def run_statuses(self) -> dict[int, str]:
+        """``flwr ls``: each run's status, e.g. ``"finished:completed"``."""
+        runs = self.flwr("ls", DEPLOYMENT_CONNECTION)["runs"]
+        assert isinstance(runs, list)
+        return {int(run["run-id"]): str(run["status"]) for run in runs}
+
+    def wait(
+        self, run_ids: Sequence[int], timeout: float, poll_seconds: float = 2.0
+    ) -> dict[int, str]:
+        """Poll ``flwr ls`` until every run in ``run_ids`` has finished.
+
+        Returns
+        -------
+        dict[int, str]
+            The final status of each run (``"finished:completed"`` on success,
+            ``"finished:failed"``/``"finished:stopped"`` otherwise).
+
+        Raises
+        ------
+        TimeoutError
+            Some run had not finished after ``timeout`` seconds; the message
+            gives every run's status.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            statuses = self.run_statuses()
+            pending = [
+                run_id
+                for run_id in run_ids
+                if not statuses.get(run_id, "").startswith(RUN_FINISHED)
+            ]
+            if not pending:
+                return {run_id: statuses[run_id] for run_id in run_ids}
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"runs not finished after {timeout} s: {statuses}")
+            self.check_alive()
+            time.sleep(poll_seconds)
+
+    def check_alive(self) -> None:
+        """Raise if the SuperLink or a SuperNode has exited (see its log)."""
+        for process in self.processes:
+            if process.poll() is not None:
+                raise RunFailedError(
+                    f"{_program(process)} exited with {process.returncode}; "
+                    f"logs in {self.work_dir}"
+                )
+
+    def leftover_processes(self) -> list[int]:
+        """PIDs of processes of this deployment still running (``[]`` once stopped)."""
+        return sorted(
+            {pid for marker in self.markers for pid in processes_mentioning(marker)}
+        )
+
+    def stop(self) -> None:
+        """Stop every process started here and everything they started.
+
+        Children first (the SuperExecs and the app processes they start), so
+        nothing is re-spawned or orphaned; then a sweep for orphans whose
+        command line names this deployment's ports or folders.
+        """
+        started = [process.pid for process in self.processes]
+        _terminate([pid for pid in started for pid in _descendants(pid)])
+        _terminate(started)
+        for process in self.processes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=5)
+        _terminate(self.leftover_processes())
+
+
+def _start_logged(
+    command: Sequence[str], log_path: Path, env: Mapping[str, str]
+) -> subprocess.Popen[bytes]:
+    """Start ``command`` with its output in ``log_path`` (a pipe could fill up)."""
+    with log_path.open("wb") as log_file:
+        return subprocess.Popen(
+            list(command), stdout=log_file, stderr=subprocess.STDOUT, env=env
+        )
+
+
+def _wait_for_port(port: int, process: subprocess.Popen[bytes], timeout: float) -> None:
+    """Wait until something accepts connections on 127.0.0.1:``port``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RunFailedError(
+                f"{_program(process)} exited with {process.returncode}"
+            )
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
+
+
+@contextlib.contextmanager
+def deployment(
+    num_supernodes: int,
+    work_dir: Path,
+    *,
+    node_configs: Sequence[Mapping[str, object]] | None = None,
+    startup_timeout: float = 60.0,
+) -> Iterator[Deployment]:
+    """Run a SuperLink and ``num_supernodes`` SuperNodes on loopback (insecure).
+
+    Parameters
+    ----------
+    num_supernodes : int
+        Number of ``flower-supernode`` processes.
+    work_dir : Path
+        Folder for ``FLWR_HOME`` (``<work_dir>/flwr-home``), the SuperLink's
+        database and the process logs (``<work_dir>/logs``).
+    node_configs : sequence of mappings, optional
+        Node config of each SuperNode; by default node ``i`` gets
+        ``partition-id=i num-partitions=num_supernodes``.
+    startup_timeout : float
+        Seconds to wait for the SuperLink to listen.
+
+    Yields
+    ------
+    Deployment
+        Submit runs with :meth:`Deployment.submit`, await them with
+        :meth:`Deployment.wait`. On exit, normal or not, every process started
+        here is stopped with its descendants.
+    """
+    if node_configs is None:
+        node_configs = [
+            {"partition-id": index, "num-partitions": num_supernodes}
+            for index in range(num_supernodes)
+        ]
+    if len(node_configs) != num_supernodes:
+        raise ValueError(
+            f"{len(node_configs)} node configs for {num_supernodes} SuperNodes"
+        )
+    work_dir = work_dir.resolve()
+    flwr_home = work_dir / "flwr-home"
+    logs = work_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    superlink_port = free_port()
+    address = f"127.0.0.1:{superlink_port}"
+    (flwr_home / "config.toml").write_text(
+        f'[superlink]\ndefault = "{DEPLOYMENT_CONNECTION}"\n\n'
+        f'[superlink.{DEPLOYMENT_CONNECTION}]\naddress = "{address}"\n'
+        "insecure = true\n"
+    )
+    env = flower_environment(flwr_home)
+    running = Deployment(
+        address=address,
+        flwr_home=flwr_home,
+        work_dir=work_dir,
+        env=env,
+        markers=[str(work_dir), address],
+    )
+    try:
+        superlink = _start_logged(
+            [
+                str(SCRIPTS_DIR / "flower-superlink"),
+                "--insecure",
+                "--host=127.0.0.1",
+                f"--port={superlink_port}",
+                f"--database={work_dir / 'superlink.db'}",
+                "--disable-runtime-dependency-installation",
+            ],
+            logs / "superlink.log",
+            env,
+        )
+        running.processes.append(superlink)
+        _wait_for_port(superlink_port, superlink, startup_timeout)
+        for index, node_config in enumerate(node_configs):
+            node_port = free_port()
+            # The node's ClientApp processes name this address: a marker.
+            running.markers.append(f"127.0.0.1:{node_port}")
+            running.processes.append(
+                _start_logged(
+                    [
+                        str(SCRIPTS_DIR / "flower-supernode"),
+                        "--insecure",
+                        f"--superlink={address}",
+                        f"--node-config={format_run_config(node_config)}",
+                        "--host=127.0.0.1",
+                        f"--port={node_port}",
+                    ],
+                    logs / f"supernode-{index}.log",
+                    env,
+                )
+            )
+        yield running
+    finally:
+        running.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
