@@ -116,6 +116,15 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def _is_running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie (dead, waiting to be reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def _terminate(pids: Sequence[int], grace_seconds: float = 10.0) -> None:
     """SIGTERM ``pids``, then SIGKILL whatever is still alive after the grace."""
     for pid in pids:
@@ -125,7 +134,7 @@ def _terminate(pids: Sequence[int], grace_seconds: float = 10.0) -> None:
     alive = list(pids)
     while alive and time.monotonic() < deadline:
         time.sleep(0.2)
-        alive = [pid for pid in alive if Path(f"/proc/{pid}").exists()]
+        alive = [pid for pid in alive if _is_running(pid)]
     for pid in alive:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -450,6 +459,8 @@ def deployment(
     work_dir: Path,
     *,
     node_configs: Sequence[Mapping[str, object]] | None = None,
+    executor: Sequence[str] | None = None,
+    extra_env: Mapping[str, str] | None = None,
     startup_timeout: float = 60.0,
 ) -> Iterator[Deployment]:
     """Run a SuperLink and ``num_supernodes`` SuperNodes on loopback (insecure).
@@ -464,6 +475,15 @@ def deployment(
     node_configs : sequence of mappings, optional
         Node config of each SuperNode; by default node ``i`` gets
         ``partition-id=i num-partitions=num_supernodes``.
+    executor : sequence of str, optional
+        A SuperExec command (e.g. ``["flower-superexec"]``) to serve the app
+        processes in Flower's ``process`` isolation mode: started once for the
+        SuperLink and once per SuperNode, with ``--insecure
+        --runtime-api-address <address> --parent-pid <pid>`` appended. By
+        default (``subprocess`` isolation) the SuperLink and each SuperNode
+        start their own ``flower-superexec``.
+    extra_env : mapping, optional
+        Environment variables added for every process started here.
     startup_timeout : float
         Seconds to wait for the SuperLink to listen.
 
@@ -496,6 +516,8 @@ def deployment(
         "insecure = true\n"
     )
     env = flower_environment(flwr_home)
+    env.update(extra_env or {})
+    isolation = ["--isolation=process"] if executor else []
     running = Deployment(
         address=address,
         flwr_home=flwr_home,
@@ -512,29 +534,42 @@ def deployment(
                 f"--port={superlink_port}",
                 f"--database={work_dir / 'superlink.db'}",
                 "--disable-runtime-dependency-installation",
+                *isolation,
             ],
             logs / "superlink.log",
             env,
         )
         running.processes.append(superlink)
         _wait_for_port(superlink_port, superlink, startup_timeout)
+        runtime_apis = [(superlink_port, superlink, "superlink")]
         for index, node_config in enumerate(node_configs):
             node_port = free_port()
             # The node's ClientApp processes name this address: a marker.
             running.markers.append(f"127.0.0.1:{node_port}")
+            supernode = _start_logged(
+                [
+                    str(SCRIPTS_DIR / "flower-supernode"),
+                    "--insecure",
+                    f"--superlink={address}",
+                    f"--node-config={format_run_config(node_config)}",
+                    "--host=127.0.0.1",
+                    f"--port={node_port}",
+                    *isolation,
+                ],
+                logs / f"supernode-{index}.log",
+                env,
+            )
+            running.processes.append(supernode)
+            runtime_apis.append((node_port, supernode, f"supernode-{index}"))
+        for port, parent, name in runtime_apis if executor else []:
+            superexec_command = [
+                *(executor or []),
+                "--insecure",
+                f"--runtime-api-address=127.0.0.1:{port}",
+                f"--parent-pid={parent.pid}",
+            ]
             running.processes.append(
-                _start_logged(
-                    [
-                        str(SCRIPTS_DIR / "flower-supernode"),
-                        "--insecure",
-                        f"--superlink={address}",
-                        f"--node-config={format_run_config(node_config)}",
-                        "--host=127.0.0.1",
-                        f"--port={node_port}",
-                    ],
-                    logs / f"supernode-{index}.log",
-                    env,
-                )
+                _start_logged(superexec_command, logs / f"superexec-{name}.log", env)
             )
         yield running
     finally:

@@ -1,0 +1,198 @@
+"""Deployment engine: every strategy through ``flwr run`` on a real SuperLink.
+
+One ``flower-superlink`` and four ``flower-supernode`` processes on loopback,
+each SuperNode with its own partition (``--node-config "partition-id=i
+num-partitions=4"``). One small run per strategy is submitted to the same
+federation; the SuperLink runs them concurrently (the fixture waits for all of
+them with ``flwr ls``). Each run must finish, improve the model and write its
+history; afterwards no process of the deployment may be left.
+
+The app processes are served in Flower's ``process`` isolation mode by
+``forking_superexec`` (the stock ``flower-superexec`` forking each
+``flwr-serverapp``/``flwr-clientapp`` from an interpreter with torch already
+imported), which keeps the ~150 app processes of this file within its budget
+on two cores; everything else is stock Flower.
+
+FedSampling's run uses ``capturing_server_app``: the same ServerApp code on a
+grid that records every reply the server received, to check its privacy on
+the wire. The mechanism's epsilon-LDP itself is tested statistically in
+``tests/fedsampling/test_fedsampling_privacy.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flwr_importance.clientapps.fedsampling import SIZE_RESPONSE_KEY
+from flwr_importance.launcher import deployment
+from simulations.config import ExperimentConfig
+from simulations.inprocess import load_preset, resolve_run_config
+from simulations.task import federated_data
+from tests.deployment.capturing_server_app import REPLIES_FILE
+
+pytestmark = pytest.mark.slow
+
+APP_DIR = Path(__file__).resolve().parents[2]
+NUM_SUPERNODES = 4
+FORKING_SUPEREXEC = [sys.executable, "-m", "tests.deployment.forking_superexec"]
+
+# A few rounds of a tiny model, whatever the preset's scale.
+SMALL = {
+    "num-supernodes": NUM_SUPERNODES,
+    "num-server-rounds": 2,
+    "clients-per-round": 2,
+    "local-steps": 5,
+    "local-epochs": 0,
+}
+# strategy -> (preset or None, extra overrides)
+RUNS: dict[str, tuple[str | None, dict[str, bool | int | float | str]]] = {
+    "fedavg": (None, {"strategy": "fedavg", "partitioning": "iid"}),
+    "isfedavg": ("isfedavg-logistic", {}),
+    "folb": ("folb-digits", {"partitioning": "iid", "local-lr": 0.2}),
+    "fedsampling": ("fedsampling-lognormal-sigma1", {}),
+    "clustered": ("clustered-digits", {}),
+    "md": ("clustered-digits-md", {}),
+    "ocs": ("ocs-digits-lognormal", {}),
+    "mmfl": ("mmfl-digits", {"mmfl-tasks": "digits:pathological:2,digits:iid"}),
+}
+CAPTURED = "fedsampling"
+
+
+def run_config(strategy: str, output_dir: Path) -> dict[str, bool | int | float | str]:
+    """The run-config overrides of ``strategy``'s deployment run."""
+    preset, extra = RUNS[strategy]
+    overrides = load_preset(preset) if preset else {}
+    return {**overrides, **SMALL, **extra, "output-dir": str(output_dir)}
+
+
+def capturing_app(app_dir: Path) -> Path:
+    """A copy of the app whose ServerApp is ``capturing_server_app``."""
+    for package in ("flwr_importance", "simulations"):
+        shutil.copytree(
+            APP_DIR / package,
+            app_dir / package,
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
+    (app_dir / "tests" / "deployment").mkdir(parents=True)
+    for module in ("__init__.py", "deployment/__init__.py"):
+        shutil.copy(APP_DIR / "tests" / module, app_dir / "tests" / module)
+    shutil.copy(
+        Path(__file__).with_name("capturing_server_app.py"),
+        app_dir / "tests" / "deployment",
+    )
+    pyproject = (APP_DIR / "pyproject.toml").read_text()
+    stock = 'serverapp = "simulations.server_app:app"'
+    assert stock in pyproject
+    pyproject = pyproject.replace(
+        stock, 'serverapp = "tests.deployment.capturing_server_app:app"'
+    ).replace('"simulations/**/*.py"]', '"simulations/**/*.py", "tests/**/*.py"]')
+    (app_dir / "pyproject.toml").write_text(pyproject)
+    return app_dir
+
+
+@pytest.fixture(scope="module")
+def deployment_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Run every strategy on one deployment; their statuses and output dirs."""
+    work = tmp_path_factory.mktemp("deployment")
+    outputs = {strategy: work / "out" / strategy for strategy in RUNS}
+    apps = {strategy: APP_DIR for strategy in RUNS}
+    apps[CAPTURED] = capturing_app(work / "capturing-app")
+    with deployment(
+        NUM_SUPERNODES,
+        work,
+        executor=FORKING_SUPEREXEC,
+        extra_env={"PYTHONPATH": str(APP_DIR)},
+    ) as running:
+        # `flwr run` builds and uploads a FAB, then returns: submit all at once.
+        with ThreadPoolExecutor(max_workers=len(RUNS)) as pool:
+            run_ids = dict(
+                zip(
+                    pool.map(
+                        lambda strategy: running.submit(
+                            apps[strategy], run_config(strategy, outputs[strategy])
+                        ),
+                        RUNS,
+                    ),
+                    RUNS,
+                    strict=True,
+                )
+            )
+        statuses = running.wait(list(run_ids), timeout=240)
+    return {
+        "statuses": {run_ids[run_id]: status for run_id, status in statuses.items()},
+        "outputs": outputs,
+        "leftover": running.leftover_processes(),
+        "logs": work / "logs",
+    }
+
+
+def test_deployment_leaves_no_process(deployment_runs: Mapping[str, Any]) -> None:
+    assert deployment_runs["leftover"] == []
+
+
+@pytest.mark.parametrize("strategy", list(RUNS))
+def test_deployment_run_finishes_and_improves_the_model(
+    deployment_runs: Mapping[str, Any], strategy: str
+) -> None:
+    status = deployment_runs["statuses"][strategy]
+    assert status == "finished:completed", (status, deployment_runs["logs"])
+    output_dir = deployment_runs["outputs"][strategy]
+    rows = json.loads((output_dir / "history.json").read_text())
+    assert [row["round"] for row in rows] == [0, 1, 2]
+    assert rows[-1]["loss"] < rows[0]["loss"], rows
+
+
+def true_sizes() -> list[int]:
+    """Each partition's number of samples in FedSampling's deployment run."""
+    config = ExperimentConfig.from_run_config(
+        resolve_run_config(run_config(CAPTURED, Path("unused")))
+    )
+    data = federated_data(config, NUM_SUPERNODES)
+    return [len(partition.x) for partition in data.partitions]
+
+
+def test_deployment_fedsampling_sizes_never_reach_the_server_exactly(
+    deployment_runs: Mapping[str, Any],
+) -> None:
+    """Only randomized size replies cross the wire; nothing else about sizes.
+
+    "Carrying the true size" means a reply holding a value the server can read
+    as ``|D_c|`` with certainty: a ``num-examples``-like metric, any metric in
+    a train reply, or size replies that are the true sizes. The server
+    received, over the whole run, one ``size-response`` per size reply (in
+    ``1..M-1``, no other key) and train replies with arrays only; and the
+    responses of a round are not the nodes' true sizes.
+    """
+    config = run_config(CAPTURED, Path("unused"))
+    replies = json.loads(
+        (deployment_runs["outputs"][CAPTURED] / REPLIES_FILE).read_text()
+    )
+    size_replies = [
+        reply for reply in replies if reply["message-type"] == "query.sizes"
+    ]
+    train_replies = [reply for reply in replies if reply["message-type"] == "train"]
+    num_rounds = int(config["num-server-rounds"])
+    assert len(size_replies) == NUM_SUPERNODES * num_rounds
+    assert train_replies
+    assert not any(reply["error"] for reply in replies)
+    max_size = int(config["fedsampling-max-size"])
+    responses = []
+    for reply in size_replies:
+        assert reply["configs"] == {} and reply["arrays"] == []
+        (metrics,) = reply["metrics"].values()
+        assert set(metrics) == {SIZE_RESPONSE_KEY}
+        assert 1 <= metrics[SIZE_RESPONSE_KEY] <= max_size - 1
+        responses.append(int(metrics[SIZE_RESPONSE_KEY]))
+    for reply in train_replies:
+        assert reply["metrics"] == {} and reply["configs"] == {}, reply
+    sizes = sorted(min(size, max_size - 1) for size in true_sizes())
+    for round_start in range(0, len(responses), NUM_SUPERNODES):
+        assert sorted(responses[round_start : round_start + NUM_SUPERNODES]) != sizes
