@@ -211,6 +211,7 @@ def flwr_run(
     timeout: float | None = None,
     capture: bool = False,
     extra_env: Mapping[str, str] | None = None,
+    federation_config: Mapping[str, object] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``flwr run <app_dir> --stream`` and stop its SuperLink afterwards.
 
@@ -233,6 +234,9 @@ def flwr_run(
         Environment variables for ``flwr run`` and the SuperLink it starts (and
         so the simulation runtime), e.g. ``RAY_ADDRESS`` to run the simulation
         on a Ray cluster started separately.
+    federation_config : mapping, optional
+        More ``--federation-config`` values besides ``num-supernodes``, e.g.
+        ``{"client-resources-num-cpus": 1}``.
 
     Returns
     -------
@@ -259,7 +263,9 @@ def flwr_run(
         str(app_dir),
         "--stream",
         "--federation-config",
-        f"num-supernodes={num_supernodes}",
+        format_run_config(
+            {"num-supernodes": num_supernodes, **(federation_config or {})}
+        ),
     ]
     if isinstance(run_config, Path):
         command += ["--run-config", str(run_config.resolve())]
