@@ -40,10 +40,14 @@ def weighted_sum(
     if not np.all(np.isfinite(weights)):
         raise ValueError("weights contain NaN or infinite values")
     total = np.zeros(vectors[0].shape, dtype=np.float64)
+    # One scratch buffer for the products: a fresh temporary per vector costs
+    # an allocation (and its page faults) per client.
+    scaled = np.empty_like(total)
     for weight, vector in zip(weights, vectors, strict=True):
         if vector.shape != total.shape:
             raise ValueError(f"vector of shape {vector.shape}, expected {total.shape}")
-        total += weight * vector
+        np.multiply(vector, weight, out=scaled)
+        total += scaled
     return total
 
 

@@ -31,9 +31,14 @@ from numpy.typing import NDArray
 def flatten(record: ArrayRecord) -> NDArray[np.float64]:
     """All arrays of ``record`` concatenated into one float64 vector."""
     arrays = record.to_numpy_ndarrays()
-    if not arrays:
-        return np.zeros(0)
-    return np.concatenate([np.asarray(array, np.float64).ravel() for array in arrays])
+    # Filled in place: converting each array and then concatenating would copy
+    # every model twice, the largest server cost per reply at 1M parameters.
+    vector = np.empty(sum(array.size for array in arrays), np.float64)
+    offset = 0
+    for array in arrays:
+        vector[offset : offset + array.size] = array.ravel()
+        offset += array.size
+    return vector
 
 
 def unflatten(vector: NDArray[np.floating], like: ArrayRecord) -> ArrayRecord:
