@@ -155,8 +155,11 @@ def folb_weights(
     matrix = _stack(gradients, "gradients")
     gammas = _inexactness(inexactness, len(gradients), psi)
     finite = np.all(np.isfinite(matrix), axis=1)
+    # The matrix itself when every gradient is finite (the usual case): boolean
+    # indexing copies the K x d matrix (800 MB at K = 100, d = 1M) at each use.
+    finite_rows = matrix if finite.all() else matrix[finite]
     if reference_gradients is None:
-        reference, reference_counts = matrix[finite], counts[finite]
+        reference, reference_counts = finite_rows, counts[finite]
     elif len(reference_gradients) == 0:
         # The whole second set failed to answer: nothing to estimate gS2 with.
         reference, reference_counts = matrix[:0], counts[:0]
@@ -183,8 +186,8 @@ def folb_weights(
         )
     global_gradient = estimated_global_gradient(list(reference), reference_counts)
     global_norm = float(np.linalg.norm(global_gradient))
-    gradient_norms = np.linalg.norm(matrix[finite], axis=1)
-    inner_products = matrix[finite] @ global_gradient
+    gradient_norms = np.linalg.norm(finite_rows, axis=1)
+    inner_products = finite_rows @ global_gradient
     if penalty == "norm-product":
         penalties = psi * gammas[finite] * gradient_norms * global_norm
     else:
