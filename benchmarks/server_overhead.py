@@ -1,0 +1,558 @@
+"""Server time per round of every strategy against Flower's ``FedAvg``.
+
+Times ``configure_train`` + ``aggregate_train`` of each strategy of the library
+at 100, 1,000 and 10,000 nodes with a 1M-parameter model, without clients: a
+fake grid (:class:`CannedReplyGrid`) answers every message at once with a
+pre-built reply of the shape the strategy's client contract asks for (the
+model-shaped arrays, the metrics, the query answers), so only server work is
+timed. The grid's own time (building reply messages) is measured and
+subtracted.
+
+Memory: every reply shares ONE model-shaped ``ArrayRecord`` object (10,000
+replies x 1M float32 would be 40 GB); each strategy still deserializes,
+checks and adds every reply's arrays as it would real ones.
+
+Each strategy trains ``m`` nodes per round: ``m = 10%`` of the nodes, at most
+``MAX_TRAINED`` (the strategies hold the ``m`` received models as float64
+vectors while aggregating: ``m`` x 8 MB). Its baseline is Flower's ``FedAvg``
+aggregating as many replies, timed in the same run; FedSampling trains every
+node, so its baseline is ``FedAvg`` over all nodes. MMFL runs one model
+(``S = 1``, variant ``gradnorm``) so it handles the same 1M parameters.
+Clustered sampling with similarity (Algorithm 2) keeps one representative
+gradient per node: it runs with ``projection_dim = 1024`` (full rows would be
+N x 4 MB) and its clustering time (distances, Ward linkage, distributions and
+storing the gradients) is reported in its own column.
+
+The projection regenerates its ``d x 1024`` Gaussian matrix from the seed
+every round (16-30 s at 1M parameters, whatever the number of nodes): quick
+mode times Algorithm 2 at 1,000 nodes only.
+
+Round 1 is a warm-up (MD, clustered and size-weighted sampling query sizes
+once); the time is the mean of the next ``repeats`` rounds.
+
+    python -m benchmarks.server_overhead          # quick: 100 and 1,000 nodes
+    python -m benchmarks.server_overhead --full   # 100, 1,000 and 10,000 nodes
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on servers and CI
+import matplotlib.pyplot as plt
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.serverapp.strategy import FedAvg, Strategy
+from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
+
+from benchmarks.harness import benchmark_parser, prepare_run
+from flwr_importance.local_grid import LocalGrid
+from flwr_importance.strategies.clustered import ClusteredSampling
+from flwr_importance.strategies.fedsampling import FedSampling
+from flwr_importance.strategies.folb import FOLB
+from flwr_importance.strategies.isfedavg import ISFedAvg
+from flwr_importance.strategies.md import MDSampling
+from flwr_importance.strategies.mmfl import MultiModelSampling, pack_models
+from flwr_importance.strategies.ocs import OptimalClientSampling
+from flwr_importance.strategies.size_weighted import SizeWeightedSampling
+
+#: Layer shapes of the benchmark model: 1,000,656 parameters.
+MODEL_SHAPES = {
+    "hidden.weight": (1024, 768),
+    "hidden.bias": (1024,),
+    "output.weight": (208, 1024),
+    "output.bias": (208,),
+}
+MAX_TRAINED = 100
+TARGET_OVERHEAD = 0.10
+TARGET_NODES = 1_000
+PROJECTION_DIM = 1024
+MAX_SIZE = 100  # FedSampling's size threshold M
+
+#: Builds a reply's content from the message it answers.
+Responder = Callable[[Message], RecordDict]
+
+
+def benchmark_model(seed: int = 0) -> ArrayRecord:
+    """A float32 model with the layer shapes of :data:`MODEL_SHAPES`."""
+    rng = np.random.default_rng(seed)
+    return ArrayRecord.from_array_dict(
+        {
+            name: Array(rng.standard_normal(shape).astype(np.float32) * 0.01)
+            for name, shape in MODEL_SHAPES.items()
+        }
+    )
+
+
+@dataclass
+class CannedReplyGrid(LocalGrid):
+    """A grid whose nodes answer each message type with a pre-built reply.
+
+    Parameters
+    ----------
+    num_nodes : int
+        Connected nodes, with ids ``2..num_nodes+1``.
+    responders : Mapping[str, Responder]
+        Per message type, the reply content for a message.
+
+    Attributes
+    ----------
+    seconds : float
+        Time spent building replies since the last :meth:`reset_clock`
+        (subtracted from the strategy's time).
+    """
+
+    num_nodes: int
+    responders: Mapping[str, Responder]
+    seconds: float = field(default=0.0, init=False)
+
+    def __post_init__(self) -> None:
+        self._node_ids = list(range(2, self.num_nodes + 2))
+        self._run = Run.create_empty(1)
+        # Flower reads these when a Message is built (as in InProcessGrid).
+        TaskIdentity.run_id = 1
+        TaskIdentity.node_id = SUPERLINK_NODE_ID
+        TaskIdentity.task_id = 1
+        self._message_count = 0
+
+    def reset_clock(self) -> None:
+        """Start counting the grid's own time from zero."""
+        self.seconds = 0.0
+
+    def get_node_ids(self) -> Iterable[int]:
+        """Ids of the connected nodes."""
+        return list(self._node_ids)
+
+    def node_index(self, node_id: int) -> int:
+        """The node's position ``0..num_nodes-1`` (for per-node canned values)."""
+        return node_id - 2
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Not used: replies are built in :meth:`send_and_receive`."""
+        raise NotImplementedError("CannedReplyGrid only serves send_and_receive")
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        """Not used: replies are built in :meth:`send_and_receive`."""
+        raise NotImplementedError("CannedReplyGrid only serves send_and_receive")
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        """One canned reply per message, built now."""
+        start = time.perf_counter()
+        replies = [self.reply_to(message) for message in messages]
+        self.seconds += time.perf_counter() - start
+        return replies
+
+    def reply_to(self, message: Message) -> Message:
+        """The canned reply to ``message``, addressed as a node's would be."""
+        self._message_count += 1
+        message.metadata.__dict__["_message_id"] = f"{self._message_count:032x}"
+        content = self.responders[message.metadata.message_type](message)
+        return Message(content, reply_to=message)
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """Per-node values the canned replies report, and the shared model."""
+
+    model: ArrayRecord
+    sizes: np.ndarray
+    norms: np.ndarray
+
+    @classmethod
+    def create(cls, num_nodes: int, seed: int = 0) -> Fleet:
+        """Log-normal sizes and update norms (skewed, as non-IID nodes)."""
+        rng = np.random.default_rng(seed)
+        return cls(
+            model=benchmark_model(seed),
+            sizes=np.maximum(1, rng.lognormal(4.0, 1.0, num_nodes)).astype(int),
+            norms=rng.lognormal(0.0, 0.5, num_nodes),
+        )
+
+
+def responders(
+    method: str, fleet: Fleet, grid_index: Callable[[int], int]
+) -> dict[str, Responder]:
+    """The message types ``method`` sends and the canned reply to each."""
+
+    def size_of(message: Message) -> int:
+        return int(fleet.sizes[grid_index(message.metadata.dst_node_id)])
+
+    def metrics(values: Mapping[str, float]) -> RecordDict:
+        return RecordDict({"metrics": MetricRecord(dict(values))})
+
+    def model_reply(extra: Callable[[Message], dict[str, float]]) -> Responder:
+        def respond(message: Message) -> RecordDict:
+            content = metrics({"num-examples": size_of(message), **extra(message)})
+            content["arrays"] = fleet.model
+            return content
+
+        return respond
+
+    def sizes(message: Message) -> RecordDict:
+        return metrics({"num-examples": size_of(message)})
+
+    def norm(message: Message) -> RecordDict:
+        index = grid_index(message.metadata.dst_node_id)
+        return metrics(
+            {
+                "update-norm-0": float(fleet.norms[index]),
+                "num-examples-0": int(fleet.sizes[index]),
+            }
+        )
+
+    def kept_update(message: Message) -> RecordDict:
+        model_index = message.content.config_records["config"]["model-index"]
+        content = metrics(
+            {
+                "num-examples": size_of(message),
+                "train-loss": 1.0,
+                "model-index": int(cast(int, model_index)),
+            }
+        )
+        content["update"] = fleet.model
+        return content
+
+    def folb_train(message: Message) -> RecordDict:
+        content = metrics({"num-examples": size_of(message), "gamma": 0.5})
+        content["update"] = fleet.model
+        content["gradient"] = fleet.model
+        return content
+
+    def size_response(message: Message) -> RecordDict:
+        return metrics({"size-response": min(size_of(message), MAX_SIZE - 1)})
+
+    def gradient_sum(message: Message) -> RecordDict:
+        return RecordDict({"arrays": fleet.model})
+
+    plain_train = model_reply(lambda message: {})
+    table: dict[str, dict[str, Responder]] = {
+        "fedavg": {"train": plain_train},
+        "isfedavg": {
+            "train": model_reply(
+                lambda message: {"isfedavg-sigma2": 0.5, "isfedavg-g2": 1.0}
+            )
+        },
+        "folb": {"train": folb_train},
+        "fedsampling": {"query.sizes": size_response, "train": gradient_sum},
+        "sizeweighted": {"query.sizes": sizes, "train": plain_train},
+        "md": {"query.sizes": sizes, "train": plain_train},
+        "clustered-size": {"query.sizes": sizes, "train": plain_train},
+        "clustered-similarity": {"query.sizes": sizes, "train": plain_train},
+        "ocs": {"query.norm": norm, "train": kept_update},
+        "mmfl": {"query.norm": norm, "train": kept_update},
+    }
+    return table[method]
+
+
+def trained_per_round(num_nodes: int) -> int:
+    """``m``: 10% of the nodes, at most :data:`MAX_TRAINED`."""
+    return max(1, min(MAX_TRAINED, num_nodes // 10))
+
+
+def build_strategy(method: str, num_nodes: int, fleet: Fleet) -> Strategy:
+    """The strategy ``method`` training ``m`` nodes per round (all: FedSampling)."""
+    m = trained_per_round(num_nodes)
+    if method == "fedavg":
+        return FedAvg(
+            fraction_train=m / num_nodes,
+            min_train_nodes=m,
+            fraction_evaluate=0.0,
+            min_available_nodes=1,
+        )
+    if method == "fedavg-all":
+        return FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=1)
+    if method == "isfedavg":
+        return ISFedAvg(m, fraction_evaluate=0.0, min_available_nodes=1)
+    if method == "folb":
+        return FOLB(m, proximal_mu=0.01, fraction_evaluate=0.0, min_available_nodes=1)
+    if method == "fedsampling":
+        return FedSampling(
+            int(fleet.sizes.sum() // 10),
+            max_size=MAX_SIZE,
+            fraction_evaluate=0.0,
+            min_available_nodes=1,
+        )
+    if method == "sizeweighted":
+        return SizeWeightedSampling(m, fraction_evaluate=0.0, min_available_nodes=1)
+    if method == "md":
+        return MDSampling(m, fraction_evaluate=0.0, min_available_nodes=1)
+    if method == "clustered-size":
+        return ClusteredSampling(
+            m, method="size", fraction_evaluate=0.0, min_available_nodes=1
+        )
+    if method == "clustered-similarity":
+        return ClusteredSampling(
+            m,
+            method="similarity",
+            projection_dim=PROJECTION_DIM,
+            fraction_evaluate=0.0,
+            min_available_nodes=1,
+        )
+    if method == "ocs":
+        return OptimalClientSampling(m, min_available_nodes=1)
+    if method == "mmfl":
+        return MultiModelSampling(1, m, variant="gradnorm")
+    raise ValueError(f"unknown method {method!r}")
+
+
+#: Compared methods, each with its FedAvg baseline.
+METHODS: dict[str, str] = {
+    "isfedavg": "fedavg",
+    "folb": "fedavg",
+    "fedsampling": "fedavg-all",
+    "sizeweighted": "fedavg",
+    "md": "fedavg",
+    "clustered-size": "fedavg",
+    "clustered-similarity": "fedavg",
+    "ocs": "fedavg",
+    "mmfl": "fedavg",
+}
+LABELS = {
+    "fedavg": "Flower FedAvg (m nodes)",
+    "fedavg-all": "Flower FedAvg (all nodes)",
+    "isfedavg": "ISFedAvg",
+    "folb": "FOLB",
+    "fedsampling": "FedSampling",
+    "sizeweighted": "SizeWeightedSampling",
+    "md": "MDSampling",
+    "clustered-size": "ClusteredSampling (size, Alg. 1)",
+    "clustered-similarity": f"ClusteredSampling (similarity, Alg. 2, "
+    f"projection {PROJECTION_DIM})",
+    "ocs": "OptimalClientSampling",
+    "mmfl": "MultiModelSampling (S=1, gradnorm)",
+}
+
+
+@dataclass
+class ClusteringClock:
+    """Time a ClusteredSampling spends on Algorithm 2's clustering work.
+
+    Wraps, on one strategy instance, the storing of representative gradients
+    and the computation of the distributions from their distances.
+    """
+
+    seconds: float = 0.0
+
+    def attach(self, strategy: ClusteredSampling) -> None:
+        """Wrap the strategy's clustering steps with this clock."""
+        for name in ("record_updates", "distributions"):
+            setattr(strategy, name, self._timed(getattr(strategy, name)))
+
+    def _timed(self, method: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        return timed
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Mean seconds per round of one strategy at one size."""
+
+    method: str
+    num_nodes: int
+    trained: float
+    configure: float
+    aggregate: float
+    clustering: float | None
+
+    @property
+    def total(self) -> float:
+        """``configure_train`` + ``aggregate_train``."""
+        return self.configure + self.aggregate
+
+
+def time_strategy(method: str, num_nodes: int, repeats: int) -> Timing:
+    """Rounds ``2..repeats+1`` of ``method`` at ``num_nodes`` nodes, server only."""
+    fleet = Fleet.create(num_nodes)
+    grid = CannedReplyGrid(num_nodes, {})
+    grid.responders = responders(method.removesuffix("-all"), fleet, grid.node_index)
+    strategy = build_strategy(method, num_nodes, fleet)
+    clock = ClusteringClock()
+    if method == "clustered-similarity":
+        assert isinstance(strategy, ClusteredSampling)
+        clock.attach(strategy)
+    arrays = pack_models([fleet.model]) if method == "mmfl" else fleet.model
+    configure, aggregate, trained = [], [], []
+    clustering = []
+    for server_round in range(1, repeats + 2):
+        grid.reset_clock()
+        clock.seconds = 0.0
+        start = time.perf_counter()
+        messages = list(
+            strategy.configure_train(server_round, arrays, ConfigRecord(), grid)
+        )
+        configured = time.perf_counter()
+        query_seconds = grid.seconds
+        replies = list(grid.send_and_receive(messages))
+        aggregate_start = time.perf_counter()
+        new_arrays, _ = strategy.aggregate_train(server_round, replies)
+        end = time.perf_counter()
+        if new_arrays is None:
+            raise RuntimeError(f"{method} aggregated nothing in round {server_round}")
+        if server_round > 1:  # round 1: warm-up, one-time size queries
+            configure.append(configured - start - query_seconds)
+            aggregate.append(end - aggregate_start)
+            trained.append(len(replies))
+            clustering.append(clock.seconds)
+        del replies, new_arrays
+    return Timing(
+        method,
+        num_nodes,
+        float(np.mean(trained)),
+        float(np.mean(configure)),
+        float(np.mean(aggregate)),
+        float(np.mean(clustering)) if method == "clustered-similarity" else None,
+    )
+
+
+def ratio_rows(timings: Sequence[Timing]) -> list[dict[str, Any]]:
+    """Per strategy and size: its time, its baseline's and the overhead."""
+    by_key = {(t.method, t.num_nodes): t for t in timings}
+    rows = []
+    for timing in timings:
+        baseline_method = METHODS.get(timing.method)
+        if baseline_method is None:
+            continue
+        baseline = by_key[(baseline_method, timing.num_nodes)]
+        without_clustering = timing.total - (timing.clustering or 0.0)
+        rows.append(
+            {
+                "method": timing.method,
+                "num_nodes": timing.num_nodes,
+                "trained": timing.trained,
+                "configure_s": timing.configure,
+                "aggregate_s": timing.aggregate,
+                "total_s": timing.total,
+                "clustering_s": timing.clustering,
+                "baseline": baseline_method,
+                "baseline_s": baseline.total,
+                "ratio": timing.total / baseline.total,
+                "ratio_without_clustering": without_clustering / baseline.total,
+            }
+        )
+    return rows
+
+
+def meets_target(row: Mapping[str, Any]) -> bool | None:
+    """Whether the row meets the 10% target (None: not a target row)."""
+    if row["num_nodes"] != TARGET_NODES:
+        return None
+    return bool(row["ratio_without_clustering"] <= 1.0 + TARGET_OVERHEAD)
+
+
+def markdown_table(timings: Sequence[Timing], rows: Sequence[dict[str, Any]]) -> str:
+    """Baselines, then every strategy with its ratio, per number of nodes."""
+    lines = [
+        "| nodes | strategy | trained/round | configure_train (ms) | "
+        "aggregate_train (ms) | total (ms) | clustering (ms) | vs FedAvg | "
+        f"target (<= {1 + TARGET_OVERHEAD:.2f} at {TARGET_NODES:,}) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    baselines = [t for t in timings if t.method not in METHODS]
+    for timing in baselines:
+        lines.append(
+            f"| {timing.num_nodes:,} | {LABELS[timing.method]} | {timing.trained:.0f} "
+            f"| {timing.configure * 1e3:.1f} | {timing.aggregate * 1e3:.1f} | "
+            f"{timing.total * 1e3:.1f} |  | 1.00 |  |"
+        )
+    for row in rows:
+        verdict = meets_target(row)
+        clustering = (
+            f"{row['clustering_s'] * 1e3:.1f}"
+            if row["clustering_s"] is not None
+            else ""
+        )
+        ratio = f"{row['ratio']:.2f}"
+        if row["clustering_s"] is not None:
+            ratio += f" ({row['ratio_without_clustering']:.2f} without clustering)"
+        lines.append(
+            f"| {row['num_nodes']:,} | {LABELS[row['method']]} | {row['trained']:.0f} "
+            f"| {row['configure_s'] * 1e3:.1f} | {row['aggregate_s'] * 1e3:.1f} | "
+            f"{row['total_s'] * 1e3:.1f} | {clustering} | {ratio} | "
+            f"{'' if verdict is None else ('yes' if verdict else 'NO')} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    """Ratio to FedAvg against the number of nodes, one line per strategy."""
+    figure, axes = plt.subplots(figsize=(7, 4))
+    for method in METHODS:
+        points = [row for row in rows if row["method"] == method]
+        axes.plot(
+            [row["num_nodes"] for row in points],
+            [row["ratio_without_clustering"] for row in points],
+            "o-",
+            label=LABELS[method],
+        )
+    axes.axhline(1.0 + TARGET_OVERHEAD, color="grey", linestyle=":", label="target")
+    axes.set(
+        xscale="log",
+        xlabel="nodes",
+        ylabel="server time / FedAvg's (clustering excluded)",
+        title="Server time per round, 1M-parameter model",
+    )
+    axes.legend(fontsize=6)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Time every strategy and its baseline; write the table, JSON and plot."""
+    parser = benchmark_parser("server_overhead", __doc__)
+    parser.add_argument("--repeats", type=int, default=None, help="timed rounds")
+    args = parser.parse_args(argv)
+    prepare_run()
+    node_counts = (100, 1_000, 10_000) if args.full else (100, 1_000)
+    repeats = args.repeats or (3 if args.full else 2)
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    timings = []
+    for num_nodes in node_counts:
+        for method in ("fedavg", "fedavg-all", *METHODS):
+            slow = method == "clustered-similarity" and num_nodes != TARGET_NODES
+            if slow and not args.full:
+                continue  # its projection costs the same at every size
+            timing = time_strategy(method, num_nodes, repeats)
+            print(f"{num_nodes:>6} {method:<22} {timing.total * 1e3:9.1f} ms")
+            timings.append(timing)
+    rows = ratio_rows(timings)
+    table = markdown_table(timings, rows)
+    plot(rows, args.output_dir / "server_overhead.png")
+    results = {
+        "mode": "full" if args.full else "quick",
+        "parameters": sum(int(np.prod(shape)) for shape in MODEL_SHAPES.values()),
+        "repeats": repeats,
+        "node_counts": list(node_counts),
+        "baselines": [t.__dict__ for t in timings if t.method not in METHODS],
+        "rows": rows,
+    }
+    (args.output_dir / "results.json").write_text(json.dumps(results, indent=1))
+    text = (
+        "# Server overhead per round\n\n"
+        f"Model: {results['parameters']:,} float32 parameters; mean of {repeats} "
+        "rounds after a warm-up round; times vary between runs and machines.\n\n"
+        f"{table}\n\n![server overhead](server_overhead.png)\n"
+    )
+    (args.output_dir / "summary.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
