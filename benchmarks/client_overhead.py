@@ -1,0 +1,244 @@
+"""Client time per round of every method's ClientApp against a plain FedAvg client.
+
+Every method runs the simulation app's real ClientApp on the in-process grid
+with the same model (``mlp``), data (digits, 2 classes per node), nodes and
+local work (``local-steps`` SGD steps of ``batch-size`` samples; ISFedAvg's
+``E_k``/``B_k`` and FedSampling's local steps are pinned to the same values;
+MMFL trains one model, the same one). Only the time inside the ClientApp is
+counted (a :class:`TimedClientApp` wraps it; serialization and the server are
+not), per message type, over the whole run, divided by the rounds.
+
+Two ratios against FedAvg, measured in the same run:
+
+- per round: all the client work of a round (OCS and MMFL-gradnorm train on
+  every node in ``query.norm``, FedSampling sends ``train`` to every node);
+- per ``train`` message: the cost of one participant's training handler
+  (FOLB adds a full local gradient, ISFedAvg per-sample gradient norms). OCS
+  and MMFL-gradnorm train in ``query.norm``; their ``train`` only sends the
+  kept update, so their cost is in the per-round column.
+
+    python -m benchmarks.client_overhead          # quick: 5 rounds, 20 nodes
+    python -m benchmarks.client_overhead --full   # 10 rounds, 50 nodes
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on servers and CI
+import matplotlib.pyplot as plt
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+
+from benchmarks.harness import benchmark_parser, prepare_run
+from flwr_importance.testing import InProcessGrid
+from simulations.client_app import app as simulation_client_app
+from simulations.config import ExperimentConfig
+from simulations.inprocess import resolve_run_config
+from simulations.server_app import run_experiment
+
+LOCAL_STEPS = 10
+BATCH_SIZE = 16
+CLIENTS_PER_ROUND = 5
+BASELINE = "fedavg"
+
+COMMON: dict[str, bool | int | float | str] = {
+    "dataset": "digits",
+    "partitioning": "pathological",
+    "classes-per-client": 2,
+    "model": "mlp",
+    "clients-per-round": CLIENTS_PER_ROUND,
+    "local-steps": LOCAL_STEPS,
+    "local-epochs": 0,
+    "batch-size": BATCH_SIZE,
+    "heterogeneous-steps": False,
+}
+#: Each method's run-config overrides (same local work as FedAvg).
+METHODS: dict[str, dict[str, bool | int | float | str]] = {
+    "fedavg": {"strategy": "fedavg"},
+    "isfedavg": {
+        "strategy": "isfedavg",
+        "isfedavg-min-local-steps": LOCAL_STEPS,
+        "isfedavg-max-local-steps": LOCAL_STEPS,
+        "isfedavg-min-batch-size": BATCH_SIZE,
+        "isfedavg-max-batch-size": BATCH_SIZE,
+    },
+    "folb": {"strategy": "folb", "proximal-mu": 0.01},
+    "fedsampling": {
+        "strategy": "fedsampling",
+        "fedsampling-local-steps": LOCAL_STEPS,
+        "fedsampling-samples-per-round": CLIENTS_PER_ROUND * BATCH_SIZE,
+    },
+    "sizeweighted": {"strategy": "sizeweighted"},
+    "md": {"strategy": "md"},
+    "clustered": {"strategy": "clustered", "clustered-method": "similarity"},
+    "ocs": {"strategy": "ocs"},
+    "mmfl": {"strategy": "mmfl", "mmfl-tasks": "digits", "mmfl-variant": "gradnorm"},
+}
+
+
+class TimedClientApp(ClientApp):
+    """A ClientApp that runs ``inner`` and adds up its time per message type."""
+
+    def __init__(self, inner: ClientApp) -> None:
+        super().__init__()
+        self.inner = inner
+        self.seconds: defaultdict[str, float] = defaultdict(float)
+        self.calls: Counter[str] = Counter()
+
+    def __call__(self, message: Message, context: Context) -> Message:
+        """Run the wrapped ClientApp on ``message``, timing it."""
+        start = time.perf_counter()
+        try:
+            return self.inner(message, context)
+        finally:
+            message_type = message.metadata.message_type
+            self.seconds[message_type] += time.perf_counter() - start
+            self.calls[message_type] += 1
+
+
+@dataclass(frozen=True)
+class ClientCost:
+    """One method's client time, per round and per message type."""
+
+    method: str
+    rounds: int
+    seconds: Mapping[str, float]
+    calls: Mapping[str, int]
+
+    @property
+    def per_round(self) -> float:
+        """All ClientApp seconds of a round (every node, every message type)."""
+        return sum(self.seconds.values()) / self.rounds
+
+    @property
+    def per_train(self) -> float:
+        """Mean seconds of one ``train`` message."""
+        return self.seconds.get("train", 0.0) / max(self.calls.get("train", 0), 1)
+
+
+def measure(
+    method: str, num_nodes: int, rounds: int, seed: int, output_dir: Path
+) -> ClientCost:
+    """Run ``method`` for ``rounds`` rounds; the time spent in its ClientApp."""
+    run_config = resolve_run_config(
+        {
+            **COMMON,
+            **METHODS[method],
+            "num-server-rounds": rounds,
+            "num-supernodes": num_nodes,
+            "seed": seed,
+            "output-dir": str(output_dir / "runs" / method),
+        }
+    )
+    timed_app = TimedClientApp(simulation_client_app)
+    # Serialization would be counted as neither side's work: skip it.
+    grid = InProcessGrid(timed_app, num_nodes, run_config, seed=seed, serialize=False)
+    run_experiment(grid, ExperimentConfig.from_run_config(run_config), num_nodes)
+    return ClientCost(method, rounds, dict(timed_app.seconds), dict(timed_app.calls))
+
+
+def rows(costs: Sequence[ClientCost]) -> list[dict[str, Any]]:
+    """Per method: seconds, calls and the two ratios to FedAvg."""
+    baseline = next(cost for cost in costs if cost.method == BASELINE)
+    return [
+        {
+            "method": cost.method,
+            "seconds_per_round": cost.per_round,
+            "seconds_per_train": cost.per_train,
+            "ratio_per_round": cost.per_round / baseline.per_round,
+            "ratio_per_train": cost.per_train / baseline.per_train,
+            "seconds_by_type": dict(cost.seconds),
+            "calls_by_type": dict(cost.calls),
+            "rounds": cost.rounds,
+        }
+        for cost in costs
+    ]
+
+
+def markdown_table(table: Sequence[Mapping[str, Any]]) -> str:
+    """The rows as a markdown table."""
+    lines = [
+        "| method | client s/round (all nodes) | vs FedAvg | s per train message | "
+        "vs FedAvg | messages per round |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in table:
+        messages = ", ".join(
+            f"{kind} {calls / row['rounds']:.1f}"
+            for kind, calls in sorted(row["calls_by_type"].items())
+        )
+        lines.append(
+            f"| {row['method']} | {row['seconds_per_round']:.3f} | "
+            f"{row['ratio_per_round']:.2f} | {row['seconds_per_train'] * 1e3:.1f} ms | "
+            f"{row['ratio_per_train']:.2f} | {messages} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(table: Sequence[Mapping[str, Any]], path: Path) -> None:
+    """Both ratios to FedAvg as grouped bars."""
+    figure, axes = plt.subplots(figsize=(8, 4))
+    positions = range(len(table))
+    axes.bar(
+        [p - 0.2 for p in positions],
+        [row["ratio_per_round"] for row in table],
+        0.4,
+        label="per round (all nodes)",
+    )
+    axes.bar(
+        [p + 0.2 for p in positions],
+        [row["ratio_per_train"] for row in table],
+        0.4,
+        label="per train message",
+    )
+    axes.axhline(1.0, color="grey", linestyle=":")
+    axes.set_xticks(list(positions), [row["method"] for row in table], rotation=30)
+    axes.set(ylabel="client time / FedAvg's", title="Client overhead per round")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Measure every method's client time; write the table, JSON and plot."""
+    args = benchmark_parser("client_overhead", __doc__).parse_args(argv)
+    prepare_run()
+    num_nodes, rounds = (50, 10) if args.full else (20, 5)
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    costs = [
+        measure(method, num_nodes, rounds, 0, args.output_dir) for method in METHODS
+    ]
+    table = rows(costs)
+    plot(table, args.output_dir / "client_overhead.png")
+    results = {
+        "mode": "full" if args.full else "quick",
+        "num_nodes": num_nodes,
+        "rounds": rounds,
+        "settings": {**COMMON},
+        "rows": table,
+    }
+    (args.output_dir / "results.json").write_text(json.dumps(results, indent=1))
+    text = (
+        "# Client overhead per round\n\n"
+        f"{num_nodes} nodes, {rounds} rounds, {CLIENTS_PER_ROUND} clients per round, "
+        f"{LOCAL_STEPS} local steps of {BATCH_SIZE} samples, MLP on digits; time "
+        "inside the ClientApp only (size queries of the first round included in "
+        "the mean). Times vary between runs and machines.\n\n"
+        f"{markdown_table(table)}\n\n![client overhead](client_overhead.png)\n"
+    )
+    (args.output_dir / "summary.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
