@@ -279,10 +279,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         plot(dataset, runs, args.output_dir / f"{dataset}.png")
         summary += lines
         print("\n".join(lines), flush=True)
-    summary += [*DIFFERENCES, "", f"Total time {time.perf_counter() - started:.0f} s."]
+    # The time is printed, not written: summary.md must not vary between runs.
+    summary += DIFFERENCES
     (args.output_dir / "results.json").write_text(json.dumps(results, indent=1))
     (args.output_dir / "summary.md").write_text("\n".join(summary) + "\n")
-    print("\n".join([*DIFFERENCES, "", summary[-1]]))
+    print(
+        "\n".join(
+            [*DIFFERENCES, "", f"Total time {time.perf_counter() - started:.0f} s."]
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -233,8 +233,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         }
         sections.append(
             f"## {setting.name} (preset `{setting.preset}`, K={setting.num_clients}, "
-            f"{setting.rounds} rounds, seeds {list(setting.seeds)}, "
-            f"{elapsed:.0f} s)\n\n"
+            f"{setting.rounds} rounds, seeds {list(setting.seeds)})\n\n"
             f"{markdown_table(setting, summary)}\n\n"
             f"Paper: {PAPER_CLAIMS[setting.name]}.\n\n{verdict(setting, summary)}\n\n"
             f"![{setting.name}]({plot_path.name})\n"

@@ -15,20 +15,21 @@ It reports medians after warm-up and the ratios to ``plain``; the target is a
 ``weighted``/``plain`` ratio of at most 2.5 for the MLP at batch 64 on
 digits-shaped input (1x8x8, 10 classes).
 
-Run: ``python benchmarks/per_sample_grads.py [--batch-size 64] [--repeats 200]
-[--threads 1]``.
+Run: ``python -m benchmarks.per_sample_grads [--full] [--batch-size 64]
+[--repeats 200] [--threads 1]``.
 """
 
 from __future__ import annotations
 
-import argparse
+import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
 
+from benchmarks.harness import benchmark_parser
 from flwr_importance.tasks import (
     MODEL_NAMES,
     Objective,
@@ -112,11 +113,13 @@ def benchmark_model(
     return median_seconds(variants, repeats, warmup)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark for every model and print the table and the verdict."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark for every model; print and write the table and verdict."""
+    parser = benchmark_parser("per_sample_grads", __doc__)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="timed steps (200; 1000 with --full)"
+    )
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument(
         "--threads",
@@ -128,37 +131,45 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--models", nargs="+", choices=MODEL_NAMES, default=MODEL_NAMES)
     args = parser.parse_args(argv)
+    repeats = args.repeats or (1000 if args.full else 200)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    print(
-        f"per-sample gradient norms vs plain SGD step: batch {args.batch_size}, "
-        f"input {DIGITS_SHAPE}, median of {args.repeats} after {args.warmup} "
-        f"warm-up, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
+    intro = (
+        f"Per-sample gradient norms vs a plain SGD step: batch {args.batch_size}, "
+        f"input {DIGITS_SHAPE}, median of {repeats} after {args.warmup} "
+        f"warm-up, {torch.get_num_threads()} torch threads, torch {torch.__version__}."
     )
-    print(
-        f"{'model':<8}{'plain us':>10}{'weighted us':>13}{'ratio':>7}"
-        f"{'vmap us':>10}{'ratio':>7}"
-    )
+    lines = [
+        "| model | plain (us) | weighted (us) | ratio | vmap (us) | ratio |",
+        "|---|---|---|---|---|---|",
+    ]
+    results: dict[str, dict[str, float]] = {}
     target_ratio = None
     for model_name in args.models:
-        seconds = benchmark_model(
-            model_name, args.batch_size, args.repeats, args.warmup
-        )
+        seconds = benchmark_model(model_name, args.batch_size, repeats, args.warmup)
+        results[model_name] = seconds
         weighted_ratio = seconds["weighted"] / seconds["plain"]
         vmap_ratio = seconds["vmap"] / seconds["plain"]
         if model_name == TARGET_MODEL:
             target_ratio = weighted_ratio
-        print(
-            f"{model_name:<8}{seconds['plain'] * 1e6:>10.0f}"
-            f"{seconds['weighted'] * 1e6:>13.0f}{weighted_ratio:>6.2f}x"
-            f"{seconds['vmap'] * 1e6:>10.0f}{vmap_ratio:>6.2f}x"
+        lines.append(
+            f"| {model_name} | {seconds['plain'] * 1e6:.0f} | "
+            f"{seconds['weighted'] * 1e6:.0f} | {weighted_ratio:.2f}x | "
+            f"{seconds['vmap'] * 1e6:.0f} | {vmap_ratio:.2f}x |"
         )
+    verdict = ""
     if target_ratio is not None:
-        verdict = "met" if target_ratio <= TARGET_RATIO else "MISSED"
-        print(
-            f"target: {TARGET_MODEL} weighted/plain <= {TARGET_RATIO}x at batch 64: "
-            f"{target_ratio:.2f}x, {verdict}"
+        met = "met" if target_ratio <= TARGET_RATIO else "MISSED"
+        verdict = (
+            f"Target: {TARGET_MODEL} weighted/plain <= {TARGET_RATIO}x at batch 64: "
+            f"{target_ratio:.2f}x, {met}."
         )
+    text = f"# Per-sample gradient norms\n\n{intro}\n\n" + "\n".join(lines)
+    text += f"\n\n{verdict}\n"
+    print(text)
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    (args.output_dir / "summary.md").write_text(text)
+    (args.output_dir / "results.json").write_text(json.dumps(results, indent=1))
     return 0
 
 

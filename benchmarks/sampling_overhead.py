@@ -8,25 +8,28 @@
   arccos distance at a time with NumPy, followed by the same linkage and fill;
   then the loop-free version alone at 2,000 clients.
 
-Run ``python benchmarks/sampling_overhead.py`` (``--help`` for the sizes).
-Every time is the best of ``--repeats`` runs, except the pair loop, run once
-(about 15 s at 500 clients on two cores); ``--loop-pairs`` times it on a
-random subset of the pairs instead and extrapolates, which the output says.
+Run ``python -m benchmarks.sampling_overhead`` (``--help`` for the sizes).
+Every time is the best of ``--repeats`` runs, except the pair loop, run once:
+quick mode times it on 20,000 random pairs and extrapolates (the output says
+so), ``--full`` on all pairs (about 15 s at 500 clients on two cores).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import scipy
 from numpy.typing import NDArray
 
+from benchmarks.harness import benchmark_parser
 from flwr_importance.sampling.clustered import (
     clustered_distributions_by_similarity,
     clustered_distributions_from_distances,
@@ -37,6 +40,8 @@ from flwr_importance.sampling.pips import capped_inclusion_probs, systematic_sam
 
 MIN_SPEEDUP = 50.0
 MAX_SECONDS_LARGE = 10.0
+#: Quick mode times this many random pairs of the Python loop and extrapolates.
+QUICK_LOOP_PAIRS = 20_000
 
 
 @dataclass(frozen=True)
@@ -201,9 +206,9 @@ def print_table(rows: list[Row], args: argparse.Namespace) -> None:
         )
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """Problem sizes from the command line; the defaults are the targets' sizes."""
-    parser = argparse.ArgumentParser(description="Server-side cost of the samplers.")
+    parser = benchmark_parser("sampling_overhead", __doc__)
     parser.add_argument(
         "--clients", type=int, default=1_000_000, help="clients for pi-ps and OCS"
     )
@@ -219,22 +224,49 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--loop-pairs",
         type=int,
-        default=0,
-        help="pairs timed in the Python loop, extrapolated to all (0: all pairs)",
+        default=None,
+        help="pairs timed in the Python loop, extrapolated to all (0: all pairs; "
+        f"default {QUICK_LOOP_PAIRS}, or all with --full)",
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.loop_pairs is None:
+        args.loop_pairs = 0 if args.full else QUICK_LOOP_PAIRS
+    return args
 
 
-def main() -> int:
-    """Run every measurement, print the table; exit status 1 if a target fails."""
-    args = parse_args()
+def markdown_table(rows: list[Row]) -> str:
+    """The results as a markdown table."""
+    lines = [
+        "| operation | clients | measured | target | status |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        status = "" if row.passed is None else ("pass" if row.passed else "FAIL")
+        lines.append(
+            f"| {row.operation.strip()} | {row.clients:,} | {row.measured} | "
+            f"{row.target} | {status} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run every measurement, print and write the table; 1 if a target fails."""
+    args = parse_args(argv)
     rng = np.random.default_rng(args.seed)
     rows = pips_rows(args.clients, args.m, args.repeats, rng)
     rows += loop_comparison_rows(args, rng)
     rows.append(at_scale_row(args, rng))
     print_table(rows, args)
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    (args.output_dir / "summary.md").write_text(
+        f"# Sampler overhead\n\nBest of {args.repeats} runs, seed {args.seed}.\n\n"
+        f"{markdown_table(rows)}\n"
+    )
+    (args.output_dir / "results.json").write_text(
+        json.dumps([dataclasses.asdict(row) for row in rows], indent=1)
+    )
     return 0 if all(row.passed is not False for row in rows) else 1
 
 

@@ -1,0 +1,482 @@
+"""Run every benchmark and write ``docs/results.md`` and the README's results.
+
+    python -m benchmarks.report            # quick settings (< 15 min on 2 cores)
+    python -m benchmarks.report --full     # paper-scale settings (hours)
+
+Steps:
+
+1. every module of ``benchmarks/`` with a ``main(argv)`` (this one, the harness
+   and the package aside) runs in its own process as
+   ``python -m benchmarks.<name> [--full] --output-dir outputs/benchmarks/<name>``;
+   its output goes to ``log.txt`` there, its ``summary.md`` into the report;
+2. each method's headline preset runs once through a real ``flwr run``
+   (:func:`flwr_importance.launcher.flwr_run`, a few rounds) and once in process
+   with the same run config, side by side;
+3. ``docs/results.md`` is written: a header (date, versions, machine), the
+   convergence results (the same for the same seeds), the ``flwr run``
+   confirmation, then the timings (which vary) in their own section; the
+   PNGs are copied to ``docs/results/``;
+4. the README's text between ``<!-- results:start -->`` and
+   ``<!-- results:end -->`` is regenerated from the same numbers.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import benchmark_parser
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS_DIR = REPO_ROOT / "benchmarks"
+NOT_BENCHMARKS = {"__init__", "harness", "report"}
+#: Benchmarks whose tables are timings: they go to the timing section.
+TIMING_BENCHMARKS = (
+    "server_overhead",
+    "client_overhead",
+    "sampling_overhead",
+    "per_sample_grads",
+    "load",
+)
+README_START = "<!-- results:start -->"
+README_END = "<!-- results:end -->"
+#: Per method, the preset of its paper's headline experiment (``flwr run`` check).
+HEADLINE_PRESETS = {
+    "ISFedAvg": "isfedavg-logistic",
+    "FOLB": "folb-synthetic-1-1",
+    "FedSampling": "fedsampling-lognormal-sigma2",
+    "ClusteredSampling": "clustered-digits",
+    "MDSampling": "clustered-digits-md",
+    "OptimalClientSampling": "ocs-digits-lognormal",
+    "MultiModelSampling": "mmfl-digits",
+}
+FLWR_RUN_TIMEOUT = 300.0
+IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+\.png)\)")
+HEADING = re.compile(r"^(#+) ")
+
+
+@dataclass
+class BenchmarkRun:
+    """One benchmark's run: where its outputs are and how it went."""
+
+    name: str
+    output_dir: Path
+    seconds: float = 0.0
+    returncode: int = 0
+
+    @property
+    def summary(self) -> str | None:
+        """Its ``summary.md``, if it wrote one."""
+        path = self.output_dir / "summary.md"
+        return path.read_text() if path.is_file() else None
+
+
+@dataclass
+class Confirmation:
+    """A headline preset run through ``flwr run`` and in process."""
+
+    method: str
+    preset: str
+    rounds: int
+    in_process: Mapping[str, float] | None
+    flwr_run: Mapping[str, float] | None
+    seconds: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+
+def discover_benchmarks(directory: Path = BENCHMARKS_DIR) -> list[str]:
+    """Modules of ``directory`` that define ``main(argv...)``, sorted by name.
+
+    Read with :mod:`ast`, so nothing is imported (a benchmark's imports and
+    set-up happen in its own process).
+    """
+    names = []
+    for path in sorted(directory.glob("*.py")):
+        if path.stem in NOT_BENCHMARKS:
+            continue
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            if (
+                isinstance(node, ast.FunctionDef)
+                and node.name == "main"
+                and [arg.arg for arg in node.args.args][:1] == ["argv"]
+            ):
+                names.append(path.stem)
+    return names
+
+
+def run_benchmark(name: str, output_root: Path, full: bool) -> BenchmarkRun:
+    """``python -m benchmarks.<name>`` in its own process, output to ``log.txt``."""
+    run = BenchmarkRun(name, output_root / name)
+    run.output_dir.mkdir(parents=True, exist_ok=True)
+    # A stale summary must not pass for this run's.
+    (run.output_dir / "summary.md").unlink(missing_ok=True)
+    command = [sys.executable, "-m", f"benchmarks.{name}"]
+    command += ["--full"] if full else []
+    command += ["--output-dir", str(run.output_dir)]
+    start = time.perf_counter()
+    with (run.output_dir / "log.txt").open("w") as log_file:
+        completed = subprocess.run(
+            command, cwd=REPO_ROOT, stdout=log_file, stderr=subprocess.STDOUT
+        )
+    run.seconds = time.perf_counter() - start
+    run.returncode = completed.returncode
+    print(f"{name}: {run.seconds:.0f} s, exit status {run.returncode}", flush=True)
+    return run
+
+
+def final_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """The last evaluated round's numbers (round, accuracy, loss, msd...)."""
+    return {key: float(value) for key, value in rows[-1].items()}
+
+
+def confirm_headline(
+    method: str, preset: str, rounds: int, work_dir: Path
+) -> Confirmation:
+    """Run ``preset`` for ``rounds`` rounds through ``flwr run`` and in process."""
+    # Imported here: the report's other steps need neither Flower nor torch.
+    from flwr_importance.launcher import flwr_run, processes_mentioning
+    from simulations.inprocess import APP_DIR, load_preset, run_inprocess
+
+    overrides = {**load_preset(preset), "num-server-rounds": rounds}
+    confirmation = Confirmation(method, preset, rounds, None, None)
+    start = time.perf_counter()
+    rows, _ = run_inprocess(
+        {**overrides, "output-dir": str(work_dir / f"{preset}-inprocess")}
+    )
+    confirmation.seconds["in-process"] = time.perf_counter() - start
+    confirmation.in_process = final_metrics(rows)
+    output_dir = work_dir / f"{preset}-flwr-run"
+    flwr_home = work_dir / f"{preset}-flwr-home"
+    start = time.perf_counter()
+    try:
+        completed = flwr_run(
+            APP_DIR,
+            run_config={**overrides, "output-dir": str(output_dir)},
+            flwr_home=flwr_home,
+            capture=True,
+            timeout=FLWR_RUN_TIMEOUT,
+        )
+    except subprocess.TimeoutExpired:
+        confirmation.error = f"flwr run timed out after {FLWR_RUN_TIMEOUT:.0f} s"
+        return confirmation
+    finally:
+        confirmation.seconds["flwr run"] = time.perf_counter() - start
+        left = processes_mentioning(str(flwr_home.resolve()))
+        if left:
+            confirmation.error = f"processes left running: {left}"
+    history = output_dir / "history.json"
+    if completed.returncode != 0 or not history.is_file():
+        tail = (completed.stdout + completed.stderr)[-300:].replace("\n", " ")
+        confirmation.error = f"flwr run failed ({completed.returncode}): {tail}"
+        return confirmation
+    confirmation.flwr_run = final_metrics(json.loads(history.read_text()))
+    return confirmation
+
+
+# -- markdown ----------------------------------------------------------------
+def embed_summary(name: str, summary: str, image_prefix: str, depth: int) -> str:
+    """A benchmark's summary under the report's headings.
+
+    Headings move down by ``depth`` levels (outside code fences) and image
+    links ``![a](x.png)`` become ``![a](<image_prefix><name>-x.png)``, the
+    names :func:`copy_images` gives the copies.
+    """
+    lines, fenced = [], False
+    for line in summary.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            line = HEADING.sub(lambda m: "#" * (len(m.group(1)) + depth) + " ", line)
+            line = IMAGE.sub(
+                lambda m: (
+                    f"![{m.group(1)}]({image_prefix}{name}-{Path(m.group(2)).name})"
+                ),
+                line,
+            )
+        lines.append(line)
+    return "\n".join(lines).strip() + "\n"
+
+
+def copy_images(runs: Sequence[BenchmarkRun], images_dir: Path) -> list[Path]:
+    """Copy each run's PNGs to ``images_dir`` as ``<name>-<file>.png``.
+
+    ``images_dir`` is emptied of PNGs first, so no stale plot survives.
+    """
+    images_dir.mkdir(parents=True, exist_ok=True)
+    for old in images_dir.glob("*.png"):
+        old.unlink()
+    copied = []
+    for run in runs:
+        for png in sorted(run.output_dir.glob("*.png")):
+            target = images_dir / f"{run.name}-{png.name}"
+            shutil.copyfile(png, target)
+            copied.append(target)
+    return copied
+
+
+def machine_header(mode: str, now: datetime | None = None) -> str:
+    """Date, versions (flwr, torch, numpy, python) and machine (CPU, cores)."""
+    now = now or datetime.now(timezone.utc)
+    versions = ", ".join(
+        f"{package} {metadata.version(package)}"
+        for package in ("flwr", "torch", "numpy")
+    )
+    return (
+        f"Measured on {now:%Y-%m-%d} ({mode} mode) with {versions}, "
+        f"Python {platform.python_version()}, on {cpu_model()} "
+        f"({os.cpu_count()} cores, {platform.system()} {platform.machine()})."
+    )
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or the platform's guess."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def format_metrics(metrics: Mapping[str, float] | None) -> str:
+    """``accuracy 0.9, loss 0.3`` for the metrics a history row holds."""
+    if metrics is None:
+        return "n/a"
+    return ", ".join(
+        f"{key} {metrics[key]:.4g}"
+        for key in ("accuracy", "loss", "msd")
+        if key in metrics
+    )
+
+
+def confirmation_table(confirmations: Sequence[Confirmation]) -> str:
+    """In-process against ``flwr run`` numbers of each headline preset."""
+    lines = [
+        "| method | preset | rounds | in process (InProcessGrid) | `flwr run` "
+        "(simulation engine) |",
+        "|---|---|---|---|---|",
+    ]
+    for item in confirmations:
+        flwr_numbers = format_metrics(item.flwr_run)
+        if item.error:
+            flwr_numbers += f" ({item.error})"
+        lines.append(
+            f"| {item.method} | `{item.preset}` | {item.rounds} | "
+            f"{format_metrics(item.in_process)} | {flwr_numbers} |"
+        )
+    return "\n".join(lines)
+
+
+def runs_table(
+    runs: Sequence[BenchmarkRun], confirmations: Sequence[Confirmation]
+) -> str:
+    """Wall time of every step of this report."""
+    lines = ["| step | seconds | exit status |", "|---|---|---|"]
+    for run in runs:
+        lines.append(
+            f"| `python -m benchmarks.{run.name}` | {run.seconds:.0f} | "
+            f"{run.returncode} |"
+        )
+    for item in confirmations:
+        for where, seconds in item.seconds.items():
+            lines.append(f"| `{item.preset}`, {where} | {seconds:.0f} | |")
+    return "\n".join(lines)
+
+
+def benchmark_section(run: BenchmarkRun, image_prefix: str) -> str:
+    """A benchmark's summary under its own heading, or why it has none."""
+    heading = f"### `benchmarks/{run.name}.py`\n\n"
+    if run.summary is None:
+        return (
+            heading + f"No summary.md (exit status {run.returncode}); see "
+            f"`outputs/benchmarks/{run.name}/log.txt`.\n"
+        )
+    return heading + embed_summary(run.name, run.summary, image_prefix, depth=3)
+
+
+def render_results(
+    header: str,
+    runs: Sequence[BenchmarkRun],
+    confirmations: Sequence[Confirmation],
+    command: str,
+    image_prefix: str = "results/",
+) -> str:
+    """The whole ``docs/results.md``."""
+    results = [run for run in runs if run.name not in TIMING_BENCHMARKS]
+    timings = [run for run in runs if run.name in TIMING_BENCHMARKS]
+    parts = [
+        "# Results",
+        "",
+        f"Generated by `{command}`; do not edit by hand. {header}",
+        "",
+        "Every convergence number below comes from the in-process grid "
+        "(`flwr_importance.testing.InProcessGrid`: the real strategies and "
+        "ClientApps, the same messages, no SuperLink), except the `flwr run` "
+        "column of the confirmation table. The convergence tables are the same "
+        "for the same seeds; the timing section varies between runs and machines.",
+        "",
+        "## Convergence against each paper's baselines",
+        "",
+        *[benchmark_section(run, image_prefix) for run in results],
+        "## Headline presets through `flwr run`",
+        "",
+        "Each method's headline preset, a few rounds, once through a real `flwr "
+        "run` (Flower's simulation engine) and once in process with the same run "
+        "config. The two differ in node ids (Flower draws them at random), so "
+        "seeded client draws and the numbers differ somewhat: the check is that "
+        "the real deployment path runs the method and learns comparably.",
+        "",
+        confirmation_table(confirmations),
+        "",
+        "## Timings (vary between runs and machines)",
+        "",
+        *[benchmark_section(run, image_prefix) for run in timings],
+        "### This report's run",
+        "",
+        runs_table(runs, confirmations),
+        "",
+    ]
+    return "\n".join(parts)
+
+
+def readme_section(
+    header: str,
+    server_rows: Sequence[Mapping[str, Any]],
+    confirmations: Sequence[Confirmation],
+    command: str,
+) -> str:
+    """The README's results: header, ``flwr run`` check and server overhead."""
+    lines = [
+        f"Generated by `{command}` from [docs/results.md](docs/results.md), "
+        f"which has every method's comparison with its paper. {header}",
+        "",
+        confirmation_table(confirmations),
+        "",
+    ]
+    target_rows = [row for row in server_rows if row.get("num_nodes") == 1_000]
+    if target_rows:
+        lines += [
+            "Server time per round (`configure_train` + `aggregate_train`) at "
+            "1,000 nodes, 1M parameters, relative to Flower's `FedAvg` "
+            "aggregating as many replies (timings vary):",
+            "",
+            "| strategy | ms per round | vs FedAvg |",
+            "|---|---|---|",
+            *[
+                f"| {row['method']} | {row['total_s'] * 1e3:.0f} | {row['ratio']:.2f} |"
+                for row in target_rows
+            ],
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def replace_readme_section(readme: str, section: str) -> str:
+    """``readme`` with the text between the results markers replaced.
+
+    Raises
+    ------
+    ValueError
+        If either marker is missing, repeated, or the end comes first.
+    """
+    starts, ends = readme.count(README_START), readme.count(README_END)
+    if starts != 1 or ends != 1:
+        raise ValueError(
+            f"README must hold {README_START!r} and {README_END!r} once each "
+            f"(found {starts} and {ends}); the results section goes between them"
+        )
+    head, rest = readme.split(README_START)
+    if README_END not in rest:
+        raise ValueError(f"{README_END!r} comes before {README_START!r} in README")
+    _, tail = rest.split(README_END)
+    return f"{head}{README_START}\n{section.strip()}\n{README_END}{tail}"
+
+
+def server_overhead_rows(output_root: Path) -> list[dict[str, Any]]:
+    """The server-overhead benchmark's rows, if it ran."""
+    path = output_root / "server_overhead" / "results.json"
+    if not path.is_file():
+        return []
+    rows: list[dict[str, Any]] = json.loads(path.read_text())["rows"]
+    return rows
+
+
+def write_report(
+    runs: Sequence[BenchmarkRun],
+    confirmations: Sequence[Confirmation],
+    *,
+    mode: str,
+    output_root: Path,
+    docs_dir: Path,
+    readme: Path,
+    now: datetime | None = None,
+) -> Path:
+    """Write ``docs/results.md``, its images and the README section."""
+    command = "python -m benchmarks.report" + (" --full" if mode == "full" else "")
+    header = machine_header(mode, now)
+    results_path = docs_dir / "results.md"
+    copy_images(runs, docs_dir / "results")
+    results_path.write_text(render_results(header, runs, confirmations, command))
+    section = readme_section(
+        header, server_overhead_rows(output_root), confirmations, command
+    )
+    readme.write_text(replace_readme_section(readme.read_text(), section))
+    return results_path
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the benchmarks and the ``flwr run`` checks; write the report."""
+    parser = benchmark_parser("report", __doc__)
+    parser.set_defaults(output_dir=Path("outputs/benchmarks"))
+    parser.add_argument("--docs-dir", type=Path, default=REPO_ROOT / "docs")
+    parser.add_argument("--readme", type=Path, default=REPO_ROOT / "README.md")
+    parser.add_argument(
+        "--only", nargs="+", default=None, help="run only these benchmarks"
+    )
+    parser.add_argument(
+        "--skip-flwr-run", action="store_true", help="no flwr run confirmation"
+    )
+    args = parser.parse_args(argv)
+    # Fail now, not after the benchmarks, if the README cannot take the results.
+    replace_readme_section(args.readme.read_text(), "")
+    started = time.perf_counter()
+    output_root: Path = args.output_dir.resolve()
+    names = args.only or discover_benchmarks()
+    runs = [run_benchmark(name, output_root, args.full) for name in names]
+    confirmations = []
+    if not args.skip_flwr_run:
+        rounds = 10 if args.full else 3
+        with tempfile.TemporaryDirectory(prefix="flwr-report-") as work_dir:
+            for method, preset in HEADLINE_PRESETS.items():
+                confirmations.append(
+                    confirm_headline(method, preset, rounds, Path(work_dir))
+                )
+                print(f"flwr run {preset}: {confirmations[-1].seconds}", flush=True)
+    path = write_report(
+        runs,
+        confirmations,
+        mode="full" if args.full else "quick",
+        output_root=output_root,
+        docs_dir=args.docs_dir,
+        readme=args.readme,
+    )
+    print(f"wrote {path} and {args.readme} in {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
