@@ -1,0 +1,185 @@
+"""The report writer on fake benchmark outputs: markdown, images, README section."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from benchmarks.report import (
+    README_END,
+    README_START,
+    BenchmarkRun,
+    Confirmation,
+    discover_benchmarks,
+    embed_summary,
+    replace_readme_section,
+    write_report,
+)
+
+NOW = datetime(2026, 1, 2, tzinfo=timezone.utc)
+PNG = b"\x89PNG fake"
+
+
+def fake_run(root: Path, name: str, summary: str | None) -> BenchmarkRun:
+    """A benchmark output folder holding ``summary`` and one plot."""
+    run = BenchmarkRun(name, root / name, seconds=1.5)
+    run.output_dir.mkdir(parents=True)
+    if summary is not None:
+        (run.output_dir / "summary.md").write_text(summary)
+    (run.output_dir / "curve.png").write_bytes(PNG)
+    return run
+
+
+@pytest.fixture
+def report(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """The fake report written under ``tmp_path``."""
+    return write_fake_report(tmp_path)
+
+
+def write_fake_report(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """Fake outputs of a convergence and a timing benchmark, written as a report."""
+    root = tmp_path / "outputs"
+    runs = [
+        fake_run(
+            root,
+            "isfedavg",
+            "# ISFedAvg benchmark\n\n| method | msd |\n|---|---|\n| fedavg | 0.5 |\n\n"
+            "Ours: honest line.\n\n![regression](curve.png)\n",
+        ),
+        fake_run(
+            root, "server_overhead", "# Server overhead\n\n```\n# not a heading\n```\n"
+        ),
+        fake_run(root, "broken", None),
+    ]
+    (root / "server_overhead" / "results.json").write_text(
+        json.dumps(
+            {
+                "rows": [
+                    {"method": "md", "num_nodes": 1000, "total_s": 0.25, "ratio": 2.0},
+                    {"method": "md", "num_nodes": 100, "total_s": 0.1, "ratio": 9.0},
+                ]
+            }
+        )
+    )
+    confirmations = [
+        Confirmation(
+            "FOLB",
+            "folb-synthetic-1-1",
+            3,
+            {"round": 3.0, "accuracy": 0.61, "loss": 1.2},
+            {"round": 3.0, "accuracy": 0.6, "loss": 1.25},
+            {"in-process": 2.0, "flwr run": 20.0},
+        ),
+        Confirmation(
+            "OCS", "ocs-digits-lognormal", 3, {"accuracy": 0.7}, None, {}, "timed out"
+        ),
+    ]
+    docs, readme = tmp_path / "docs", tmp_path / "README.md"
+    (docs / "results").mkdir(parents=True)
+    (docs / "results" / "stale.png").write_bytes(PNG)
+    readme.write_text(
+        f"# T\n\n## Results\n{README_START}\nold\n{README_END}\n\n## After\n"
+    )
+    write_report(
+        runs,
+        confirmations,
+        mode="quick",
+        output_root=root,
+        docs_dir=docs,
+        readme=readme,
+        now=NOW,
+    )
+    return docs / "results.md", docs / "results", readme
+
+
+def test_results_markdown_holds_sections_header_and_rewritten_images(
+    report: tuple[Path, Path, Path],
+) -> None:
+    results, images, _ = report
+    text = results.read_text()
+    assert "Measured on 2026-01-02 (quick mode) with flwr " in text
+    assert "Python " in text and "cores" in text
+    # The convergence section comes before the timing section, which holds
+    # the timing benchmark only.
+    convergence = text.index("## Convergence")
+    timings = text.index("## Timings (vary")
+    assert convergence < text.index("#### ISFedAvg benchmark") < timings
+    assert timings < text.index("#### Server overhead")
+    assert "# not a heading" in text and "#### not a heading" not in text
+    assert "![regression](results/isfedavg-curve.png)" in text
+    assert "Ours: honest line." in text
+    assert "No summary.md (exit status 0)" in text
+    assert (
+        "| FOLB | `folb-synthetic-1-1` | 3 | accuracy 0.61, loss 1.2 | "
+        "accuracy 0.6, loss 1.25 |" in text
+    )
+    assert "n/a (timed out)" in text
+    assert sorted(path.name for path in images.iterdir()) == [
+        "broken-curve.png",
+        "isfedavg-curve.png",
+        "server_overhead-curve.png",
+    ]
+
+
+def test_readme_section_is_replaced_between_the_markers_only(
+    report: tuple[Path, Path, Path],
+) -> None:
+    _, _, readme = report
+    text = readme.read_text()
+    assert text.startswith("# T\n\n## Results\n" + README_START + "\n")
+    assert text.endswith(README_END + "\n\n## After\n")
+    section = text.split(README_START)[1].split(README_END)[0]
+    assert "old" not in section
+    assert "[docs/results.md](docs/results.md)" in section
+    assert "| md | 250 | 2.00 |" in section and "9.00" not in section
+    assert "Measured on 2026-01-02" in section
+
+
+def test_same_inputs_give_the_same_report(
+    report: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    again = write_fake_report(tmp_path / "again")
+    for first, second in zip(report, again, strict=True):
+        if first.is_file():
+            assert first.read_text() == second.read_text()
+    # Replacing the section again keeps one pair of markers.
+    readme = report[2].read_text()
+    replaced = replace_readme_section(replace_readme_section(readme, "y"), "x")
+    assert replaced == replace_readme_section(readme, "x")
+    assert replaced.count(README_START) == replaced.count(README_END) == 1
+
+
+@pytest.mark.parametrize(
+    "readme",
+    [
+        "no markers",
+        f"{README_START} only the start",
+        f"{README_END} end first {README_START}",
+        f"{README_START}{README_START}{README_END}",
+    ],
+)
+def test_missing_or_misplaced_markers_fail_clearly(readme: str) -> None:
+    with pytest.raises(ValueError, match="results"):
+        replace_readme_section(readme, "section")
+
+
+def test_headings_move_down_and_images_get_the_benchmark_prefix() -> None:
+    summary = "# A\n## B\ntext # not heading\n![p](plot.png) ![q](sub/q.png)\n"
+    assert embed_summary("bench", summary, "results/", depth=2) == (
+        "### A\n#### B\ntext # not heading\n"
+        "![p](results/bench-plot.png) ![q](results/bench-q.png)\n"
+    )
+
+
+def test_discovery_finds_modules_with_main_argv_only(tmp_path: Path) -> None:
+    (tmp_path / "good.py").write_text("def main(argv=None):\n    pass\n")
+    (tmp_path / "no_argv.py").write_text("def main():\n    pass\n")
+    (tmp_path / "harness.py").write_text("def main(argv=None):\n    pass\n")
+    (tmp_path / "report.py").write_text("def main(argv=None):\n    pass\n")
+    assert discover_benchmarks(tmp_path) == ["good"]
+    assert {"server_overhead", "client_overhead", "isfedavg", "folb"} <= set(
+        discover_benchmarks()
+    )
