@@ -75,7 +75,8 @@ class BenchmarkRun:
 
     name: str
     output_dir: Path
-    seconds: float = 0.0
+    #: None: not run by this report, its earlier outputs reused (``--only``).
+    seconds: float | None = None
     returncode: int = 0
 
     @property
@@ -288,9 +289,9 @@ def runs_table(
     """Wall time of every step of this report."""
     lines = ["| step | seconds | exit status |", "|---|---|---|"]
     for run in runs:
+        seconds = "earlier run reused" if run.seconds is None else f"{run.seconds:.0f}"
         lines.append(
-            f"| `python -m benchmarks.{run.name}` | {run.seconds:.0f} | "
-            f"{run.returncode} |"
+            f"| `python -m benchmarks.{run.name}` | {seconds} | {run.returncode} |"
         )
     for item in confirmations:
         for where, seconds in item.seconds.items():
@@ -446,7 +447,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--docs-dir", type=Path, default=REPO_ROOT / "docs")
     parser.add_argument("--readme", type=Path, default=REPO_ROOT / "README.md")
     parser.add_argument(
-        "--only", nargs="+", default=None, help="run only these benchmarks"
+        "--only",
+        nargs="+",
+        default=None,
+        help="run only these benchmarks; the others' earlier outputs are reused",
     )
     parser.add_argument(
         "--skip-flwr-run", action="store_true", help="no flwr run confirmation"
@@ -456,8 +460,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     replace_readme_section(args.readme.read_text(), "")
     started = time.perf_counter()
     output_root: Path = args.output_dir.resolve()
-    names = args.only or discover_benchmarks()
-    runs = [run_benchmark(name, output_root, args.full) for name in names]
+    runs = [
+        run_benchmark(name, output_root, args.full)
+        if args.only is None or name in args.only
+        else BenchmarkRun(name, output_root / name)
+        for name in discover_benchmarks()
+    ]
     confirmations = []
     if not args.skip_flwr_run:
         rounds = 10 if args.full else 3
