@@ -289,9 +289,9 @@ def runs_table(
     """Wall time of every step of this report."""
     lines = ["| step | seconds | exit status |", "|---|---|---|"]
     for run in runs:
-        seconds = "earlier run reused" if run.seconds is None else f"{run.seconds:.0f}"
+        wall = "earlier run reused" if run.seconds is None else f"{run.seconds:.0f}"
         lines.append(
-            f"| `python -m benchmarks.{run.name}` | {seconds} | {run.returncode} |"
+            f"| `python -m benchmarks.{run.name}` | {wall} | {run.returncode} |"
         )
     for item in confirmations:
         for where, seconds in item.seconds.items():
