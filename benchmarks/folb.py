@@ -75,6 +75,13 @@ DIFFERENCES = [
     "(clipped), so eq. 18's penalty is nearly uniform; with psi * gamma_k >= 1 "
     "the norm-product penalty makes every score <= 0 (Cauchy-Schwarz) and all "
     "updates are subtracted, which is why psi = 1 fails.",
+    "Checked for a bug (issue 11): `aggregation/folb.py` and `strategies/folb.py` "
+    "follow FOLB-EQUATIONS.md (gS the multiset mean of the g_j, c_k = <g_k, gS>, "
+    "weights m_k c_k / sum_i m_i |c_i|, negative scores flipped, g_k taken before "
+    "training, gamma_k from the FedProx objective); none found. With eq. 13 the "
+    "weights' absolute values sum to 1, so FOLB's step has FedAvg's scale and only "
+    "re-weights the same K updates; in our short runs with a small lr (gamma_k "
+    "near 1) that makes Table I's 5-8x fewer rounds than FedProx unlikely.",
 ]
 
 
