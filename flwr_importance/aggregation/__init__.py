@@ -6,23 +6,25 @@ named after the method (``flwr_importance.aggregation.folb`` ...).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 
 def weighted_sum(
-    vectors: Sequence[NDArray[np.floating]], weights: ArrayLike
+    vectors: Iterable[NDArray[np.floating]], weights: ArrayLike
 ) -> NDArray[np.float64]:
-    """``sum_k weights[k] * vectors[k]``, accumulated in place (no stacking).
+    """``sum_k weights[k] * vectors[k]``, accumulated in place, one at a time.
 
-    Accumulating keeps memory at two model copies whatever the number of
-    clients, which matters at 1,000 clients of a 1M-parameter model.
+    ``vectors`` may be a generator: each vector is added and then dropped, so
+    memory stays at about three model copies whatever the number of clients
+    (a list of 1,000 float64 copies of a 1M-parameter model is 8 GB, and
+    touching that much fresh memory also costs more time than the sum).
 
     Parameters
     ----------
-    vectors : Sequence[NDArray]
+    vectors : Iterable[NDArray]
         Equal-length 1-D vectors (flattened models or updates).
     weights : ArrayLike
         One finite weight per vector.
@@ -33,24 +35,49 @@ def weighted_sum(
         The weighted sum.
     """
     weights = np.asarray(weights, dtype=np.float64)
-    if weights.shape != (len(vectors),):
-        raise ValueError(f"{len(vectors)} vectors but weights of shape {weights.shape}")
-    if not vectors:
-        raise ValueError("weighted_sum needs at least one vector")
+    if weights.ndim != 1:
+        raise ValueError(f"weights must be 1-D, got shape {weights.shape}")
     if not np.all(np.isfinite(weights)):
         raise ValueError("weights contain NaN or infinite values")
-    total = np.zeros(vectors[0].shape, dtype=np.float64)
-    # One scratch buffer for the products: a fresh temporary per vector costs
-    # an allocation (and its page faults) per client.
-    scaled = np.empty_like(total)
-    for weight, vector in zip(weights, vectors, strict=True):
-        if vector.shape != total.shape:
-            raise ValueError(f"vector of shape {vector.shape}, expected {total.shape}")
-        np.multiply(vector, weight, out=scaled)
-        total += scaled
+    total, count = _accumulate(vectors, weights)
+    if count != weights.size:
+        raise ValueError(f"{count} vectors but weights of shape {weights.shape}")
     return total
 
 
-def mean(vectors: Sequence[NDArray[np.floating]]) -> NDArray[np.float64]:
-    """Plain mean of the vectors (eq. 5 of ISFedAvg; clustered and MD sampling)."""
-    return weighted_sum(vectors, np.full(len(vectors), 1.0 / max(len(vectors), 1)))
+def mean(vectors: Iterable[NDArray[np.floating]]) -> NDArray[np.float64]:
+    """Plain mean of the vectors (eq. 5 of ISFedAvg; clustered and MD sampling).
+
+    Accumulated one vector at a time, as :func:`weighted_sum`.
+    """
+    total, count = _accumulate(vectors, None)
+    total /= count
+    return total
+
+
+def _accumulate(
+    vectors: Iterable[NDArray[np.floating]], weights: NDArray[np.float64] | None
+) -> tuple[NDArray[np.float64], int]:
+    """``(sum_k w_k v_k, number of vectors)``; ``weights=None``: all ones."""
+    total: NDArray[np.float64] | None = None
+    scaled: NDArray[np.float64] | None = None
+    count = 0
+    for vector in vectors:
+        if weights is not None and count >= weights.size:
+            raise ValueError(f"more vectors than the {weights.size} weights")
+        if total is None or scaled is None:
+            total = np.zeros(np.shape(vector), dtype=np.float64)
+            # One scratch buffer for the products: a fresh temporary per vector
+            # costs an allocation (and its page faults) per client.
+            scaled = np.empty_like(total)
+        elif vector.shape != total.shape:
+            raise ValueError(f"vector of shape {vector.shape}, expected {total.shape}")
+        if weights is None:
+            total += vector
+        else:
+            np.multiply(vector, weights[count], out=scaled)
+            total += scaled
+        count += 1
+    if total is None:
+        raise ValueError("need at least one vector to aggregate")
+    return total, count

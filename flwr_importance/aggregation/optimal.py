@@ -17,7 +17,7 @@ setting, MMFL-DETAILS.md).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -87,14 +87,15 @@ def unbiased_weights(fractions: ArrayLike, probs: ArrayLike) -> NDArray[np.float
 
 
 def unbiased_update(
-    updates: Sequence[NDArray[np.floating]], fractions: ArrayLike, probs: ArrayLike
+    updates: Iterable[NDArray[np.floating]], fractions: ArrayLike, probs: ArrayLike
 ) -> NDArray[np.float64]:
     """``sum_{i in S} (d_i / p_i) U_i`` over the participants (slides eq. 5).
 
     Parameters
     ----------
-    updates : Sequence[NDArray]
-        The participants' flattened updates ``U_i``, at least one.
+    updates : Iterable[NDArray]
+        The participants' flattened updates ``U_i``, at least one (a generator
+        is summed one update at a time).
     fractions : ArrayLike
         Their data shares ``d_i``.
     probs : ArrayLike

@@ -303,7 +303,7 @@ class FOLB(FedAvg):
                 server_round,
                 result.fallback_reason,
             )
-        updates = [flatten(reply.arrays[UPDATE_KEY]) for reply in usable]
+        updates = (flatten(reply.arrays[UPDATE_KEY]) for reply in usable)
         new_vector = draws.global_vector + weighted_sum(updates, result.weights)
         metrics = self.train_metrics_aggr_fn(
             [_metric_content(reply) for reply in usable],

@@ -347,7 +347,7 @@ class ISFedAvg(FedAvg):
         # The model sent fixes the keys and dtypes of the aggregate.
         template = self._sent_arrays or checked[0].array_record
         arrays = unflatten(
-            mean([flatten(reply.array_record) for reply in checked]), template
+            mean(flatten(reply.array_record) for reply in checked), template
         )
         if not self.uniform:
             self._update_probabilities(checked)

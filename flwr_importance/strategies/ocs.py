@@ -206,7 +206,7 @@ def unbiased_step(
             continue
         rows = [plan.row_of(reply.node_id) for reply in group]
         estimate = unbiased_update(
-            [flatten(reply.arrays[UPDATE_RECORD]) for reply in group],
+            (flatten(reply.arrays[UPDATE_RECORD]) for reply in group),
             plan.fractions[rows, model_index],
             plan.probs[rows, model_index],
         )

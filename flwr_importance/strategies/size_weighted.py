@@ -207,7 +207,7 @@ class SizeWeightedSampling(FedAvg):
         # one when a drawn node fails.
         counts = np.array([self._draw_counts[reply.node_id] for reply in checked])
         model = weighted_sum(
-            [flatten(reply.array_record) for reply in checked],
+            (flatten(reply.array_record) for reply in checked),
             counts / counts.sum(),
         )
         return unflatten(model, self._arrays), metrics
