@@ -111,12 +111,19 @@ class MultisetSampling(FedAvg, ABC):
     def track_nodes(self, node_ids: Sequence[int]) -> None:
         """Called each round with the nodes that can be drawn (drop the others)."""
 
+    def keeps_updates(self) -> bool:
+        """Whether :meth:`record_updates` needs the returned models (default no)."""
+        return False
+
     def record_updates(
         self,
         models: Mapping[int, NDArray[np.float64]],
         global_model: NDArray[np.float64],
     ) -> None:
-        """Called with the flattened returned models and the model they started from."""
+        """Receive the flattened returned models and the model they started from.
+
+        Called only when :meth:`keeps_updates` is true.
+        """
 
     # -- read-only views -------------------------------------------------------
     @property
@@ -195,12 +202,16 @@ class MultisetSampling(FedAvg, ABC):
             self._store_size(reply, "aggregate_train")
         multiplicity = np.array([self._drawn[reply.node_id] for reply in usable])
         weights = multiplicity / multiplicity.sum()
-        models = {reply.node_id: flatten(reply.array_record) for reply in usable}
-        global_model = flatten(self._round_model)
-        arrays = unflatten(
-            weighted_sum(list(models.values()), weights), self._round_model
+        # Summed as they are flattened, unless the scheme keeps the models: a
+        # list of m float64 models is 800 MB at m = 100 and 1M parameters.
+        models: Iterable[NDArray[np.float64]] = (
+            flatten(reply.array_record) for reply in usable
         )
-        self.record_updates(models, global_model)
+        if self.keeps_updates():
+            returned = {reply.node_id: flatten(reply.array_record) for reply in usable}
+            self.record_updates(returned, flatten(self._round_model))
+            models = returned.values()
+        arrays = unflatten(weighted_sum(models, weights), self._round_model)
         return arrays, _round_metrics(usable, weights, multiplicity)
 
     # -- sizes -----------------------------------------------------------------

@@ -154,6 +154,10 @@ class ClusteredSampling(MultisetSampling):
         if self.method == "similarity":
             self.gradients.align(node_ids)
 
+    def keeps_updates(self) -> bool:
+        """Algorithm 2 keeps every returned update as a representative gradient."""
+        return self.method == "similarity"
+
     def record_updates(
         self,
         models: Mapping[int, NDArray[np.float64]],
