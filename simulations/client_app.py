@@ -5,10 +5,12 @@ from __future__ import annotations
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from flwr_importance.testing.fault_injection import fault_injection_mod
 from simulations.methods import QUERY_ACTIONS, load_method
 from simulations.task import local_task
 
-app = ClientApp()
+# The mod injects faults only when the run config's `fault-rate` is above 0.
+app = ClientApp(mods=[fault_injection_mod])
 
 
 def dispatch(message: Message, context: Context) -> Message:

@@ -308,7 +308,8 @@ class MultiModelSampling(FedAvg):
             self._plan, replies, self._models, self.server_lr
         )
         metrics["expected-participants"] = float(self._plan.probs.sum())
-        if self._norms is not None:
+        # No population: every node failed its query; nothing to compare.
+        if self._norms is not None and self._norms.shape[0] > 0:
             population = self._norms.shape[0]
             random_probs = np.full_like(
                 self._norms,

@@ -408,7 +408,8 @@ class OptimalClientSampling(FedAvg):
         )
         probs = self._plan.probs[:, 0]
         metrics["expected-participants"] = float(probs.sum())
-        if not self.approximate:
+        # No population: every node failed its norm query; nothing to compare.
+        if not self.approximate and probs.size > 0:
             # The norms are known exactly here, so the round's variance is too.
             population = probs.size
             uniform = np.full(

@@ -25,6 +25,7 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 from flwr_importance.local_grid import LocalGrid
+from flwr_importance.testing.fault_injection import LostReplyError
 
 NodeConfigFactory = Callable[[int, int], UserConfig]
 
@@ -185,6 +186,8 @@ class InProcessGrid(LocalGrid):
         received = self._wire(message, "to-node", node_id)
         try:
             reply = self.client_app(received, node.context)
+        except LostReplyError:
+            return None
         except Exception as exc:
             # A SuperNode turns a raising ClientApp into an error reply too.
             reply = Message(
