@@ -186,7 +186,8 @@ def folb_weights(
         )
     global_gradient = estimated_global_gradient(list(reference), reference_counts)
     global_norm = float(np.linalg.norm(global_gradient))
-    gradient_norms = np.linalg.norm(finite_rows, axis=1)
+    # einsum: np.linalg.norm(axis=1) squares into a K x d temporary first.
+    gradient_norms = np.sqrt(np.einsum("ij,ij->i", finite_rows, finite_rows))
     inner_products = finite_rows @ global_gradient
     if penalty == "norm-product":
         penalties = psi * gammas[finite] * gradient_norms * global_norm
