@@ -52,6 +52,19 @@ TIMING_BENCHMARKS = (
     "per_sample_grads",
     "load",
 )
+#: Section titles; a benchmark not listed is titled by its module.
+TITLES = {
+    "isfedavg": "ISFedAvg vs FedAvg (Rizk et al., ICASSP 2021)",
+    "folb": "FOLB vs FedProx and FedAvg (Nguyen et al., JSAC 2021, Table I)",
+    "fedsampling": "FedSampling vs client-level sampling (Qi et al., IJCAI 2023)",
+    "clustered": "Clustered sampling vs MD sampling (Fraboni et al., ICML 2021)",
+    "optimal_sampling": "OCS/AOCS vs uniform, MMFL vs random (Chen et al. 2022; "
+    "Zhang et al. 2024)",
+    "server_overhead": "Server time per round vs Flower's FedAvg",
+    "client_overhead": "Client time per round vs a FedAvg client",
+    "sampling_overhead": "Samplers at scale",
+    "per_sample_grads": "Per-sample gradient norms (ISFedAvg's client)",
+}
 README_START = "<!-- results:start -->"
 README_END = "<!-- results:end -->"
 #: Per method, the preset of its paper's headline experiment (``flwr run`` check).
@@ -301,7 +314,8 @@ def runs_table(
 
 def benchmark_section(run: BenchmarkRun, image_prefix: str) -> str:
     """A benchmark's summary under its own heading, or why it has none."""
-    heading = f"### `benchmarks/{run.name}.py`\n\n"
+    title = TITLES.get(run.name, f"`benchmarks/{run.name}.py`")
+    heading = f"### {title}\n\nFrom `python -m benchmarks.{run.name}`.\n\n"
     if run.summary is None:
         return (
             heading + f"No summary.md (exit status {run.returncode}); see "

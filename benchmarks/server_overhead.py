@@ -80,13 +80,15 @@ PROJECTION_DIM = 1024
 MAX_SIZE = 100  # FedSampling's size threshold M
 
 COST_NOTE = (
-    "The strategies pay, per reply, a NaN/inf check (Flower's FedAvg has none) "
+    "Sampling itself is cheap (the configure_train column, queries included). "
+    "The aggregations pay, per reply, a NaN/inf check (Flower's FedAvg has none) "
     "and a float64 flatten and sum (FedAvg sums in float32, array by array), each "
-    "deserializing the arrays again: several times FedAvg's cost per reply, "
-    "whatever the sampling (which is cheap: see configure_train). FOLB handles "
-    "two model-sized arrays per reply (update and gradient) and stacks the "
-    "gradients. Meeting the 10% target needs an aggregation that deserializes "
-    "each array once and adds it in place per array; not done here."
+    "deserializing the arrays again: about 2-3x FedAvg's cost per reply. FOLB "
+    "also receives a model-sized gradient per reply and holds the K gradients as "
+    "a K x d float64 matrix (eq. 13 needs every g_k and their mean). Meeting the "
+    "10% target needs an aggregation that deserializes each array once and checks "
+    "and adds it in place in its own dtype: not done, it changes the float64 "
+    "vector interface of every strategy's maths."
 )
 
 #: Builds a reply's content from the message it answers.
