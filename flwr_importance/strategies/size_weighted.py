@@ -121,7 +121,7 @@ class SizeWeightedSampling(FedAvg):
         """Learn new nodes' sizes, draw ``m`` clients by size, send them the model."""
         self._draw_counts, self._arrays = {}, arrays
         available = connected_nodes(grid, self.min_available_nodes)
-        self._update_sizes(available, grid)
+        self._update_sizes(server_round, available, grid)
         candidates = [node_id for node_id in available if self._sizes.get(node_id)]
         if not candidates:
             log(WARNING, "configure_train: no node with a known positive size")
@@ -151,7 +151,9 @@ class SizeWeightedSampling(FedAvg):
             record, list(self._draw_counts), MessageType.TRAIN
         )
 
-    def _update_sizes(self, available: Sequence[int], grid: Grid) -> None:
+    def _update_sizes(
+        self, server_round: int, available: Sequence[int], grid: Grid
+    ) -> None:
         """Forget departed nodes; query the true size of nodes not seen yet."""
         connected = set(available)
         self._sizes = {
@@ -164,7 +166,8 @@ class SizeWeightedSampling(FedAvg):
             return
         replies = send_query(
             grid,
-            {node_id: ConfigRecord() for node_id in unknown},
+            # The round lets a client (and fault injection) tell retries apart.
+            dict.fromkeys(unknown, ConfigRecord({"server-round": server_round})),
             "sizes",
             timeout=self.query_timeout,
         )
