@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -60,6 +60,7 @@ TITLES = {
     "clustered": "Clustered sampling vs MD sampling (Fraboni et al., ICML 2021)",
     "optimal_sampling": "OCS/AOCS vs uniform, MMFL vs random (Chen et al. 2022; "
     "Zhang et al. 2024)",
+    "failures": "Every strategy under failed replies",
     "server_overhead": "Server time per round vs Flower's FedAvg",
     "client_overhead": "Client time per round vs a FedAvg client",
     "sampling_overhead": "Samplers at scale",
@@ -78,6 +79,7 @@ HEADLINE_PRESETS = {
     "MultiModelSampling": "mmfl-digits",
 }
 FLWR_RUN_TIMEOUT = 300.0
+CONFIRMATIONS_FILE = "flwr_run_confirmations.json"
 IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+\.png)\)")
 HEADING = re.compile(r"^(#+) ")
 
@@ -174,6 +176,7 @@ def confirm_headline(
     )
     confirmation.seconds["in-process"] = time.perf_counter() - start
     confirmation.in_process = final_metrics(rows)
+    print(f"{preset} in process: {format_metrics(confirmation.in_process)}")
     output_dir = work_dir / f"{preset}-flwr-run"
     flwr_home = work_dir / f"{preset}-flwr-home"
     start = time.perf_counter()
@@ -199,7 +202,15 @@ def confirm_headline(
         confirmation.error = f"flwr run failed ({completed.returncode}): {tail}"
         return confirmation
     confirmation.flwr_run = final_metrics(json.loads(history.read_text()))
+    print(f"{preset} flwr run: {format_metrics(confirmation.flwr_run)}", flush=True)
     return confirmation
+
+
+def load_confirmations(path: Path) -> list[Confirmation]:
+    """Confirmations saved by an earlier report (none if there is no file)."""
+    if not path.is_file():
+        return []
+    return [Confirmation(**item) for item in json.loads(path.read_text())]
 
 
 # -- markdown ----------------------------------------------------------------
@@ -467,7 +478,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="run only these benchmarks; the others' earlier outputs are reused",
     )
     parser.add_argument(
-        "--skip-flwr-run", action="store_true", help="no flwr run confirmation"
+        "--skip-flwr-run",
+        action="store_true",
+        help="reuse the last saved flwr run confirmations instead of running them",
     )
     args = parser.parse_args(argv)
     # Fail now, not after the benchmarks, if the README cannot take the results.
@@ -480,15 +493,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         else BenchmarkRun(name, output_root / name)
         for name in discover_benchmarks()
     ]
-    confirmations = []
-    if not args.skip_flwr_run:
+    saved = output_root / CONFIRMATIONS_FILE
+    if args.skip_flwr_run:
+        confirmations = load_confirmations(saved)
+    else:
         rounds = 10 if args.full else 3
         with tempfile.TemporaryDirectory(prefix="flwr-report-") as work_dir:
-            for method, preset in HEADLINE_PRESETS.items():
-                confirmations.append(
-                    confirm_headline(method, preset, rounds, Path(work_dir))
-                )
-                print(f"flwr run {preset}: {confirmations[-1].seconds}", flush=True)
+            confirmations = [
+                confirm_headline(method, preset, rounds, Path(work_dir))
+                for method, preset in HEADLINE_PRESETS.items()
+            ]
+        saved.write_text(json.dumps([asdict(item) for item in confirmations]))
     path = write_report(
         runs,
         confirmations,

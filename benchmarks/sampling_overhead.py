@@ -245,7 +245,9 @@ def markdown_table(rows: list[Row]) -> str:
     for row in rows:
         status = "" if row.passed is None else ("pass" if row.passed else "FAIL")
         lines.append(
-            f"| {row.operation.strip()} | {row.clients:,} | {row.measured} | "
+            # A "|" inside a cell would end it.
+            f"| {row.operation.strip().replace('|', '&#124;')} | {row.clients:,} | "
+            f"{row.measured} | "
             f"{row.target} | {status} |"
         )
     return "\n".join(lines)

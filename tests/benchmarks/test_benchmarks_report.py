@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from benchmarks.report import (
     Confirmation,
     discover_benchmarks,
     embed_summary,
+    load_confirmations,
     replace_readme_section,
     write_report,
 )
@@ -183,3 +185,13 @@ def test_discovery_finds_modules_with_main_argv_only(tmp_path: Path) -> None:
     assert {"server_overhead", "client_overhead", "isfedavg", "folb"} <= set(
         discover_benchmarks()
     )
+
+
+def test_saved_confirmations_load_back(tmp_path: Path) -> None:
+    confirmation = Confirmation(
+        "FOLB", "folb-synthetic-1-1", 3, {"accuracy": 0.5}, None, {"flwr run": 2.0}
+    )
+    path = tmp_path / "saved.json"
+    path.write_text(json.dumps([asdict(confirmation)]))
+    assert load_confirmations(path) == [confirmation]
+    assert load_confirmations(tmp_path / "missing.json") == []
