@@ -163,6 +163,12 @@ class CheckedReply:
 ExpectedArrays = ArrayRecord | Mapping[str, ArrayRecord] | None
 
 
+#: Largest magnitude a checked metric may have. Norms, sizes and losses enter
+#: squares, products and sums of many nodes; past ~1e154 a square overflows
+#: float64, and no real norm, size or loss comes near this bound.
+MAX_METRIC_MAGNITUDE = 1e150
+
+
 def _metric_problem(
     metrics: MetricRecord | None, key: str, nonnegative: bool
 ) -> str | None:
@@ -173,6 +179,8 @@ def _metric_problem(
         return f"metric '{key}' is not a finite number ({value!r})"
     if nonnegative and value < 0:
         return f"metric '{key}' is negative ({value!r})"
+    if abs(value) > MAX_METRIC_MAGNITUDE:
+        return f"metric '{key}' is implausibly large ({value!r})"
     return None
 
 
@@ -223,8 +231,9 @@ def check_replies(
 
     A reply is dropped when it is an error reply, when its node already replied
     this round (only the first counts), when it carries more than one
-    MetricRecord, when a required metric is missing, not a finite number, or
-    negative where it must not be, or when its arrays are missing, have other
+    MetricRecord, when a required metric is missing, not a finite number,
+    larger in magnitude than :data:`MAX_METRIC_MAGNITUDE` or negative where it
+    must not be, or when its arrays are missing, have other
     keys or shapes than ``expected_arrays``, or hold NaN/inf.
 
     Parameters
