@@ -1,0 +1,307 @@
+"""Property-based: a corrupt reply is excluded, logged by node, and harmless.
+
+For every strategy, hypothesis picks one message type the strategy consumes
+(``train`` or its query: sizes, norms), one node's reply to it, and a way to
+spoil that reply: an error reply, NaN or infinite arrays, a wrong shape,
+missing arrays, a missing, NaN, negative or huge (``1e300``) metric, or a
+second reply from the same node (a duplicated node id). The replies are real
+``flwr.app.Message``s answering the strategy's own messages, built by the
+canned-reply grid of ``benchmarks/server_overhead.py`` (each strategy's client
+contract) on a small model.
+
+Checked: no exception, a finite global model, a WARNING naming the node, and
+the same aggregate as when that node's reply never arrived (for a duplicate:
+as when it came once), so the good replies aggregate to what they would alone.
+The number of cases tried is recorded per test (``record_property``) and
+printed in the terminal summary (``tests/reliability/conftest.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Error,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.common.constant import ErrorCode
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from numpy.typing import NDArray
+
+from benchmarks.server_overhead import (
+    CannedReplyGrid,
+    Fleet,
+    build_strategy,
+    responders,
+)
+from flwr_importance.strategies.common import flatten
+from flwr_importance.strategies.mmfl import pack_models
+
+NUM_NODES = 30
+METHODS = (
+    "isfedavg",
+    "folb",
+    "fedsampling",
+    "sizeweighted",
+    "md",
+    "clustered-size",
+    "clustered-similarity",
+    "ocs",
+    "mmfl",
+)
+CORRUPTIONS = (
+    "error",
+    "nan-array",
+    "inf-array",
+    "wrong-shape",
+    "missing-arrays",
+    "missing-metric",
+    "nan-metric",
+    "negative-metric",
+    "huge-metric",
+    "duplicate",
+)
+ARRAY_CORRUPTIONS = {"nan-array", "inf-array", "wrong-shape", "missing-arrays"}
+HUGE = 1e300
+#: Replies whose metrics the strategy does not read: a metric spoil there is
+#: no spoil (size-weighted sampling weights by its draws, not num-examples).
+IGNORED_METRICS = {("sizeweighted", "train")}
+#: Metrics that may be negative: OCS/MMFL only report the mean train loss, and
+#: a loss may be negative (e.g. a Gaussian negative log-likelihood).
+SIGNED_METRICS = {"train-loss"}
+MAX_EXAMPLES = 8
+
+
+def small_fleet() -> Fleet:
+    """A 10x5 + 5 float32 model and skewed sizes and norms for 30 nodes."""
+    rng = np.random.default_rng(0)
+    model = ArrayRecord(
+        {
+            "weight": Array(rng.standard_normal((10, 5)).astype(np.float32)),
+            "bias": Array(np.zeros(5, np.float32)),
+        }
+    )
+    return Fleet(
+        model=model,
+        sizes=np.maximum(1, rng.lognormal(4.0, 1.0, NUM_NODES)).astype(int),
+        norms=rng.lognormal(0.0, 0.5, NUM_NODES),
+    )
+
+
+FLEET = small_fleet()
+
+
+@dataclass(frozen=True)
+class Spoil:
+    """How one reply is spoiled: its message type, node, kind and metric."""
+
+    message_type: str
+    victim: int  # index into that round's messages of the type (modulo)
+    kind: str
+    metric: int  # index into the reply's metric keys (modulo)
+
+    def changes(self, content: RecordDict, reads_metrics: bool) -> bool:
+        """Whether the spoil alters what the strategy reads of ``content``."""
+        if self.kind in ARRAY_CORRUPTIONS:
+            return bool(content.array_records)
+        if self.kind in ("error", "duplicate"):
+            return True
+        return reads_metrics and any(
+            self._spoilable(dict(record)) for record in content.metric_records.values()
+        )
+
+    def _spoilable(self, values: dict[str, Any]) -> list[str]:
+        """The metric keys this spoil may alter."""
+        if self.kind == "negative-metric":
+            return [key for key in values if key not in SIGNED_METRICS]
+        return list(values)
+
+    def apply(self, message: Message, content: RecordDict) -> list[Message]:
+        """The replies the node sends instead of its good one."""
+        if self.kind == "error":
+            error = Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, "ValueError: boom")
+            return [Message(error, reply_to=message)]
+        if self.kind == "duplicate":
+            second = Spoil(self.message_type, 0, "nan-array", self.metric)
+            return [
+                Message(content, reply_to=message),
+                *second.apply(message, content),
+            ]
+        spoiled = RecordDict()
+        for name, record in content.items():
+            if isinstance(record, ArrayRecord):
+                if self.kind == "missing-arrays":
+                    continue
+                spoiled[name] = self._arrays(record)
+            elif name in content.metric_records:
+                spoiled[name] = self._metrics(dict(record))
+            else:
+                spoiled[name] = record
+        return [Message(spoiled, reply_to=message)]
+
+    def _arrays(self, record: ArrayRecord) -> ArrayRecord:
+        arrays = {key: array.numpy().copy() for key, array in record.items()}
+        first = next(iter(arrays))
+        if self.kind == "nan-array":
+            arrays[first].flat[0] = np.nan
+        elif self.kind == "inf-array":
+            arrays[first].flat[-1] = -np.inf
+        elif self.kind == "wrong-shape":
+            arrays[first] = np.zeros(arrays[first].size + 1, arrays[first].dtype)
+        return ArrayRecord({key: Array(value) for key, value in arrays.items()})
+
+    def _metrics(self, values: dict[str, Any]) -> MetricRecord:
+        keys = sorted(self._spoilable(values))
+        key = keys[self.metric % len(keys)]
+        if self.kind == "missing-metric":
+            del values[key]
+        elif self.kind == "nan-metric":
+            values[key] = float("nan")
+        elif self.kind == "negative-metric":
+            values[key] = -abs(float(values[key])) - 1.0
+        elif self.kind == "huge-metric":
+            values[key] = HUGE
+        return MetricRecord(values)
+
+
+@dataclass
+class SpoilingGrid(CannedReplyGrid):
+    """Canned replies, one of them spoiled (or dropped, for the reference run)."""
+
+    spoil: Spoil | None = None
+    drop_victim: bool = False
+    reads_metrics: bool = True
+    victims: list[int] = field(default_factory=list)
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        """Each message's canned reply; the victim's spoiled or dropped."""
+        messages = list(messages)
+        spoil = self.spoil
+        targeted = [
+            m
+            for m in messages
+            if spoil and m.metadata.message_type == spoil.message_type
+        ]
+        victim = targeted[spoil.victim % len(targeted)] if spoil and targeted else None
+        replies: list[Message] = []
+        for message in messages:
+            reply = self.reply_to(message)
+            if (
+                spoil is None
+                or message is not victim
+                or not spoil.changes(reply.content, self.reads_metrics)
+            ):
+                replies.append(reply)
+                continue
+            # Only a reply really spoiled (or dropped) names a victim.
+            self.victims.append(message.metadata.dst_node_id)
+            if not self.drop_victim:
+                replies.extend(spoil.apply(message, reply.content))
+        return replies
+
+
+def one_round(method: str, grid: SpoilingGrid) -> NDArray[np.float64] | None:
+    """Round 1 of a fresh strategy; the flattened new model (None: unchanged)."""
+    strategy = build_strategy(method, NUM_NODES, FLEET)
+    arrays = pack_models([FLEET.model]) if method == "mmfl" else FLEET.model
+    messages = strategy.configure_train(1, arrays, ConfigRecord(), grid)
+    new_arrays, _ = strategy.aggregate_train(1, grid.send_and_receive(messages))
+    return None if new_arrays is None else flatten(new_arrays)
+
+
+def make_grid(method: str, spoil: Spoil | None, drop_victim: bool) -> SpoilingGrid:
+    reads_metrics = spoil is None or (method, spoil.message_type) not in (
+        IGNORED_METRICS
+    )
+    grid = SpoilingGrid(
+        NUM_NODES,
+        {},
+        spoil=spoil,
+        drop_victim=drop_victim,
+        reads_metrics=reads_metrics,
+    )
+    grid.responders = responders(method, FLEET, grid.node_index)
+    return grid
+
+
+@pytest.fixture
+def flower_warnings(
+    caplog: pytest.LogCaptureFixture,
+) -> Iterator[pytest.LogCaptureFixture]:
+    """Capture Flower's logger (it does not propagate to the root by default)."""
+    flower = logging.getLogger("flwr")
+    flower.propagate = True
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        yield caplog
+    flower.propagate = False
+
+
+def spoils(method: str, kind: str) -> st.SearchStrategy[Spoil]:
+    """Spoils of kind ``kind`` of the message types ``method`` sends."""
+    types = sorted(responders(method, FLEET, lambda node_id: 0))
+    return st.builds(
+        Spoil,
+        message_type=st.sampled_from(types),
+        victim=st.integers(0, 1000),
+        kind=st.just(kind),
+        metric=st.integers(0, 10),
+    )
+
+
+@pytest.mark.parametrize("kind", CORRUPTIONS)
+@pytest.mark.parametrize("method", METHODS)
+def test_a_spoiled_reply_is_excluded_logged_and_changes_nothing_else(
+    method: str,
+    kind: str,
+    flower_warnings: pytest.LogCaptureFixture,
+    record_property: Callable[[str, object], None],
+) -> None:
+    tried, spoiled_replies = [], []
+
+    @settings(
+        max_examples=MAX_EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.function_scoped_fixture],
+    )
+    @given(spoil=spoils(method, kind))
+    def check(spoil: Spoil) -> None:
+        tried.append(spoil)
+        flower_warnings.clear()
+        spoiled_grid = make_grid(method, spoil, drop_victim=False)
+        spoiled = one_round(method, spoiled_grid)
+        if not spoiled_grid.victims:
+            return  # no message of that type, or nothing there to spoil
+        (victim,) = spoiled_grid.victims
+        spoiled_replies.append(spoil)
+        reference = one_round(
+            method, make_grid(method, spoil, drop_victim=spoil.kind != "duplicate")
+        )
+        assert spoiled is None or np.all(np.isfinite(spoiled))
+        if reference is None:
+            assert spoiled is None
+        else:
+            assert spoiled is not None
+            np.testing.assert_allclose(spoiled, reference, rtol=1e-12, atol=0)
+        assert any(
+            str(victim) in record.getMessage() and record.levelno >= logging.WARNING
+            for record in flower_warnings.records
+        ), f"no warning names node {victim} for {spoil}"
+
+    check()
+    record_property("hypothesis_cases", len(tried))
+    record_property("spoiled_replies", len(spoiled_replies))
+    assert spoiled_replies, f"no {kind} reply of {method} was spoiled"
