@@ -1,6 +1,6 @@
 """Per-node state and unbiasedness of the strategies when 30% of replies fail.
 
-Complements ``tests/robustness`` (every strategy completes its rounds, names the
+Complements ``test_reliability_completion.py`` (every strategy completes its rounds, names the
 failed nodes and improves the model under
 :func:`~flwr_importance.testing.fault_injection.fault_injection_mod`):
 

@@ -1,0 +1,215 @@
+"""A load-test Flower App: every strategy in turn, on one simulation.
+
+Starting Flower's simulation (Ray, 1,000 virtual SuperNodes) costs tens of
+seconds; one run per strategy would not fit the CI budget. This ServerApp
+runs, in one ``flwr run`` (or on an in-process grid: :func:`run_all`), each
+strategy named in the run config's
+``strategy`` key (comma-separated) for ``num-server-rounds`` rounds, through
+:func:`simulations.server_app.start_single_model` (or a method's own
+``start_strategy``), and writes ``<output-dir>/load.json``: per strategy and
+round, the server-side seconds of ``configure_train`` and ``aggregate_train``
+without the time spent waiting for clients (the query round trips some
+strategies make inside ``configure_train``), and the round's wall time.
+
+Every message the ServerApp sends carries its strategy's name as its
+``group_id``; this app's ClientApp serves it with that method's handlers (the
+simulation app's :func:`~simulations.client_app.dispatch`).
+
+Used by ``tests/reliability/test_reliability_load.py`` and
+``benchmarks/load.py`` through :func:`load_app_dir`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from logging import INFO
+from pathlib import Path
+from typing import Any, cast
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+from flwr.common.logger import log
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import Strategy
+
+from simulations.client_app import dispatch
+from simulations.config import ExperimentConfig
+from simulations.methods import QUERY_ACTIONS, load_method
+from simulations.server_app import start_single_model, wait_for_nodes
+
+LOAD_FILE = "load.json"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+server_app = ServerApp()
+client_app = ClientApp()
+
+
+@dataclass
+class ServerClock:
+    """Per round: seconds in ``configure_train``/``aggregate_train`` and waits."""
+
+    waiting: float = 0.0  # seconds inside the grid's send_and_receive, all told
+    rounds: dict[int, dict[str, float]] = field(
+        default_factory=lambda: defaultdict(dict)
+    )
+
+    def instrument(self, strategy: Strategy) -> Strategy:
+        """Time ``strategy``'s ``configure_train`` and ``aggregate_train``."""
+        for name in ("configure_train", "aggregate_train"):
+            setattr(strategy, name, self._timed(name, getattr(strategy, name)))
+        return strategy
+
+    def _timed(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(server_round: int, *args: Any, **kwargs: Any) -> Any:
+            start, waited = time.perf_counter(), self.waiting
+            try:
+                return method(server_round, *args, **kwargs)
+            finally:
+                elapsed = time.perf_counter() - start
+                # Query round trips inside configure_train are client time.
+                self.rounds[server_round][name] = elapsed - (self.waiting - waited)
+                self.rounds[server_round][f"{name}-wait"] = self.waiting - waited
+
+        return timed
+
+
+class TaggingGrid:
+    """Forwards to ``grid``; tags messages with ``method``, times the waits."""
+
+    def __init__(self, grid: Grid, method: str, clock: ServerClock) -> None:
+        self._grid, self._method, self._clock = grid, method, clock
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+    def _tagged(self, messages: Iterable[Message]) -> list[Message]:
+        messages = list(messages)
+        for message in messages:
+            message.metadata.group_id = self._method
+        return messages
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Tag, then push."""
+        return self._grid.push_messages(self._tagged(messages))
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        """Tag, send, wait (timed as client time)."""
+        start = time.perf_counter()
+        try:
+            return list(
+                self._grid.send_and_receive(self._tagged(messages), timeout=timeout)
+            )
+        finally:
+            self._clock.waiting += time.perf_counter() - start
+
+
+def run_method(
+    grid: Grid, run_config: dict[str, Any], method_name: str, num_clients: int
+) -> dict[str, Any]:
+    """Run one method for the configured rounds; its per-round timings."""
+    config = ExperimentConfig.from_run_config({**run_config, "strategy": method_name})
+    method = load_method(method_name)
+    clock = ServerClock()
+    build = method.build_strategy
+    # Instrument the strategy the method builds, wherever it builds it.
+    method.build_strategy = lambda *args: clock.instrument(build(*args))  # type: ignore[method-assign]
+    try:
+        start_strategy = getattr(method, "start_strategy", start_single_model)
+        started = time.perf_counter()
+        # A stand-in for the Grid: it forwards everything else unchanged.
+        tagging = cast(Grid, TaggingGrid(grid, method_name, clock))
+        result = start_strategy(tagging, config, num_clients)
+        wall = time.perf_counter() - started
+    finally:
+        method.build_strategy = build  # type: ignore[method-assign]
+    rounds = {
+        server_round: {
+            "server_s": timing.get("configure_train", 0.0)
+            + timing.get("aggregate_train", 0.0),
+            **timing,
+        }
+        for server_round, timing in sorted(clock.rounds.items())
+    }
+    metrics = result.evaluate_metrics_serverapp
+    final = metrics[max(metrics)] if metrics else {}
+    return {
+        "rounds": rounds,
+        "wall_s": wall,
+        "final_metrics": {key: float(value) for key, value in final.items()},  # type: ignore[arg-type]
+    }
+
+
+def run_all(grid: Grid, run_config: dict[str, Any], num_clients: int) -> dict[str, Any]:
+    """Run every strategy the run config lists, in turn; their timings."""
+    methods = [name.strip() for name in str(run_config["strategy"]).split(",")]
+    results: dict[str, Any] = {"num_nodes": num_clients, "methods": {}}
+    for method_name in methods:
+        results["methods"][method_name] = run_method(
+            grid, run_config, method_name, num_clients
+        )
+        log(INFO, "load: %s done", method_name)
+    return results
+
+
+@server_app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Run every listed strategy on the same nodes; write ``load.json``."""
+    run_config = dict(context.run_config)
+    results = run_all(grid, run_config, wait_for_nodes(grid))
+    output_dir = Path(str(run_config["output-dir"]))
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / LOAD_FILE).write_text(json.dumps(results, indent=1))
+
+
+def serve(message: Message, context: Context) -> Message:
+    """Serve ``message`` with the handlers of the strategy in its ``group_id``."""
+    view = Context(
+        run_id=context.run_id,
+        node_id=context.node_id,
+        node_config=context.node_config,
+        state=context.state,  # the node's persistent state, shared
+        run_config={**context.run_config, "strategy": message.metadata.group_id},
+    )
+    return dispatch(message, view)
+
+
+client_app.train()(serve)
+client_app.evaluate()(serve)
+for action in QUERY_ACTIONS:
+    client_app.query(action)(serve)
+
+
+def load_app_dir(destination: Path) -> Path:
+    """A copy of the Flower App whose components are this module's apps."""
+    for package in ("flwr_importance", "simulations"):
+        shutil.copytree(
+            REPO_ROOT / package,
+            destination / package,
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
+    (destination / "tests" / "reliability").mkdir(parents=True)
+    for module in ("__init__.py", "reliability/__init__.py", "reliability/load_app.py"):
+        shutil.copy(REPO_ROOT / "tests" / module, destination / "tests" / module)
+    pyproject = (REPO_ROOT / "pyproject.toml").read_text()
+    components = {
+        'serverapp = "simulations.server_app:app"': (
+            'serverapp = "tests.reliability.load_app:server_app"'
+        ),
+        'clientapp = "simulations.client_app:app"': (
+            'clientapp = "tests.reliability.load_app:client_app"'
+        ),
+        '"simulations/**/*.py"]': '"simulations/**/*.py", "tests/**/*.py"]',
+    }
+    for stock, replacement in components.items():
+        if stock not in pyproject:
+            raise RuntimeError(f"pyproject.toml no longer holds {stock!r}")
+        pyproject = pyproject.replace(stock, replacement)
+    (destination / "pyproject.toml").write_text(pyproject)
+    return destination
