@@ -1,7 +1,7 @@
 """Per-node state and unbiasedness of the strategies when 30% of replies fail.
 
-Complements ``test_reliability_completion.py`` (every strategy completes its rounds, names the
-failed nodes and improves the model under
+Complements ``test_reliability_completion.py`` (every strategy completes its
+rounds, names the failed nodes and improves the model under
 :func:`~flwr_importance.testing.fault_injection.fault_injection_mod`):
 
 * **State**: after a faulty run of the real app, each strategy's per-node
