@@ -37,10 +37,45 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Strategy
 
+from flwr_importance.launcher import flwr_run
+from flwr_importance.testing import InProcessGrid
 from simulations.client_app import dispatch
 from simulations.config import ExperimentConfig
+from simulations.inprocess import resolve_run_config
 from simulations.methods import QUERY_ACTIONS, load_method
 from simulations.server_app import start_single_model, wait_for_nodes
+
+NUM_NODES = 1_000
+ROUNDS = 2
+STRATEGIES = (
+    "fedavg",
+    "isfedavg",
+    "folb",
+    "fedsampling",
+    "sizeweighted",
+    "clustered",
+    "md",
+    "ocs",
+    "mmfl",
+)
+#: The strategies whose rounds reach only the sampled nodes.
+SAMPLED_ONLY = ("fedavg", "isfedavg", "folb")
+#: The load run's settings: small model and data, so clients' work stays small.
+LOAD_RUN_CONFIG: dict[str, bool | int | float | str] = {
+    "strategy": ",".join(STRATEGIES),
+    "dataset": "synthetic-iid",
+    "model": "logreg",
+    "partitioning": "iid",
+    "samples-per-client": 20,
+    "num-server-rounds": ROUNDS,
+    "clients-per-round": 50,
+    "local-steps": 1,
+    "batch-size": 10,
+    "clustered-method": "size",
+    "mmfl-tasks": "synthetic-iid,synthetic-1-1",
+    "num-supernodes": NUM_NODES,
+}
+
 
 LOAD_FILE = "load.json"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -213,3 +248,41 @@ def load_app_dir(destination: Path) -> Path:
         pyproject = pyproject.replace(stock, replacement)
     (destination / "pyproject.toml").write_text(pyproject)
     return destination
+
+
+def run_load_flwr(
+    work: Path, strategies: tuple[str, ...], timeout: float
+) -> dict[str, Any]:
+    """One ``flwr run`` of the load app on 1,000 virtual SuperNodes."""
+    output_dir = work / "out"
+    flwr_home = work / "flwr-home"
+    completed = flwr_run(
+        load_app_dir(work / "app"),
+        num_supernodes=NUM_NODES,
+        run_config={
+            **LOAD_RUN_CONFIG,
+            "strategy": ",".join(strategies),
+            "output-dir": str(output_dir),
+        },
+        flwr_home=flwr_home,
+        capture=True,
+        timeout=timeout,
+    )
+    if completed.returncode != 0:
+        tail = completed.stdout[-4000:] + completed.stderr[-4000:]
+        raise RuntimeError(f"flwr run failed ({completed.returncode}):\n{tail}")
+    results: dict[str, Any] = json.loads((output_dir / LOAD_FILE).read_text())
+    return results
+
+
+def run_load_inprocess(strategies: tuple[str, ...], output_dir: Path) -> dict[str, Any]:
+    """Every strategy in turn on an in-process grid of 1,000 nodes."""
+    run_config = resolve_run_config(
+        {
+            **LOAD_RUN_CONFIG,
+            "strategy": ",".join(strategies),
+            "output-dir": str(output_dir),
+        }
+    )
+    grid = InProcessGrid(client_app, NUM_NODES, run_config, seed=0)
+    return run_all(grid, run_config, NUM_NODES)

@@ -25,86 +25,21 @@ engine (minutes).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from flwr_importance.launcher import flwr_run, processes_mentioning
-from flwr_importance.testing import InProcessGrid
-from simulations.inprocess import resolve_run_config
-from tests.reliability.load_app import LOAD_FILE, client_app, load_app_dir, run_all
-
-NUM_NODES = 1_000
-ROUNDS = 2
-STRATEGIES = (
-    "fedavg",
-    "isfedavg",
-    "folb",
-    "fedsampling",
-    "sizeweighted",
-    "clustered",
-    "md",
-    "ocs",
-    "mmfl",
+from flwr_importance.launcher import processes_mentioning
+from tests.reliability.load_app import (
+    NUM_NODES,
+    ROUNDS,
+    SAMPLED_ONLY,
+    STRATEGIES,
+    run_load_flwr,
+    run_load_inprocess,
 )
-#: The strategies whose rounds reach only the sampled nodes.
-SAMPLED_ONLY = ("fedavg", "isfedavg", "folb")
-#: The load run's settings, shared with ``benchmarks/load.py``.
-LOAD_RUN_CONFIG: dict[str, bool | int | float | str] = {
-    "strategy": ",".join(STRATEGIES),
-    "dataset": "synthetic-iid",
-    "model": "logreg",
-    "partitioning": "iid",
-    "samples-per-client": 20,
-    "num-server-rounds": ROUNDS,
-    "clients-per-round": 50,
-    "local-steps": 1,
-    "batch-size": 10,
-    "clustered-method": "size",
-    "mmfl-tasks": "synthetic-iid,synthetic-1-1",
-    "num-supernodes": NUM_NODES,
-}
-
-
-def run_load_flwr(
-    work: Path, strategies: tuple[str, ...], timeout: float
-) -> dict[str, Any]:
-    """One ``flwr run`` of the load app on 1,000 virtual SuperNodes."""
-    output_dir = work / "out"
-    flwr_home = work / "flwr-home"
-    completed = flwr_run(
-        load_app_dir(work / "app"),
-        num_supernodes=NUM_NODES,
-        run_config={
-            **LOAD_RUN_CONFIG,
-            "strategy": ",".join(strategies),
-            "output-dir": str(output_dir),
-        },
-        flwr_home=flwr_home,
-        capture=True,
-        timeout=timeout,
-    )
-    log = completed.stdout[-4000:] + completed.stderr[-4000:]
-    assert completed.returncode == 0, log
-    assert processes_mentioning(str(flwr_home.resolve())) == []
-    results: dict[str, Any] = json.loads((output_dir / LOAD_FILE).read_text())
-    return results
-
-
-def run_load_inprocess(strategies: tuple[str, ...], output_dir: Path) -> dict[str, Any]:
-    """Every strategy in turn on an in-process grid of 1,000 nodes."""
-    run_config = resolve_run_config(
-        {
-            **LOAD_RUN_CONFIG,
-            "strategy": ",".join(strategies),
-            "output-dir": str(output_dir),
-        }
-    )
-    grid = InProcessGrid(client_app, NUM_NODES, run_config, seed=0)
-    return run_all(grid, run_config, NUM_NODES)
 
 
 def check_results(results: dict[str, Any], strategies: tuple[str, ...]) -> None:
@@ -123,7 +58,9 @@ def check_results(results: dict[str, Any], strategies: tuple[str, ...]) -> None:
 
 @pytest.mark.slow
 def test_real_engine_runs_1000_virtual_supernodes(tmp_path: Path) -> None:
+    flwr_home = tmp_path / "flwr-home"
     results = run_load_flwr(tmp_path, SAMPLED_ONLY, timeout=240)
+    assert processes_mentioning(str(flwr_home.resolve())) == []
     check_results(results, SAMPLED_ONLY)
 
 
