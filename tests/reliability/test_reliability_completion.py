@@ -62,7 +62,7 @@ def run_with_faults(
         },
         num_clients=12,
     )
-    return rows  # type: ignore[return-value]
+    return rows
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
