@@ -21,11 +21,11 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
 from numpy.typing import NDArray
 
 from flwr_importance.aggregation import weighted_sum
 from flwr_importance.strategies.common import (
+    CheckedFedAvg,
     CheckedReply,
     check_replies,
     connected_nodes,
@@ -41,7 +41,7 @@ SIZE_KEY = "num-examples"
 SIZE_QUERY_ACTION = "sizes"
 
 
-class MultisetSampling(FedAvg, ABC):
+class MultisetSampling(CheckedFedAvg, ABC):
     """``m`` draws with repeats, one training per distinct client, mean with repeats.
 
     Keeps every connected node's sample count ``n_i``: asked with a

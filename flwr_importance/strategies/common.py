@@ -24,6 +24,7 @@ from flwr.app import (
 )
 from flwr.common.logger import log
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from numpy.typing import NDArray
 
@@ -307,3 +308,34 @@ def _reply_problem(
         if problem is not None:
             return problem
     return _arrays_problem(reply.content.array_records, expected_arrays)
+
+
+class CheckedFedAvg(FedAvg):
+    """Flower's ``FedAvg`` whose federated evaluation survives bad replies.
+
+    ``FedAvg.aggregate_evaluate`` raises ``InconsistentMessageReplies`` (ending
+    the run) when one reply lacks the weighting metric or carries other keys,
+    and divides by zero when the weights sum to zero. Here
+    :func:`check_replies` drops, and logs by node, error replies, duplicates
+    and replies whose ``weighted_by_key`` is missing, not finite, negative or
+    implausibly large; the others are averaged by ``evaluate_metrics_aggr_fn``
+    as in ``FedAvg``. Every strategy of the library subclasses it.
+    """
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Weighted mean of the checked replies' metrics (None if none is usable)."""
+        checked = check_replies(
+            replies,
+            nonnegative_keys=[self.weighted_by_key],
+            context="aggregate_evaluate",
+        )
+        if sum(reply.metrics[self.weighted_by_key] for reply in checked) <= 0:
+            log(WARNING, "aggregate_evaluate: no usable reply with a positive weight")
+            return None
+        records = [
+            RecordDict({"metrics": MetricRecord(dict(reply.metrics))})
+            for reply in checked
+        ]
+        return self.evaluate_metrics_aggr_fn(records, self.weighted_by_key)

@@ -17,12 +17,12 @@ from flwr.app import (
 )
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
 
 from flwr_importance.aggregation.fedsampling import server_update
 from flwr_importance.clientapps.fedsampling import SIZE_RESPONSE_KEY
 from flwr_importance.sampling import estimate_total_size, ldp_alpha
 from flwr_importance.strategies.common import (
+    CheckedFedAvg,
     check_replies,
     connected_nodes,
     flatten,
@@ -41,7 +41,7 @@ class _RoundPlan:
     num_size_replies: int
 
 
-class FedSampling(FedAvg):
+class FedSampling(CheckedFedAvg):
     """FedSampling (Qi et al., "FedSampling: A Better Sampling Strategy for
     Federated Learning", IJCAI 2023), Algorithm 1.
 

@@ -19,7 +19,6 @@ from flwr.app import (
 )
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
 from numpy.typing import NDArray
 
 from flwr_importance.aggregation import weighted_sum
@@ -33,6 +32,7 @@ from flwr_importance.aggregation.folb import (
 )
 from flwr_importance.clientapps.folb import GAMMA_KEY, GRADIENT_KEY, UPDATE_KEY
 from flwr_importance.strategies.common import (
+    CheckedFedAvg,
     CheckedReply,
     check_replies,
     connected_nodes,
@@ -58,7 +58,7 @@ class _RoundDraws:
     reference_gradients: dict[int, NDArray[np.float64]] = field(default_factory=dict)
 
 
-class FOLB(FedAvg):
+class FOLB(CheckedFedAvg):
     """FOLB (Nguyen et al., "Fast-convergent federated learning", IEEE JSAC 2021).
 
     Each round the server draws ``K`` devices uniformly *with replacement* (a

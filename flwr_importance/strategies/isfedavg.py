@@ -16,7 +16,6 @@ from flwr.app import (
 )
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
 from numpy.typing import NDArray
 
 from flwr_importance.aggregation import mean
@@ -37,6 +36,7 @@ from flwr_importance.clientapps.isfedavg import (
 )
 from flwr_importance.sampling import systematic_sample
 from flwr_importance.strategies.common import (
+    CheckedFedAvg,
     CheckedReply,
     check_replies,
     connected_nodes,
@@ -49,7 +49,7 @@ from flwr_importance.strategies.common import (
 DEFAULT_MIN_RELATIVE_SAMPLE_PROB = 0.1
 
 
-class ISFedAvg(FedAvg):
+class ISFedAvg(CheckedFedAvg):
     """ISFedAvg (Rizk, Vlaski, Sayed, "Optimal Importance Sampling for
     Federated Learning", ICASSP 2021), Algorithm 1 with the probabilities of
     eq. 28-29.

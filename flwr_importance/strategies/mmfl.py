@@ -15,13 +15,12 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
 from numpy.typing import NDArray
 
 from flwr_importance.aggregation.optimal import size_fractions, uniform_assignment_prob
 from flwr_importance.clientapps.optimal import MODEL_RECORD_PREFIX, model_record_name
 from flwr_importance.sampling import assign_models, estimator_variance, mmfl_probs
-from flwr_importance.strategies.common import connected_nodes
+from flwr_importance.strategies.common import CheckedFedAvg, connected_nodes
 from flwr_importance.strategies.ocs import (
     RoundPlan,
     query_matrix,
@@ -75,7 +74,7 @@ def unpack_models(packed: ArrayRecord) -> list[ArrayRecord]:
     return [ArrayRecord.from_array_dict(grouped[index]) for index in sorted(grouped)]
 
 
-class MultiModelSampling(FedAvg):
+class MultiModelSampling(CheckedFedAvg):
     """Train ``S`` models at once, each client training at most one per round.
 
     Zhang et al. 2024 (slides, Algorithm 1 and eq. 5; METHODS.md §5,

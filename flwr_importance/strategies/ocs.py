@@ -18,7 +18,6 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
 from numpy.typing import NDArray
 
 from flwr_importance.aggregation.optimal import size_fractions, unbiased_update
@@ -30,6 +29,7 @@ from flwr_importance.sampling import (
     poisson_sample,
 )
 from flwr_importance.strategies.common import (
+    CheckedFedAvg,
     CheckedReply,
     check_replies,
     connected_nodes,
@@ -234,7 +234,7 @@ def _update_problem(reply: CheckedReply, model: ArrayRecord) -> str | None:
     return None
 
 
-class OptimalClientSampling(FedAvg):
+class OptimalClientSampling(CheckedFedAvg):
     """Optimal client sampling (OCS), or its approximation AOCS, for one model.
 
     Chen, Horváth, Richtárik, "Optimal Client Sampling for Federated Learning",

@@ -16,12 +16,12 @@ from flwr.app import (
 )
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
 
 from flwr_importance.aggregation import weighted_sum
 from flwr_importance.aggregation.fedsampling import size_weighted_draws
 from flwr_importance.clientapps.fedsampling import TRUE_SIZE_KEY
 from flwr_importance.strategies.common import (
+    CheckedFedAvg,
     check_replies,
     connected_nodes,
     flatten,
@@ -30,7 +30,7 @@ from flwr_importance.strategies.common import (
 )
 
 
-class SizeWeightedSampling(FedAvg):
+class SizeWeightedSampling(CheckedFedAvg):
     """Clients drawn with probability proportional to their TRUE size.
 
     The weighted client sampling baseline of FedSampling (Qi et al., IJCAI 2023,
