@@ -305,3 +305,102 @@ def test_a_spoiled_reply_is_excluded_logged_and_changes_nothing_else(
     record_property("hypothesis_cases", len(tried))
     record_property("spoiled_replies", len(spoiled_replies))
     assert spoiled_replies, f"no {kind} reply of {method} was spoiled"
+
+
+# -- aggregate_evaluate ---------------------------------------------------------
+EVALUATE_SPOILS = (
+    "error",
+    "missing-weight",
+    "nan-weight",
+    "negative-weight",
+    "huge-weight",
+    "two-metric-records",
+    "duplicate",
+)
+
+
+def evaluate_reply(node_id: int, content: RecordDict | Error) -> Message:
+    """A reply from ``node_id`` to an ``evaluate`` instruction."""
+    instruction = Message(RecordDict(), node_id, "evaluate")
+    instruction.metadata.__dict__["_message_id"] = f"evaluate-{node_id}"
+    return Message(content, reply_to=instruction)
+
+
+def evaluate_metrics(size: int, accuracy: float) -> RecordDict:
+    """A good evaluate reply's content."""
+    return RecordDict(
+        {"metrics": MetricRecord({"num-examples": size, "accuracy": accuracy})}
+    )
+
+
+def spoiled_evaluate(node_id: int, kind: str) -> list[Message]:
+    """The replies a node sends instead of a good evaluate reply."""
+    if kind == "error":
+        error = Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, "ValueError: boom")
+        return [evaluate_reply(node_id, error)]
+    if kind == "duplicate":
+        good = evaluate_reply(node_id, evaluate_metrics(10, 0.5))
+        return [good, evaluate_reply(node_id, evaluate_metrics(10**6, 0.0))]
+    metrics: dict[str, Any] = {"num-examples": 10, "accuracy": 0.9}
+    if kind == "missing-weight":
+        del metrics["num-examples"]
+    else:
+        metrics["num-examples"] = {
+            "nan-weight": float("nan"),
+            "negative-weight": -5,
+            "huge-weight": HUGE,
+            "two-metric-records": 10,
+        }[kind]
+    content = RecordDict({"metrics": MetricRecord(metrics)})
+    if kind == "two-metric-records":
+        content["more"] = MetricRecord({"accuracy": 1.0})
+    return [evaluate_reply(node_id, content)]
+
+
+@pytest.mark.parametrize("kind", EVALUATE_SPOILS)
+@pytest.mark.parametrize("method", METHODS)
+def test_aggregate_evaluate_excludes_a_spoiled_reply_and_names_its_node(
+    method: str,
+    kind: str,
+    flower_warnings: pytest.LogCaptureFixture,
+    record_property: Callable[[str, object], None],
+) -> None:
+    make_grid(method, None, drop_victim=False)  # sets Flower's TaskIdentity
+    tried = []
+
+    @settings(
+        max_examples=MAX_EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.function_scoped_fixture],
+    )
+    @given(
+        sizes=st.lists(st.integers(1, 500), min_size=1, max_size=6),
+        accuracy=st.floats(0, 1),
+    )
+    def check(sizes: list[int], accuracy: float) -> None:
+        tried.append(sizes)
+        flower_warnings.clear()
+        strategy = build_strategy(method, NUM_NODES, FLEET)
+        good = [
+            evaluate_reply(node_id, evaluate_metrics(size, accuracy * node_id % 1))
+            for node_id, size in enumerate(sizes, start=2)
+        ]
+        victim = len(sizes) + 2
+        spoiled = strategy.aggregate_evaluate(
+            1, [*good, *spoiled_evaluate(victim, kind)]
+        )
+        alone = strategy.aggregate_evaluate(
+            1,
+            good + spoiled_evaluate(victim, kind)[:1] if kind == "duplicate" else good,
+        )
+        assert spoiled is not None and alone is not None
+        assert dict(spoiled) == pytest.approx(dict(alone), rel=1e-12)
+        assert any(
+            f"node {victim}" in record.getMessage()
+            for record in flower_warnings.records
+        ), f"no warning names node {victim} ({kind})"
+
+    check()
+    record_property("hypothesis_cases", len(tried))
+    record_property("spoiled_replies", len(tried))
