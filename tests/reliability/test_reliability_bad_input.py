@@ -12,6 +12,10 @@ contract) on a small model.
 Checked: no exception, a finite global model, a WARNING naming the node, and
 the same aggregate as when that node's reply never arrived (for a duplicate:
 as when it came once), so the good replies aggregate to what they would alone.
+``aggregate_evaluate`` gets the same treatment: good evaluate replies plus one
+spoiled (error, missing/NaN/negative/huge weight, two MetricRecords, a second
+reply from the node) aggregate to the good replies' metrics alone.
+
 The number of cases tried is recorded per test (``record_property``) and
 printed in the terminal summary (``tests/reliability/conftest.py``).
 """
