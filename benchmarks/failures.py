@@ -33,18 +33,9 @@ import numpy as np
 
 from benchmarks.harness import benchmark_parser, prepare_run
 from simulations.inprocess import run_inprocess
+from simulations.methods import LIBRARY_METHODS
 
-STRATEGIES = (
-    "fedavg",
-    "isfedavg",
-    "folb",
-    "fedsampling",
-    "sizeweighted",
-    "clustered",
-    "md",
-    "ocs",
-    "mmfl",
-)
+STRATEGIES = ("fedavg", *LIBRARY_METHODS)
 FAULT_RATES = (0.0, 0.1, 0.3)
 ALL_KINDS = "raise,timeout,silent"
 #: Flower's FedAvg raises on an empty reply: the baseline meets the other kinds.

@@ -29,6 +29,18 @@ from simulations.config import ExperimentConfig
 # ClientApp query handlers must be registered by name when the app is imported.
 QUERY_ACTIONS = ("sizes", "gradient", "norm", "loss", "update")
 
+#: The library's own strategies: every method but Flower's fedavg/fedprox baselines.
+LIBRARY_METHODS = (
+    "isfedavg",
+    "folb",
+    "fedsampling",
+    "sizeweighted",
+    "clustered",
+    "md",
+    "ocs",
+    "mmfl",
+)
+
 
 class Method(Protocol):
     """What a method module provides."""

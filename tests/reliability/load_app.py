@@ -42,22 +42,12 @@ from flwr_importance.testing import InProcessGrid
 from simulations.client_app import dispatch
 from simulations.config import ExperimentConfig
 from simulations.inprocess import resolve_run_config
-from simulations.methods import QUERY_ACTIONS, load_method
+from simulations.methods import LIBRARY_METHODS, QUERY_ACTIONS, load_method
 from simulations.server_app import start_single_model, wait_for_nodes
 
 NUM_NODES = 1_000
 ROUNDS = 2
-STRATEGIES = (
-    "fedavg",
-    "isfedavg",
-    "folb",
-    "fedsampling",
-    "sizeweighted",
-    "clustered",
-    "md",
-    "ocs",
-    "mmfl",
-)
+STRATEGIES = ("fedavg", *LIBRARY_METHODS)
 #: The strategies whose rounds reach only the sampled nodes.
 SAMPLED_ONLY = ("fedavg", "isfedavg", "folb")
 #: The load run's settings: small model and data, so clients' work stays small.

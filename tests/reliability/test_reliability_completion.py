@@ -20,17 +20,9 @@ import pytest
 
 from flwr_importance.testing.fault_injection import FaultPlan
 from simulations.inprocess import run_inprocess
+from simulations.methods import LIBRARY_METHODS
 
-STRATEGIES = [
-    "isfedavg",
-    "folb",
-    "fedsampling",
-    "sizeweighted",
-    "clustered",
-    "md",
-    "ocs",
-    "mmfl",
-]
+STRATEGIES = list(LIBRARY_METHODS)
 ROUNDS = 3
 
 
