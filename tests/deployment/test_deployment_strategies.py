@@ -22,7 +22,6 @@ the wire. The mechanism's epsilon-LDP itself is tested statistically in
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +35,7 @@ from flwr_importance.launcher import deployment
 from simulations.config import ExperimentConfig
 from simulations.inprocess import load_preset, resolve_run_config
 from simulations.task import federated_data
+from tests.app_variant import app_variant
 from tests.deployment.capturing_server_app import REPLIES_FILE
 
 pytestmark = pytest.mark.slow
@@ -80,27 +80,11 @@ def run_config(strategy: str, output_dir: Path) -> dict[str, bool | int | float 
 
 def capturing_app(app_dir: Path) -> Path:
     """A copy of the app whose ServerApp is ``capturing_server_app``."""
-    for package in ("flwr_importance", "simulations"):
-        shutil.copytree(
-            APP_DIR / package,
-            app_dir / package,
-            ignore=shutil.ignore_patterns("__pycache__"),
-        )
-    (app_dir / "tests" / "deployment").mkdir(parents=True)
-    for module in ("__init__.py", "deployment/__init__.py"):
-        shutil.copy(APP_DIR / "tests" / module, app_dir / "tests" / module)
-    shutil.copy(
+    return app_variant(
+        app_dir,
         Path(__file__).with_name("capturing_server_app.py"),
-        app_dir / "tests" / "deployment",
+        {"serverapp": "tests.deployment.capturing_server_app:app"},
     )
-    pyproject = (APP_DIR / "pyproject.toml").read_text()
-    stock = 'serverapp = "simulations.server_app:app"'
-    assert stock in pyproject
-    pyproject = pyproject.replace(
-        stock, 'serverapp = "tests.deployment.capturing_server_app:app"'
-    ).replace('"simulations/**/*.py"]', '"simulations/**/*.py", "tests/**/*.py"]')
-    (app_dir / "pyproject.toml").write_text(pyproject)
-    return app_dir
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,6 @@ Used by ``tests/reliability/test_reliability_load.py`` and
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -44,6 +43,7 @@ from simulations.config import ExperimentConfig
 from simulations.inprocess import resolve_run_config
 from simulations.methods import LIBRARY_METHODS, QUERY_ACTIONS, load_method
 from simulations.server_app import start_single_model, wait_for_nodes
+from tests.app_variant import app_variant
 
 NUM_NODES = 1_000
 ROUNDS = 2
@@ -68,7 +68,6 @@ LOAD_RUN_CONFIG: dict[str, bool | int | float | str] = {
 
 
 LOAD_FILE = "load.json"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 server_app = ServerApp()
 client_app = ClientApp()
@@ -213,31 +212,14 @@ for action in QUERY_ACTIONS:
 
 def load_app_dir(destination: Path) -> Path:
     """A copy of the Flower App whose components are this module's apps."""
-    for package in ("flwr_importance", "simulations"):
-        shutil.copytree(
-            REPO_ROOT / package,
-            destination / package,
-            ignore=shutil.ignore_patterns("__pycache__"),
-        )
-    (destination / "tests" / "reliability").mkdir(parents=True)
-    for module in ("__init__.py", "reliability/__init__.py", "reliability/load_app.py"):
-        shutil.copy(REPO_ROOT / "tests" / module, destination / "tests" / module)
-    pyproject = (REPO_ROOT / "pyproject.toml").read_text()
-    components = {
-        'serverapp = "simulations.server_app:app"': (
-            'serverapp = "tests.reliability.load_app:server_app"'
-        ),
-        'clientapp = "simulations.client_app:app"': (
-            'clientapp = "tests.reliability.load_app:client_app"'
-        ),
-        '"simulations/**/*.py"]': '"simulations/**/*.py", "tests/**/*.py"]',
-    }
-    for stock, replacement in components.items():
-        if stock not in pyproject:
-            raise RuntimeError(f"pyproject.toml no longer holds {stock!r}")
-        pyproject = pyproject.replace(stock, replacement)
-    (destination / "pyproject.toml").write_text(pyproject)
-    return destination
+    return app_variant(
+        destination,
+        Path(__file__),
+        {
+            "serverapp": "tests.reliability.load_app:server_app",
+            "clientapp": "tests.reliability.load_app:client_app",
+        },
+    )
 
 
 def run_load_flwr(
