@@ -11,7 +11,9 @@ that is a multi-GB CUDA build). This module runs it the way this project needs:
   current environment;
 - the managed SuperLink listens on free ports chosen here, so a SuperLink that
   is already running (someone else's) is never reused, and it is stopped, with
-  everything it started, when the run ends or fails.
+  everything it started, when the run ends or fails;
+- that SuperLink is started here, with the command line ``flwr run`` would use,
+  and given minutes to come up instead of ``flwr run``'s fixed 15 s.
 
 Command line::
 
@@ -39,8 +41,10 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from pathlib import Path
 
 if sys.version_info >= (3, 11):
@@ -49,6 +53,9 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 SCRIPTS_DIR = Path(sys.executable).parent
+
+# Seconds :func:`flwr_run` waits for the SuperLink it starts before ``flwr run``.
+MANAGED_SUPERLINK_STARTUP_TIMEOUT = 180.0
 
 FLWR_CONFIG = """\
 [superlink]
@@ -163,6 +170,68 @@ def stop_local_superlink(flwr_home: Path) -> list[int]:
     return targets
 
 
+def _superlink_is_healthy(http_port: str) -> bool:
+    """Whether the managed SuperLink on ``http_port`` answers its health check."""
+    # No proxy: an HTTP(S)_PROXY in the environment must not see loopback calls.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(f"http://127.0.0.1:{http_port}/health", timeout=0.4) as reply:
+            return bool(reply.status == HTTPStatus.OK)
+    except OSError:
+        return False
+
+
+def _start_managed_superlink(
+    flwr_home: Path,
+    env: Mapping[str, str],
+    timeout: float = MANAGED_SUPERLINK_STARTUP_TIMEOUT,
+) -> None:
+    """Start the SuperLink ``flwr run`` would start, and wait until it is up.
+
+    ``flwr run`` gives the SuperLink it starts 15 s (Flower 1.41, not
+    configurable); on a loaded two-core machine its imports alone can take
+    longer and the run fails. Started here with the same command line, on the
+    ports ``flwr run`` reads from ``env``, it is found running and used, and
+    :func:`stop_local_superlink` stops it like one ``flwr run`` started.
+
+    Raises
+    ------
+    RunFailedError
+        The SuperLink exited, or was not healthy after ``timeout`` seconds
+        (then it is stopped); its log is under ``<flwr_home>/local-superlink``.
+    """
+    log_dir = flwr_home / "local-superlink"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    http_port = env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"]
+    superlink = _start_logged(
+        [
+            str(SCRIPTS_DIR / "flower-superlink"),
+            "--insecure",
+            "--simulation",
+            "--isolation=subprocess",
+            f"--control-api-address=127.0.0.1:{env['FLWR_LOCAL_CONTROL_API_PORT']}",
+            "--host=127.0.0.1",
+            f"--port={http_port}",
+            f"--log-file={log_dir / 'superlink.log'}",
+        ],
+        log_dir / "console.log",
+        env,
+    )
+    deadline = time.monotonic() + timeout
+    while not _superlink_is_healthy(http_port):
+        if superlink.poll() is not None:
+            raise RunFailedError(
+                f"flower-superlink exited with {superlink.returncode}; "
+                f"logs in {log_dir}"
+            )
+        if time.monotonic() > deadline:
+            stop_local_superlink(flwr_home)
+            raise RunFailedError(
+                f"flower-superlink not up after {timeout} s; logs in {log_dir}"
+            )
+        time.sleep(0.2)
+
+
 def intended_supernodes(
     app_dir: Path, run_config: Path | Mapping[str, object] | None
 ) -> int:
@@ -272,6 +341,7 @@ def flwr_run(
     elif run_config:
         command += ["--run-config", format_run_config(run_config)]
     try:
+        _start_managed_superlink(flwr_home, env)
         return subprocess.run(
             command,
             env=env,
