@@ -14,13 +14,16 @@ from numpy.typing import ArrayLike, NDArray
 
 def weighted_sum(
     vectors: Iterable[NDArray[np.floating]], weights: ArrayLike
-) -> NDArray[np.float64]:
+) -> NDArray[np.floating]:
     """``sum_k weights[k] * vectors[k]``, accumulated in place, one at a time.
 
     ``vectors`` may be a generator: each vector is added and then dropped, so
     memory stays at about three model copies whatever the number of clients
     (a list of 1,000 float64 copies of a 1M-parameter model is 8 GB, and
     touching that much fresh memory also costs more time than the sum).
+
+    The sum is kept in the vectors' precision (float32 models are summed in
+    float32, as Flower's ``FedAvg`` does; float64 vectors in float64).
 
     Parameters
     ----------
@@ -31,8 +34,8 @@ def weighted_sum(
 
     Returns
     -------
-    NDArray[np.float64]
-        The weighted sum.
+    NDArray[np.floating]
+        The weighted sum, float32 or wider.
     """
     weights = np.asarray(weights, dtype=np.float64)
     if weights.ndim != 1:
@@ -45,10 +48,11 @@ def weighted_sum(
     return total
 
 
-def mean(vectors: Iterable[NDArray[np.floating]]) -> NDArray[np.float64]:
+def mean(vectors: Iterable[NDArray[np.floating]]) -> NDArray[np.floating]:
     """Plain mean of the vectors (eq. 5 of ISFedAvg; clustered and MD sampling).
 
-    Accumulated one vector at a time, as :func:`weighted_sum`.
+    Accumulated one vector at a time, in the vectors' precision, as
+    :func:`weighted_sum`.
     """
     total, count = _accumulate(vectors, None)
     total /= count
@@ -57,16 +61,16 @@ def mean(vectors: Iterable[NDArray[np.floating]]) -> NDArray[np.float64]:
 
 def _accumulate(
     vectors: Iterable[NDArray[np.floating]], weights: NDArray[np.float64] | None
-) -> tuple[NDArray[np.float64], int]:
+) -> tuple[NDArray[np.floating], int]:
     """``(sum_k w_k v_k, number of vectors)``; ``weights=None``: all ones."""
-    total: NDArray[np.float64] | None = None
-    scaled: NDArray[np.float64] | None = None
+    total: NDArray[np.floating] | None = None
+    scaled: NDArray[np.floating] | None = None
     count = 0
     for vector in vectors:
         if weights is not None and count >= weights.size:
             raise ValueError(f"more vectors than the {weights.size} weights")
         if total is None or scaled is None:
-            total = np.zeros(np.shape(vector), dtype=np.float64)
+            total = np.zeros(np.shape(vector), np.result_type(vector, np.float32))
             # One scratch buffer for the products: a fresh temporary per vector
             # costs an allocation (and its page faults) per client.
             scaled = np.empty_like(total)
@@ -75,7 +79,8 @@ def _accumulate(
         if weights is None:
             total += vector
         else:
-            np.multiply(vector, weights[count], out=scaled)
+            # A Python float keeps a float32 product in float32 (NEP 50).
+            np.multiply(vector, float(weights[count]), out=scaled)
             total += scaled
         count += 1
     if total is None:

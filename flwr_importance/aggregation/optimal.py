@@ -88,7 +88,7 @@ def unbiased_weights(fractions: ArrayLike, probs: ArrayLike) -> NDArray[np.float
 
 def unbiased_update(
     updates: Iterable[NDArray[np.floating]], fractions: ArrayLike, probs: ArrayLike
-) -> NDArray[np.float64]:
+) -> NDArray[np.floating]:
     """``sum_{i in S} (d_i / p_i) U_i`` over the participants (slides eq. 5).
 
     Parameters
@@ -103,7 +103,7 @@ def unbiased_update(
 
     Returns
     -------
-    NDArray[np.float64]
+    NDArray[np.floating]
         The estimate of the full-participation update ``sum_i d_i U_i``.
 
     Raises

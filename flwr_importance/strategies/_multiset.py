@@ -117,8 +117,8 @@ class MultisetSampling(CheckedFedAvg, ABC):
 
     def record_updates(
         self,
-        models: Mapping[int, NDArray[np.float64]],
-        global_model: NDArray[np.float64],
+        models: Mapping[int, NDArray[np.floating]],
+        global_model: NDArray[np.floating],
     ) -> None:
         """Receive the flattened returned models and the model they started from.
 
@@ -203,8 +203,8 @@ class MultisetSampling(CheckedFedAvg, ABC):
         multiplicity = np.array([self._drawn[reply.node_id] for reply in usable])
         weights = multiplicity / multiplicity.sum()
         # Summed as they are flattened, unless the scheme keeps the models: a
-        # list of m float64 models is 800 MB at m = 100 and 1M parameters.
-        models: Iterable[NDArray[np.float64]] = (
+        # list of m flattened float32 models is 400 MB at m = 100 and 1M parameters.
+        models: Iterable[NDArray[np.floating]] = (
             flatten(reply.array_record) for reply in usable
         )
         if self.keeps_updates():

@@ -160,8 +160,8 @@ class ClusteredSampling(MultisetSampling):
 
     def record_updates(
         self,
-        models: Mapping[int, NDArray[np.float64]],
-        global_model: NDArray[np.float64],
+        models: Mapping[int, NDArray[np.floating]],
+        global_model: NDArray[np.floating],
     ) -> None:
         """Keep each returned model minus the global model as its client's gradient."""
         if self.method == "similarity":

@@ -9,9 +9,12 @@ so one misbehaving client never crashes a round or corrupts the global model.
 
 from __future__ import annotations
 
+import io
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
+from typing import Any
 
 import numpy as np
 from flwr.app import (
@@ -22,6 +25,7 @@ from flwr.app import (
     MetricRecord,
     RecordDict,
 )
+from flwr.common.constant import SType
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
@@ -29,17 +33,65 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from numpy.typing import NDArray
 
 
-def flatten(record: ArrayRecord) -> NDArray[np.float64]:
-    """All arrays of ``record`` concatenated into one float64 vector."""
-    arrays = record.to_numpy_ndarrays()
-    # Filled in place: converting each array and then concatenating would copy
-    # every model twice, the largest server cost per reply at 1M parameters.
-    vector = np.empty(sum(array.size for array in arrays), np.float64)
-    offset = 0
-    for array in arrays:
-        vector[offset : offset + array.size] = array.ravel()
-        offset += array.size
-    return vector
+def array_values(array: Array) -> NDArray[Any]:
+    """The values of ``array``: a read-only view of its serialized bytes.
+
+    ``Array.numpy()`` copies the bytes into a new array; a reply's arrays are
+    read to be checked and again to be aggregated, and at 1M parameters each
+    copy costs half of what Flower's ``FedAvg`` spends on a reply. NumPy's own
+    ``.npy`` header reader gives the dtype, shape and data offset; any other
+    serialization falls back to ``Array.numpy()``.
+
+    Raises
+    ------
+    ValueError
+        The bytes are not a readable array (a corrupted reply).
+    """
+    if array.stype != SType.NUMPY:
+        return array.numpy()
+    stream = io.BytesIO(array.data)
+    version = np.lib.format.read_magic(stream)
+    if version == (1, 0):
+        shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(stream)
+    elif version == (2, 0):
+        shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(stream)
+    else:
+        return array.numpy()
+    if dtype.hasobject:
+        return array.numpy()
+    values = np.frombuffer(
+        array.data, dtype=dtype, count=math.prod(shape), offset=stream.tell()
+    )
+    return values.reshape(shape, order="F" if fortran_order else "C")
+
+
+def all_finite(values: NDArray[Any]) -> bool:
+    """Whether ``values`` holds no NaN and no infinity."""
+    if not np.issubdtype(values.dtype, np.floating):
+        return bool(np.all(np.isfinite(values)))
+    flat = values.ravel()
+    with np.errstate(over="ignore", invalid="ignore"):
+        # A NaN or inf entry makes the sum of squares NaN or inf, and BLAS
+        # computes it in a fraction of the time of np.isfinite(values).all().
+        # Finite entries whose squares overflow make it inf too: then the
+        # exact test decides.
+        if np.isfinite(np.dot(flat, flat)):
+            return True
+    return bool(np.all(np.isfinite(values)))
+
+
+def flatten(record: ArrayRecord) -> NDArray[np.floating]:
+    """All arrays of ``record`` as one vector in their common floating dtype.
+
+    A float32 model stays float32: the sums over replies run in the model's
+    own precision, as Flower's ``FedAvg`` does, at half the memory traffic of
+    float64. A record of one floating array gives a read-only view (no copy).
+    """
+    arrays = [array_values(array).ravel() for array in record.values()]
+    dtype = np.result_type(*(array.dtype for array in arrays), np.float32)
+    if len(arrays) == 1 and arrays[0].dtype == dtype:
+        return arrays[0]
+    return np.concatenate(arrays, dtype=dtype) if arrays else np.empty(0, dtype)
 
 
 def unflatten(vector: NDArray[np.floating], like: ArrayRecord) -> ArrayRecord:
@@ -193,12 +245,17 @@ def _record_problem(
     if list(arrays.keys()) != list(expected.keys()):
         return f"ArrayRecord '{name}' does not match the model's keys"
     for key, array in arrays.items():
-        if tuple(array.shape) != tuple(expected[key].shape):
+        try:
+            values = array_values(array)
+        except ValueError as error:
+            return f"array '{name}/{key}' cannot be read ({error})"
+        # The shape the bytes hold, not the one the metadata claims.
+        if tuple(values.shape) != tuple(expected[key].shape):
             return (
-                f"array '{name}/{key}' has shape {array.shape}, "
+                f"array '{name}/{key}' has shape {values.shape}, "
                 f"expected {expected[key].shape}"
             )
-        if not np.all(np.isfinite(array.numpy())):
+        if not all_finite(values):
             return f"array '{name}/{key}' holds NaN or infinite values"
     return None
 

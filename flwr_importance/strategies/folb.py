@@ -52,10 +52,10 @@ class _RoundDraws:
 
     server_round: int
     arrays: ArrayRecord
-    global_vector: NDArray[np.float64]
+    global_vector: NDArray[np.floating]
     train_draws: Counter[int]
     reference_draws: Counter[int] = field(default_factory=Counter)
-    reference_gradients: dict[int, NDArray[np.float64]] = field(default_factory=dict)
+    reference_gradients: dict[int, NDArray[np.floating]] = field(default_factory=dict)
 
 
 class FOLB(CheckedFedAvg):
@@ -264,7 +264,7 @@ class FOLB(CheckedFedAvg):
         arrays: ArrayRecord,
         config: ConfigRecord,
         grid: Grid,
-    ) -> dict[int, NDArray[np.float64]]:
+    ) -> dict[int, NDArray[np.floating]]:
         """``S2``'s gradients at ``arrays`` via ``query.gradient``, by node id."""
         if not node_ids:
             return {}

@@ -6,10 +6,20 @@ import logging
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Error,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
 
 from flwr_importance.aggregation import mean, weighted_sum
 from flwr_importance.strategies.common import (
+    all_finite,
+    array_values,
     check_replies,
     flatten,
     node_messages,
@@ -110,6 +120,89 @@ def test_weighted_sum_and_mean() -> None:
         weighted_sum(vectors, [1.0])
     with pytest.raises(ValueError, match="NaN"):
         weighted_sum(vectors, [1.0, np.nan])
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        np.arange(12, dtype=np.float32).reshape(3, 4),
+        np.asfortranarray(np.arange(12, dtype=np.float64).reshape(3, 4)),
+        np.array(2.5, dtype=np.float16),
+        np.zeros((0, 5), np.float32),
+        np.arange(4, dtype=np.int64),
+        np.array([True, False]),
+    ],
+    ids=["float32", "fortran-float64", "0-d-float16", "empty", "int64", "bool"],
+)
+def test_array_values_reads_what_array_numpy_reads(values: np.ndarray) -> None:
+    array = Array(values)
+    read = array_values(array)
+    expected = array.numpy()
+    assert read.dtype == expected.dtype
+    assert read.shape == expected.shape
+    np.testing.assert_array_equal(read, expected)
+    # A view of the reply's bytes: never written through.
+    assert not read.flags.writeable
+
+
+def test_a_truncated_array_is_an_excluded_reply(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    model = ArrayRecord([np.zeros((2, 3), np.float32), np.zeros(3, np.float32)])
+    first = next(iter(model.values()))
+    first.data = first.data[:-4]
+    with pytest.raises(ValueError):
+        array_values(first)
+    logging.getLogger("flwr").propagate = True
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        checked = check_replies([reply(21, arrays=model)], expected_arrays=MODEL)
+    assert checked == []
+    assert "node 21 excluded" in caplog.text
+    assert "cannot be read" in caplog.text
+
+
+def test_all_finite_agrees_with_numpy_on_random_arrays() -> None:
+    rng = np.random.default_rng(0)
+    specials = [np.nan, np.inf, -np.inf, 3e38, -2e30, 1e-45, 0.0]
+    for trial in range(300):
+        dtype = [np.float32, np.float64, np.float16][trial % 3]
+        values = rng.standard_normal(rng.integers(0, 50)).astype(dtype)
+        for _ in range(rng.integers(0, 3)):
+            if values.size:
+                with np.errstate(over="ignore"):
+                    values[rng.integers(values.size)] = rng.choice(specials)
+        assert all_finite(values) == bool(np.isfinite(values).all()), values
+
+
+def test_all_finite_when_squares_overflow() -> None:
+    # Finite entries whose squares overflow float32 are still finite.
+    assert all_finite(np.full(10, 1e30, np.float32))
+    assert not all_finite(np.array([1e30, np.nan], np.float32))
+    assert all_finite(np.arange(3))
+
+
+def test_flatten_keeps_a_float32_model_in_float32_without_copying_one_array() -> None:
+    single = ArrayRecord([np.arange(6, dtype=np.float32).reshape(2, 3)])
+    vector = flatten(single)
+    assert vector.dtype == np.float32
+    assert not vector.flags.writeable  # the reply's own bytes
+    assert flatten(MODEL).dtype == np.float32
+    mixed = ArrayRecord([np.zeros(2, np.float32), np.arange(2, dtype=np.int64)])
+    assert flatten(mixed).dtype == np.float64
+    np.testing.assert_array_equal(flatten(mixed), [0, 0, 0, 1])
+
+
+def test_weighted_sum_of_float32_vectors_is_float32_and_accurate() -> None:
+    rng = np.random.default_rng(1)
+    vectors = rng.standard_normal((200, 1000)).astype(np.float32)
+    weights = rng.random(200)
+    total = weighted_sum(iter(vectors), weights)
+    assert total.dtype == np.float32
+    exact = weights @ vectors.astype(np.float64)
+    # 200 float32 roundings of terms of size ~|w v|: error ~ sqrt(200) * eps * scale.
+    scale = np.sqrt(np.sum((weights[:, None] * vectors) ** 2, axis=0))
+    tolerance = 10 * np.sqrt(200) * np.finfo(np.float32).eps * scale
+    assert np.all(np.abs(total - exact) <= tolerance + 1e-30)
 
 
 def test_check_replies_with_named_array_records() -> None:
