@@ -28,11 +28,11 @@ from flwr_importance.strategies.common import (
     CheckedFedAvg,
     CheckedReply,
     check_replies,
+    combine_arrays,
     connected_nodes,
     flatten,
     node_messages,
     send_query,
-    unflatten,
 )
 
 #: Metric carrying a client's sample count, in size-query and train replies.
@@ -202,16 +202,14 @@ class MultisetSampling(CheckedFedAvg, ABC):
             self._store_size(reply, "aggregate_train")
         multiplicity = np.array([self._drawn[reply.node_id] for reply in usable])
         weights = multiplicity / multiplicity.sum()
-        # Summed as they are flattened, unless the scheme keeps the models: a
-        # list of m flattened float32 models is 400 MB at m = 100 and 1M parameters.
-        models: Iterable[NDArray[np.floating]] = (
-            flatten(reply.array_record) for reply in usable
-        )
         if self.keeps_updates():
             returned = {reply.node_id: flatten(reply.array_record) for reply in usable}
             self.record_updates(returned, flatten(self._round_model))
-            models = returned.values()
-        arrays = unflatten(weighted_sum(models, weights), self._round_model)
+        arrays = combine_arrays(
+            [reply.array_record for reply in usable],
+            lambda models: weighted_sum(models, weights),
+            self._round_model,
+        )
         return arrays, _round_metrics(usable, weights, multiplicity)
 
     # -- sizes -----------------------------------------------------------------

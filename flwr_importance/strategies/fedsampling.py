@@ -6,7 +6,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from logging import INFO, WARNING
 
-import numpy as np
 from flwr.app import (
     ArrayRecord,
     ConfigRecord,
@@ -24,10 +23,9 @@ from flwr_importance.sampling import estimate_total_size, ldp_alpha
 from flwr_importance.strategies.common import (
     CheckedFedAvg,
     check_replies,
+    combine_arrays,
     connected_nodes,
-    flatten,
     send_query,
-    unflatten,
 )
 
 
@@ -258,15 +256,14 @@ class FedSampling(CheckedFedAvg):
         metrics = self._round_metrics(plan, len(checked))
         if not checked:
             return None, metrics
-        # Summed one reply at a time: every node trains, and a list of their
-        # float64 vectors would hold N model copies (8 GB at 1,000 nodes of a
-        # 1M-parameter model). One summed G equals the sum of the G_c.
-        model = flatten(plan.arrays)
-        gradient_sum = np.zeros_like(model)
-        for reply in checked:
-            gradient_sum += flatten(reply.array_record)
-        model = server_update(model, [gradient_sum], self.server_lr)
-        return unflatten(model, plan.arrays), metrics
+        # Every node trains: the G_c are read in place, array by array (a list
+        # of N flattened copies would be 4 GB at 1,000 nodes and 1M parameters).
+        arrays = combine_arrays(
+            [plan.arrays, *(reply.array_record for reply in checked)],
+            lambda vectors: server_update(vectors[0], vectors[1:], self.server_lr),
+            plan.arrays,
+        )
+        return arrays, metrics
 
     def _round_metrics(self, plan: _RoundPlan, num_updates: int) -> MetricRecord:
         values: Mapping[str, float] = {

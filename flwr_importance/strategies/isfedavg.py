@@ -39,10 +39,9 @@ from flwr_importance.strategies.common import (
     CheckedFedAvg,
     CheckedReply,
     check_replies,
+    combine_arrays,
     connected_nodes,
-    flatten,
     node_messages,
-    unflatten,
 )
 
 #: Default floor on a sample's probability ``p_n``, as a fraction of ``1/N_k``.
@@ -346,8 +345,8 @@ class ISFedAvg(CheckedFedAvg):
             )
         # The model sent fixes the keys and dtypes of the aggregate.
         template = self._sent_arrays or checked[0].array_record
-        arrays = unflatten(
-            mean(flatten(reply.array_record) for reply in checked), template
+        arrays = combine_arrays(
+            [reply.array_record for reply in checked], mean, template
         )
         if not self.uniform:
             self._update_probabilities(checked)

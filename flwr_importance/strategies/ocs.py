@@ -31,11 +31,11 @@ from flwr_importance.sampling import (
 from flwr_importance.strategies.common import (
     CheckedFedAvg,
     CheckedReply,
+    array_record_problem,
     check_replies,
+    combine_arrays,
     connected_nodes,
-    flatten,
     send_query,
-    unflatten,
 )
 
 
@@ -205,13 +205,12 @@ def unbiased_step(
         if not group:
             continue
         rows = [plan.row_of(reply.node_id) for reply in group]
-        estimate = unbiased_update(
-            (flatten(reply.arrays[UPDATE_RECORD]) for reply in group),
+        new_models[model_index] = _stepped_model(
+            model,
+            [reply.arrays[UPDATE_RECORD] for reply in group],
             plan.fractions[rows, model_index],
             plan.probs[rows, model_index],
-        )
-        new_models[model_index] = unflatten(
-            flatten(model) + server_lr * estimate, model
+            server_lr,
         )
     if usable:
         metrics["train-loss"] = float(
@@ -220,18 +219,26 @@ def unbiased_step(
     return new_models, metrics
 
 
+def _stepped_model(
+    model: ArrayRecord,
+    updates: list[ArrayRecord],
+    fractions: NDArray[np.float64],
+    probs: NDArray[np.float64],
+    server_lr: float,
+) -> ArrayRecord:
+    """``w + server_lr * sum_i (d_i / p_i) U_i`` (the unbiased step), array-wise."""
+    return combine_arrays(
+        [model, *updates],
+        lambda vectors: (
+            vectors[0] + server_lr * unbiased_update(vectors[1:], fractions, probs)
+        ),
+        model,
+    )
+
+
 def _update_problem(reply: CheckedReply, model: ArrayRecord) -> str | None:
     """Why the reply's ``update`` cannot be added to ``model`` (None if it can)."""
-    update = reply.arrays.get(UPDATE_RECORD)
-    if update is None:
-        return f"ArrayRecord '{UPDATE_RECORD}' is missing"
-    if [(key, tuple(array.shape)) for key, array in update.items()] != [
-        (key, tuple(array.shape)) for key, array in model.items()
-    ]:
-        return f"'{UPDATE_RECORD}' does not match the model's keys and shapes"
-    if not np.all(np.isfinite(flatten(update))):
-        return f"'{UPDATE_RECORD}' holds NaN or infinite values"
-    return None
+    return array_record_problem(UPDATE_RECORD, reply.arrays.get(UPDATE_RECORD), model)
 
 
 class OptimalClientSampling(CheckedFedAvg):

@@ -23,10 +23,9 @@ from flwr_importance.clientapps.fedsampling import TRUE_SIZE_KEY
 from flwr_importance.strategies.common import (
     CheckedFedAvg,
     check_replies,
+    combine_arrays,
     connected_nodes,
-    flatten,
     send_query,
-    unflatten,
 )
 
 
@@ -209,8 +208,10 @@ class SizeWeightedSampling(CheckedFedAvg):
         # Renormalizing over the nodes that answered keeps the weights summing to
         # one when a drawn node fails.
         counts = np.array([self._draw_counts[reply.node_id] for reply in checked])
-        model = weighted_sum(
-            (flatten(reply.array_record) for reply in checked),
-            counts / counts.sum(),
+        weights = counts / counts.sum()
+        arrays = combine_arrays(
+            [reply.array_record for reply in checked],
+            lambda models: weighted_sum(models, weights),
+            self._arrays,
         )
-        return unflatten(model, self._arrays), metrics
+        return arrays, metrics

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 
 import numpy as np
@@ -21,6 +22,7 @@ from flwr_importance.strategies.common import (
     all_finite,
     array_values,
     check_replies,
+    combine_arrays,
     flatten,
     node_messages,
     unflatten,
@@ -145,6 +147,19 @@ def test_array_values_reads_what_array_numpy_reads(values: np.ndarray) -> None:
     assert not read.flags.writeable
 
 
+def test_array_values_reads_npy_format_2() -> None:
+    values = np.arange(6, dtype=np.float32).reshape(2, 3)
+    stream = io.BytesIO()
+    np.lib.format.write_array(stream, values, version=(2, 0))
+    array = Array(
+        dtype=str(values.dtype),
+        shape=values.shape,
+        stype="numpy.ndarray",
+        data=stream.getvalue(),
+    )
+    np.testing.assert_array_equal(array_values(array), values)
+
+
 def test_a_truncated_array_is_an_excluded_reply(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -203,6 +218,34 @@ def test_weighted_sum_of_float32_vectors_is_float32_and_accurate() -> None:
     scale = np.sqrt(np.sum((weights[:, None] * vectors) ** 2, axis=0))
     tolerance = 10 * np.sqrt(200) * np.finfo(np.float32).eps * scale
     assert np.all(np.abs(total - exact) <= tolerance + 1e-30)
+
+
+def test_combine_arrays_equals_combining_the_flattened_models() -> None:
+    rng = np.random.default_rng(2)
+    like = ArrayRecord(
+        {
+            "weight": Array(np.zeros((3, 4), np.float32)),
+            "steps": Array(np.zeros(2, np.int64)),
+        }
+    )
+    records = [
+        ArrayRecord(
+            {
+                "weight": Array(rng.standard_normal((3, 4)).astype(np.float32)),
+                "steps": Array(rng.integers(0, 9, 2)),
+            }
+        )
+        for _ in range(5)
+    ]
+    weights = rng.random(5)
+    combined = combine_arrays(records, lambda v: weighted_sum(v, weights), like)
+    expected = unflatten(weighted_sum([flatten(r) for r in records], weights), like)
+    assert list(combined.keys()) == ["weight", "steps"]
+    for key in like:
+        assert combined[key].dtype == like[key].dtype
+        np.testing.assert_allclose(
+            combined[key].numpy(), expected[key].numpy(), rtol=1e-6
+        )
 
 
 def test_check_replies_with_named_array_records() -> None:
