@@ -1,4 +1,5 @@
-"""``cross_distances``: the rows a strategy recomputes match the full matrix."""
+"""``cross_distances`` and ``pairwise_distances``: the rows a strategy recomputes
+match the full matrix, and bad gradients are rejected."""
 
 from __future__ import annotations
 
@@ -59,3 +60,32 @@ def test_cross_distances_rejects_bad_input() -> None:
         cross_distances(np.ones((2, 3)), np.ones((4, 3)), "cosine")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="NaN"):
         cross_distances(np.full((2, 3), np.nan), np.ones((4, 3)))
+
+
+@pytest.mark.parametrize("distance", DISTANCES)
+@pytest.mark.parametrize("bad_value", [np.nan, np.inf, -np.inf])
+def test_non_finite_gradients_are_rejected(
+    distance: Distance, bad_value: float
+) -> None:
+    grads = gradients(np.float64)
+    grads[4, 7] = bad_value
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        pairwise_distances(grads, distance)
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        cross_distances(grads[:2], grads, distance)
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        cross_distances(grads[4:5], grads[:3], distance)
+
+
+@pytest.mark.parametrize("distance", ["arccos", "l2"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gradients_too_large_to_square_are_rejected(
+    distance: Distance, dtype: type[np.floating]
+) -> None:
+    # Finite, but the squared norm overflows: the distances would be NaN.
+    grads = gradients(dtype)
+    grads[4, 7] = np.finfo(dtype).max / 2
+    with pytest.raises(ValueError, match="too large to square"):
+        pairwise_distances(grads, distance)
+    with pytest.raises(ValueError, match="too large to square"):
+        cross_distances(grads[:2], grads, distance)
