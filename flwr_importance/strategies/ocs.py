@@ -92,7 +92,7 @@ def query_matrix(
     """
     replies = send_query(
         grid,
-        {node_id: ConfigRecord(dict(config)) for node_id in node_ids},
+        dict.fromkeys(node_ids, config),
         action,
         models,
         timeout,
