@@ -12,6 +12,11 @@ Run ``python -m benchmarks.sampling_overhead`` (``--help`` for the sizes).
 Every time is the best of ``--repeats`` runs, except the pair loop, run once:
 quick mode times it on 20,000 random pairs and extrapolates (the output says
 so), ``--full`` on all pairs (about 15 s at 500 clients on two cores).
+
+The header gives the one-minute load average when the run started: the
+loop-free version runs on every core and BLAS threads that wait for each
+other, so other processes slow it down more than the single-threaded pair
+loop, and the speed-up drops on a busy machine.
 """
 
 from __future__ import annotations
@@ -185,12 +190,15 @@ def at_scale_row(args: argparse.Namespace, rng: np.random.Generator) -> Row:
     )
 
 
-def print_table(rows: list[Row], args: argparse.Namespace) -> None:
-    """The results as a fixed-width table with a one-line environment header."""
+def print_table(rows: list[Row], args: argparse.Namespace, load: float) -> None:
+    """The results as a fixed-width table with a one-line environment header.
+
+    ``load`` is the one-minute load average when the run started.
+    """
     print(
         f"Sampling overhead: best of {args.repeats} runs, numpy {np.__version__}, "
         f"scipy {scipy.__version__}, Python {platform.python_version()}, "
-        f"{os.cpu_count()} CPUs, seed {args.seed}"
+        f"{os.cpu_count()} CPUs, load average {load:.1f}, seed {args.seed}"
     )
     width = max(len(row.operation) for row in rows)
     header = (
@@ -256,14 +264,16 @@ def markdown_table(rows: list[Row]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run every measurement, print and write the table; 1 if a target fails."""
     args = parse_args(argv)
+    load = os.getloadavg()[0]
     rng = np.random.default_rng(args.seed)
     rows = pips_rows(args.clients, args.m, args.repeats, rng)
     rows += loop_comparison_rows(args, rng)
     rows.append(at_scale_row(args, rng))
-    print_table(rows, args)
+    print_table(rows, args, load)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     (args.output_dir / "summary.md").write_text(
-        f"# Sampler overhead\n\nBest of {args.repeats} runs, seed {args.seed}.\n\n"
+        f"# Sampler overhead\n\nBest of {args.repeats} runs, seed {args.seed}, "
+        f"{os.cpu_count()} CPUs, load average {load:.1f} at the start.\n\n"
         f"{markdown_table(rows)}\n"
     )
     (args.output_dir / "results.json").write_text(
