@@ -27,6 +27,7 @@ from flwr_importance.aggregation.folb import (
     FolbWeights,
     NegativeRule,
     Penalty,
+    SplitVector,
     check_options,
     folb_weights,
 )
@@ -34,12 +35,13 @@ from flwr_importance.clientapps.folb import GAMMA_KEY, GRADIENT_KEY, UPDATE_KEY
 from flwr_importance.strategies.common import (
     CheckedFedAvg,
     CheckedReply,
+    array_values,
     check_replies,
+    combine_arrays,
     connected_nodes,
     flatten,
     node_messages,
     send_query,
-    unflatten,
 )
 
 Mode = Literal["single-set", "two-set"]
@@ -52,10 +54,14 @@ class _RoundDraws:
 
     server_round: int
     arrays: ArrayRecord
-    global_vector: NDArray[np.floating]
     train_draws: Counter[int]
     reference_draws: Counter[int] = field(default_factory=Counter)
-    reference_gradients: dict[int, NDArray[np.floating]] = field(default_factory=dict)
+    reference_gradients: dict[int, ArrayRecord] = field(default_factory=dict)
+
+    @property
+    def global_vector(self) -> NDArray[np.floating]:
+        """``w^t`` as one vector, to inspect (aggregation reads ``arrays``)."""
+        return flatten(self.arrays)
 
 
 class FOLB(CheckedFedAvg):
@@ -224,7 +230,7 @@ class FOLB(CheckedFedAvg):
         node_ids = connected_nodes(grid, self.min_available_nodes)
         config["server-round"] = server_round
         config["proximal-mu"] = self.proximal_mu
-        draws = _RoundDraws(server_round, arrays, flatten(arrays), self._draw(node_ids))
+        draws = _RoundDraws(server_round, arrays, self._draw(node_ids))
         if self.mode == "two-set":
             draws.reference_draws = self._draw(node_ids)
             draws.reference_gradients = self._query_gradients(
@@ -264,7 +270,7 @@ class FOLB(CheckedFedAvg):
         arrays: ArrayRecord,
         config: ConfigRecord,
         grid: Grid,
-    ) -> dict[int, NDArray[np.floating]]:
+    ) -> dict[int, ArrayRecord]:
         """``S2``'s gradients at ``arrays`` via ``query.gradient``, by node id."""
         if not node_ids:
             return {}
@@ -280,7 +286,7 @@ class FOLB(CheckedFedAvg):
             expected_arrays={GRADIENT_KEY: arrays},
             context="query.gradient",
         )
-        return {reply.node_id: flatten(reply.arrays[GRADIENT_KEY]) for reply in checked}
+        return {reply.node_id: reply.arrays[GRADIENT_KEY] for reply in checked}
 
     # -- aggregate ---------------------------------------------------------------
     def aggregate_train(
@@ -303,15 +309,19 @@ class FOLB(CheckedFedAvg):
                 server_round,
                 result.fallback_reason,
             )
-        updates = (flatten(reply.arrays[UPDATE_KEY]) for reply in usable)
-        new_vector = draws.global_vector + weighted_sum(updates, result.weights)
+        # w^t + sum_k a_k dw_k, array by array, each read in place.
+        new_arrays = combine_arrays(
+            [draws.arrays, *(reply.arrays[UPDATE_KEY] for reply in usable)],
+            lambda arrays: arrays[0] + weighted_sum(arrays[1:], result.weights),
+            draws.arrays,
+        )
         metrics = self.train_metrics_aggr_fn(
             [_metric_content(reply) for reply in usable],
             self.weighted_by_key,
         )
         metrics["folb-fallback"] = int(result.fallback_reason is not None)
         metrics["folb-negative-weights"] = int(np.sum(result.weights < 0))
-        return unflatten(new_vector, draws.arrays), metrics
+        return new_arrays, metrics
 
     def _usable_replies(
         self, replies: Iterable[Message], draws: _RoundDraws
@@ -333,9 +343,7 @@ class FOLB(CheckedFedAvg):
 
     def _weights(self, usable: list[CheckedReply], draws: _RoundDraws) -> FolbWeights:
         """FOLB's weights for the usable replies (multiplicities included)."""
-        gradients = {
-            reply.node_id: flatten(reply.arrays[GRADIENT_KEY]) for reply in usable
-        }
+        gradients = {reply.node_id: reply.arrays[GRADIENT_KEY] for reply in usable}
         reference_gradients = None
         reference_counts = None
         if self.mode == "two-set":
@@ -349,10 +357,12 @@ class FOLB(CheckedFedAvg):
                     len(draws.reference_draws) - len(answered),
                     len(draws.reference_draws),
                 )
-            reference_gradients = [available[node] for node in answered]
+            reference_gradients = [
+                _split_gradient(available[node]) for node in answered
+            ]
             reference_counts = [draws.reference_draws[node] for node in answered]
         return folb_weights(
-            list(gradients.values()),
+            [_split_gradient(record) for record in gradients.values()],
             [draws.train_draws[reply.node_id] for reply in usable],
             reference_gradients=reference_gradients,
             reference_multiplicities=reference_counts,
@@ -362,6 +372,11 @@ class FOLB(CheckedFedAvg):
             negative=self.negative,
             denominator=self.denominator,
         )
+
+
+def _split_gradient(record: ArrayRecord) -> SplitVector:
+    """The gradient in ``record`` as views of its arrays' bytes (no copy)."""
+    return SplitVector(tuple(array_values(array) for array in record.values()))
 
 
 def _clipped_gamma(reply: CheckedReply) -> float:

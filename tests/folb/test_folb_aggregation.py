@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from flwr_importance.aggregation import folb
 from flwr_importance.aggregation.folb import (
+    SplitVector,
     estimated_global_gradient,
     folb_weights,
     heterogeneity_aware_weights,
@@ -170,3 +174,118 @@ def test_bad_arguments_raise(kwargs: dict, message: str) -> None:
 def test_no_device_raises() -> None:
     with pytest.raises(ValueError, match="at least one"):
         folb_weights([])
+
+
+def dense_scores(
+    gradients: np.ndarray,
+    counts: np.ndarray,
+    reference: np.ndarray,
+    reference_counts: np.ndarray,
+    gammas: np.ndarray,
+    psi: float,
+    penalty: str,
+) -> np.ndarray:
+    """Eqs. 9-10, 13, 18 on K x d float64 matrices, as written."""
+    global_gradient = reference_counts @ reference / reference_counts.sum()
+    global_norm = np.linalg.norm(global_gradient)
+    if penalty == "norm-product":
+        penalties = psi * gammas * np.linalg.norm(gradients, axis=1) * global_norm
+    else:
+        penalties = psi * gammas * global_norm**2
+    return gradients @ global_gradient - penalties
+
+
+def read_only_float32(matrix: np.ndarray) -> list[np.ndarray]:
+    """The rows of ``matrix`` as read-only float32 views, as a reply's bytes."""
+    values = np.ascontiguousarray(matrix, dtype=np.float32)
+    values.flags.writeable = False
+    return list(values)
+
+
+def split(vector: np.ndarray, sizes: list[int]) -> SplitVector:
+    """``vector`` as consecutive pieces of ``sizes`` (the last one 2-D)."""
+    pieces = np.split(vector, np.cumsum(sizes)[:-1])
+    return SplitVector((*pieces[:-1], pieces[-1].reshape(-1, 1)))
+
+
+@pytest.mark.parametrize("two_set", [False, True])
+@pytest.mark.parametrize(
+    ("psi", "penalty"),
+    [(0.0, "norm-product"), (0.3, "norm-product"), (0.3, "global-norm")],
+)
+def test_streamed_float32_gradients_match_the_dense_formulas(
+    monkeypatch: pytest.MonkeyPatch, two_set: bool, psi: float, penalty: str
+) -> None:
+    # Chunks of 7 entries: every chunk, piece and layout boundary case at d = 50.
+    monkeypatch.setattr(folb, "CHUNK_SIZE", 7)
+    rng = np.random.default_rng(3)
+    dimension, k = 50, 6
+    gradients = read_only_float32(rng.normal(0.2, 1.0, size=(k, dimension)))
+    reference = read_only_float32(rng.normal(0.2, 1.0, size=(4, dimension)))
+    counts = np.array([1, 3, 1, 2, 1, 1])
+    reference_counts = np.array([2, 1, 0, 1])
+    gammas = rng.uniform(size=k)
+    as_float64 = np.array(gradients, dtype=np.float64)
+    expected = dense_scores(
+        as_float64,
+        counts,
+        np.array(reference, dtype=np.float64) if two_set else as_float64,
+        reference_counts if two_set else counts,
+        gammas,
+        psi,
+        penalty,
+    )
+    layouts: list[list[Any]] = [
+        gradients,
+        [split(g, [11, 0, 7, 32]) for g in gradients],
+        # Whole and split vectors, split differently, in one call.
+        [g if i % 2 else split(g, [3, 47]) for i, g in enumerate(gradients)],
+    ]
+    for vectors in layouts:
+        result = folb_weights(
+            vectors,
+            counts,
+            reference_gradients=(
+                [split(g, [20, 30]) for g in reference] if two_set else None
+            ),
+            reference_multiplicities=reference_counts if two_set else None,
+            inexactness=gammas,
+            psi=psi,
+            penalty=penalty,  # type: ignore[arg-type]
+        )
+        assert result.fallback_reason is None
+        np.testing.assert_allclose(result.scores, expected, rtol=1e-12)
+        np.testing.assert_allclose(
+            result.weights,
+            counts * expected / (counts @ np.abs(expected)),
+            rtol=1e-12,
+        )
+    np.testing.assert_allclose(
+        estimated_global_gradient([split(g, [49, 1]) for g in gradients], counts),
+        counts @ as_float64 / counts.sum(),
+        rtol=1e-12,
+    )
+
+
+def test_a_nan_reference_gradient_is_left_out_of_the_estimate() -> None:
+    reference = [np.array([0.0, 1.0]), np.array([np.nan, 0.0]), np.array([0.0, 3.0])]
+    with_nan = two_set_weights(GRADIENTS, reference, None, [1, 5, 1])
+    without = two_set_weights(GRADIENTS, reference[::2])
+    assert with_nan.fallback_reason is None
+    np.testing.assert_allclose(with_nan.scores, without.scores)
+    np.testing.assert_allclose(with_nan.weights, without.weights)
+
+
+def test_a_nan_gradient_drawn_zero_times_is_still_left_out() -> None:
+    gradients = [*GRADIENTS, np.array([np.inf, 0.0])]
+    result = single_set_weights(gradients, [1, 1, 1, 0])
+    assert result.fallback_reason is not None and "NaN" in result.fallback_reason
+    np.testing.assert_allclose(result.scores, [*INNER_PRODUCTS, np.nan])
+    np.testing.assert_allclose(result.weights, [1 / 3, 1 / 3, 1 / 3, 0.0])
+
+
+def test_finite_gradients_too_large_to_square_are_not_called_nan() -> None:
+    with np.errstate(over="ignore", invalid="ignore"):
+        result = single_set_weights([np.array([1e200, 0.0]), np.array([1e200, 1.0])])
+    assert result.fallback_reason is not None
+    assert "NaN" not in result.fallback_reason
