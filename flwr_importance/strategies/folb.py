@@ -19,7 +19,6 @@ from flwr.app import (
 )
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from numpy.typing import NDArray
 
 from flwr_importance.aggregation import weighted_sum
 from flwr_importance.aggregation.folb import (
@@ -39,7 +38,6 @@ from flwr_importance.strategies.common import (
     check_replies,
     combine_arrays,
     connected_nodes,
-    flatten,
     node_messages,
     send_query,
 )
@@ -57,11 +55,6 @@ class _RoundDraws:
     train_draws: Counter[int]
     reference_draws: Counter[int] = field(default_factory=Counter)
     reference_gradients: dict[int, ArrayRecord] = field(default_factory=dict)
-
-    @property
-    def global_vector(self) -> NDArray[np.floating]:
-        """``w^t`` as one vector, to inspect (aggregation reads ``arrays``)."""
-        return flatten(self.arrays)
 
 
 class FOLB(CheckedFedAvg):
