@@ -8,13 +8,14 @@ model-shaped arrays, the metrics, the query answers), so only server work is
 timed. The grid's own time (building reply messages) is measured and
 subtracted.
 
-Memory: every reply shares ONE model-shaped ``ArrayRecord`` object (10,000
-replies x 1M float32 would be 40 GB); each strategy still deserializes,
+Memory: the replies carry one of ``REPLY_POOL`` distinct model-shaped
+``ArrayRecord`` objects, by node (10,000 distinct replies x 1M float32 would
+be 40 GB). The pool (128 MB) is larger than any CPU cache, so each reply's
+bytes are read from memory as a real one's would be; each strategy reads,
 checks and adds every reply's arrays as it would real ones.
 
 Each strategy trains ``m`` nodes per round: ``m = 10%`` of the nodes, at most
-``MAX_TRAINED`` (the strategies hold the ``m`` received models as float64
-vectors while aggregating: ``m`` x 8 MB). Its baseline is Flower's ``FedAvg``
+``MAX_TRAINED``. Its baseline is Flower's ``FedAvg``
 aggregating as many replies, timed in the same run; FedSampling trains every
 node, so its baseline is ``FedAvg`` over all nodes. MMFL runs one model
 (``S = 1``, variant ``gradnorm``) so it handles the same 1M parameters.
@@ -51,13 +52,15 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp.strategy import FedAvg, Strategy
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 from benchmarks.harness import benchmark_parser, prepare_run
+from flwr_importance.aggregation import weighted_sum
 from flwr_importance.local_grid import LocalGrid
 from flwr_importance.strategies.clustered import ClusteredSampling
-from flwr_importance.strategies.common import flatten
+from flwr_importance.strategies.common import all_finite, array_values, combine_arrays
 from flwr_importance.strategies.fedsampling import FedSampling
 from flwr_importance.strategies.folb import FOLB
 from flwr_importance.strategies.isfedavg import ISFedAvg
@@ -79,16 +82,19 @@ TARGET_NODES = 1_000
 PROJECTION_DIM = 1024
 MAX_SIZE = 100  # FedSampling's size threshold M
 
+REPLY_POOL = 32
+
 COST_NOTE = (
     "Sampling itself is cheap (the configure_train column, queries included). "
-    "The aggregations pay, per reply, a NaN/inf check (Flower's FedAvg has none) "
-    "and a float64 flatten and sum (FedAvg sums in float32, array by array), each "
-    "deserializing the arrays again: about 2-3x FedAvg's cost per reply. FOLB "
-    "also receives a model-sized gradient per reply and holds the K gradients as "
-    "a K x d float64 matrix (eq. 13 needs every g_k and their mean). Meeting the "
-    "10% target needs an aggregation that deserializes each array once and checks "
-    "and adds it in place in its own dtype: not done, it changes the float64 "
-    "vector interface of every strategy's maths."
+    "Per reply, Flower's FedAvg copies each array out of the message "
+    "(Array.numpy), scales the copy and adds it to a float32 sum. The library's "
+    "strategies read each array in place (array_values: a view of the message's "
+    "bytes), check it for NaN/inf (all_finite: one BLAS sum of squares) and add "
+    "it, scaled, to a sum in the model's dtype (combine_arrays), so checking "
+    "costs less than FedAvg's copy. FOLB also receives a model-sized gradient "
+    "per reply and computes its inner product with the mean gradient and its "
+    "norm in float64, streamed in blocks (eq. 13): two model-sized arrays per "
+    "reply where FedAvg reads one."
 )
 
 #: Builds a reply's content from the message it answers.
@@ -176,9 +182,10 @@ class CannedReplyGrid(LocalGrid):
 
 @dataclass(frozen=True)
 class Fleet:
-    """Per-node values the canned replies report, and the shared model."""
+    """Per-node values the canned replies report, the model and reply models."""
 
     model: ArrayRecord
+    reply_models: tuple[ArrayRecord, ...]
     sizes: np.ndarray
     norms: np.ndarray
 
@@ -188,9 +195,16 @@ class Fleet:
         rng = np.random.default_rng(seed)
         return cls(
             model=benchmark_model(seed),
+            reply_models=tuple(
+                benchmark_model(seed + 1 + index) for index in range(REPLY_POOL)
+            ),
             sizes=np.maximum(1, rng.lognormal(4.0, 1.0, num_nodes)).astype(int),
             norms=rng.lognormal(0.0, 0.5, num_nodes),
         )
+
+    def reply_model(self, node_index: int, offset: int = 0) -> ArrayRecord:
+        """The model-shaped arrays node ``node_index`` sends (``offset``: another)."""
+        return self.reply_models[(node_index + offset) % REPLY_POOL]
 
 
 def responders(
@@ -201,13 +215,16 @@ def responders(
     def size_of(message: Message) -> int:
         return int(fleet.sizes[grid_index(message.metadata.dst_node_id)])
 
+    def arrays_of(message: Message, offset: int = 0) -> ArrayRecord:
+        return fleet.reply_model(grid_index(message.metadata.dst_node_id), offset)
+
     def metrics(values: Mapping[str, float]) -> RecordDict:
         return RecordDict({"metrics": MetricRecord(dict(values))})
 
     def model_reply(extra: Callable[[Message], dict[str, float]]) -> Responder:
         def respond(message: Message) -> RecordDict:
             content = metrics({"num-examples": size_of(message), **extra(message)})
-            content["arrays"] = fleet.model
+            content["arrays"] = arrays_of(message)
             return content
 
         return respond
@@ -233,20 +250,20 @@ def responders(
                 "model-index": int(cast(int, model_index)),
             }
         )
-        content["update"] = fleet.model
+        content["update"] = arrays_of(message)
         return content
 
     def folb_train(message: Message) -> RecordDict:
         content = metrics({"num-examples": size_of(message), "gamma": 0.5})
-        content["update"] = fleet.model
-        content["gradient"] = fleet.model
+        content["update"] = arrays_of(message)
+        content["gradient"] = arrays_of(message, offset=1)
         return content
 
     def size_response(message: Message) -> RecordDict:
         return metrics({"size-response": min(size_of(message), MAX_SIZE - 1)})
 
     def gradient_sum(message: Message) -> RecordDict:
-        return RecordDict({"arrays": fleet.model})
+        return RecordDict({"arrays": arrays_of(message)})
 
     plain_train = model_reply(lambda message: {})
     table: dict[str, dict[str, Responder]] = {
@@ -540,38 +557,40 @@ def best_seconds(step: Callable[[], object], repeats: int = 20) -> float:
 def per_reply_costs(model: ArrayRecord) -> dict[str, float]:
     """Seconds per model-sized reply of the steps the aggregations are made of.
 
-    Flower's ``FedAvg`` deserializes each array and adds it, scaled, into a
-    float32 sum; the library's strategies check it for NaN/inf (deserializing
-    it once), flatten it into a float64 vector (deserializing it again) and
-    add it, scaled, into a float64 sum (:func:`weighted_sum`).
+    Sums are timed over :data:`REPLY_POOL` replies of the same record and
+    divided by their number.
     """
-    arrays = model.to_numpy_ndarrays()
-    float32_sum = [array.copy() for array in arrays]
-    vector = flatten(model)
-    float64_sum, scaled = np.zeros_like(vector), np.empty_like(vector)
+    replies = [model] * REPLY_POOL
+    weights = np.full(REPLY_POOL, 1.0 / REPLY_POOL)
+    fedavg_records = [
+        RecordDict({"arrays": model, "metrics": MetricRecord({"num-examples": 1})})
+    ] * REPLY_POOL
 
-    def fedavg_accumulate() -> None:
-        for total, array in zip(float32_sum, model.to_numpy_ndarrays(), strict=True):
-            total += array * 0.5
-
-    def float64_accumulate() -> None:
-        np.multiply(vector, 0.5, out=scaled)
-        float64_sum.__iadd__(scaled)
+    def per_reply(step: Callable[[], object]) -> float:
+        return best_seconds(step) / REPLY_POOL
 
     return {
-        "deserialize (Array.numpy)": best_seconds(model.to_numpy_ndarrays),
-        "FedAvg: deserialize + float32 scaled add": best_seconds(fedavg_accumulate),
-        "NaN/inf check (check_replies, deserializes)": best_seconds(
-            lambda: [np.all(np.isfinite(array.numpy())) for array in model.values()]
+        "FedAvg: copy out, scale, add (aggregate_arrayrecords)": per_reply(
+            lambda: aggregate_arrayrecords(fedavg_records, "num-examples")
         ),
-        "flatten to float64 (deserializes)": best_seconds(lambda: flatten(model)),
-        "float64 scaled add (weighted_sum)": best_seconds(float64_accumulate),
+        "copy out (Array.numpy)": best_seconds(model.to_numpy_ndarrays),
+        "read in place (array_values)": best_seconds(
+            lambda: [array_values(array) for array in model.values()]
+        ),
+        "NaN/inf check (all_finite)": best_seconds(
+            lambda: [all_finite(array_values(array)) for array in model.values()]
+        ),
+        "scaled add in the model's dtype (combine_arrays)": per_reply(
+            lambda: combine_arrays(
+                replies, lambda vectors: weighted_sum(vectors, weights), model
+            )
+        ),
     }
 
 
 def costs_table(costs: Mapping[str, float]) -> str:
     """The per-reply costs as a markdown table, relative to FedAvg's."""
-    fedavg = costs["FedAvg: deserialize + float32 scaled add"]
+    fedavg = costs["FedAvg: copy out, scale, add (aggregate_arrayrecords)"]
     lines = ["| step, one 1M-parameter reply | ms | / FedAvg's |", "|---|---|---|"]
     lines += [
         f"| {step} | {seconds * 1e3:.2f} | {seconds / fedavg:.2f} |"
