@@ -17,7 +17,10 @@ checks and adds every reply's arrays as it would real ones.
 Each strategy trains ``m`` nodes per round: ``m = 10%`` of the nodes, at most
 ``MAX_TRAINED``. Its baseline is Flower's ``FedAvg``
 aggregating as many replies, timed in the same run; FedSampling trains every
-node, so its baseline is ``FedAvg`` over all nodes. MMFL runs one model
+node, so its baseline is ``FedAvg`` over all nodes. A FOLB reply carries two
+model-sized ArrayRecords (the update and the gradient eq. 13 needs), so its
+baseline is ``FedAvg`` over ``2m`` nodes: as many model-sized arrays received
+(its ratio to ``FedAvg`` over ``m`` nodes is reported too). MMFL runs one model
 (``S = 1``, variant ``gradnorm``) so it handles the same 1M parameters.
 Clustered sampling with similarity (Algorithm 2) keeps one representative
 gradient per node: it runs with ``projection_dim = 1024`` (full rows would be
@@ -300,6 +303,13 @@ def build_strategy(method: str, num_nodes: int, fleet: Fleet) -> Strategy:
             fraction_evaluate=0.0,
             min_available_nodes=1,
         )
+    if method == "fedavg-2m":
+        return FedAvg(
+            fraction_train=2 * m / num_nodes,
+            min_train_nodes=2 * m,
+            fraction_evaluate=0.0,
+            min_available_nodes=1,
+        )
     if method == "fedavg-all":
         return FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=1)
     if method == "isfedavg":
@@ -339,7 +349,7 @@ def build_strategy(method: str, num_nodes: int, fleet: Fleet) -> Strategy:
 #: Compared methods, each with its FedAvg baseline.
 METHODS: dict[str, str] = {
     "isfedavg": "fedavg",
-    "folb": "fedavg",
+    "folb": "fedavg-2m",
     "fedsampling": "fedavg-all",
     "sizeweighted": "fedavg",
     "md": "fedavg",
@@ -348,9 +358,12 @@ METHODS: dict[str, str] = {
     "ocs": "fedavg",
     "mmfl": "fedavg",
 }
+#: Flower's FedAvg over m nodes, over all nodes, over 2m nodes.
+BASELINES = ("fedavg", "fedavg-all", "fedavg-2m")
 LABELS = {
     "fedavg": "Flower FedAvg (m nodes)",
     "fedavg-all": "Flower FedAvg (all nodes)",
+    "fedavg-2m": "Flower FedAvg (2m nodes)",
     "isfedavg": "ISFedAvg",
     "folb": "FOLB",
     "fedsampling": "FedSampling",
@@ -411,7 +424,8 @@ def time_strategy(method: str, num_nodes: int, repeats: int) -> Timing:
     """Rounds ``2..repeats+1`` of ``method`` at ``num_nodes`` nodes, server only."""
     fleet = Fleet.create(num_nodes)
     grid = CannedReplyGrid(num_nodes, {})
-    grid.responders = responders(method.removesuffix("-all"), fleet, grid.node_index)
+    replier = "fedavg" if method in BASELINES else method
+    grid.responders = responders(replier, fleet, grid.node_index)
     strategy = build_strategy(method, num_nodes, fleet)
     clock = ClusteringClock()
     if method == "clustered-similarity":
@@ -474,6 +488,8 @@ def ratio_rows(timings: Sequence[Timing]) -> list[dict[str, Any]]:
                 "baseline_s": baseline.total,
                 "ratio": timing.total / baseline.total,
                 "ratio_without_clustering": without_clustering / baseline.total,
+                "ratio_to_m_nodes": timing.total
+                / by_key[("fedavg", timing.num_nodes)].total,
             }
         )
     return rows
@@ -511,6 +527,8 @@ def markdown_table(timings: Sequence[Timing], rows: Sequence[dict[str, Any]]) ->
         ratio = f"{row['ratio']:.2f}"
         if row["clustering_s"] is not None:
             ratio += f" ({row['ratio_without_clustering']:.2f} without clustering)"
+        if row["baseline"] == "fedavg-2m":
+            ratio += f" ({row['ratio_to_m_nodes']:.2f} vs FedAvg over m nodes)"
         lines.append(
             f"| {row['num_nodes']:,} | {LABELS[row['method']]} | {row['trained']:.0f} "
             f"| {row['configure_s'] * 1e3:.1f} | {row['aggregate_s'] * 1e3:.1f} | "
@@ -610,7 +628,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args.output_dir.mkdir(parents=True, exist_ok=True)
     timings = []
     for num_nodes in node_counts:
-        for method in ("fedavg", "fedavg-all", *METHODS):
+        for method in (*BASELINES, *METHODS):
             slow = method == "clustered-similarity" and num_nodes != TARGET_NODES
             if slow and not args.full:
                 continue  # its projection costs the same at every size
