@@ -433,7 +433,8 @@ class Deployment:
             command += ["--run-config", str(run_config.resolve())]
         elif run_config:
             command += ["--run-config", format_run_config(run_config)]
-        return int(str(self.flwr(*command, timeout=120.0)["run-id"]))
+        # Building and uploading the FAB takes minutes on a loaded machine.
+        return int(str(self.flwr(*command, timeout=600.0)["run-id"]))
 
     def run_statuses(self) -> dict[int, str]:
         """``flwr ls``: each run's status, e.g. ``"finished:completed"``."""

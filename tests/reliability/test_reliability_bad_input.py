@@ -98,6 +98,7 @@ def small_fleet() -> Fleet:
     )
     return Fleet(
         model=model,
+        reply_models=(model,),
         sizes=np.maximum(1, rng.lognormal(4.0, 1.0, NUM_NODES)).astype(int),
         norms=rng.lognormal(0.0, 0.5, NUM_NODES),
     )
