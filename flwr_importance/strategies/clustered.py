@@ -16,9 +16,9 @@ from flwr_importance.sampling import (
     clustered_distributions_by_size,
     clustered_distributions_from_distances,
     cross_distances,
-    project_gradients,
     sample_from_distributions,
 )
+from flwr_importance.sampling.clustered import CountSketch
 from flwr_importance.strategies._multiset import MultisetSampling
 
 ClusteringMethod = Literal["size", "similarity"]
@@ -58,16 +58,19 @@ class ClusteredSampling(MultisetSampling):
     distance : {"arccos", "l2", "l1"}
         Dissimilarity between representative gradients (Algorithm 2).
     projection_dim : int or None
-        Keep each representative gradient as a Gaussian random projection to
-        this many dimensions (see :func:`~flwr_importance.sampling.project_gradients`)
-        instead of the full float32 update: ``N * projection_dim`` floats
-        instead of ``N * d``.  Expected distortion: squared L2 distances are
-        unbiased with relative standard deviation ``sqrt(2 / projection_dim)``
-        (4.4% at 1024), cosines move by about ``1 / sqrt(projection_dim)``;
-        L1 distances are *not* preserved (a projection keeps L2 geometry), so
+        Keep each representative gradient as a CountSketch to this many
+        dimensions (a sparse random projection, see
+        :class:`~flwr_importance.sampling.clustered.CountSketch`) instead of
+        the full float32 update: ``N * projection_dim`` floats instead of
+        ``N * d``.  The sketch is drawn once from ``seed`` and applies to every
+        client and round, in ``O(d)`` time per update.  Expected distortion:
+        inner products and squared L2 distances are unbiased with relative
+        standard deviation at most ``sqrt(2 / projection_dim)`` (4.4% at
+        1024), cosines move by about ``1 / sqrt(projection_dim)``; L1
+        distances are *not* preserved (a projection keeps L2 geometry), so
         prefer ``arccos`` or ``l2`` with a projection.  ``None``: no projection.
     seed : int
-        Seed of the server's draws and of the projection.
+        Seed of the server's draws and of the sketch.
     query_timeout : float
         Seconds to wait for the replies to ``query.sizes``.
     fraction_evaluate, min_evaluate_nodes, min_available_nodes
@@ -89,8 +92,11 @@ class ClusteredSampling(MultisetSampling):
     Memory (Algorithm 2): one float32 row per client (``d`` or
     ``projection_dim`` entries) and the ``N x N`` float64 distance matrix,
     of which only the rows of clients with a new update are recomputed each
-    round.  1,000 clients of a 1M-parameter model: 4 GB of float32 rows
-    without projection, 4 MB with ``projection_dim=1024`` (+ 8 MB distances).
+    round; with a projection, also the sketch's ``d`` int64 codes.  1,000
+    clients of a 1M-parameter model: 4 GB of float32 rows without
+    projection, 4 MB with ``projection_dim=1024`` (+ 8 MB distances, + 8 MB
+    codes).  The updates are projected one at a time, through one
+    ``d``-sized buffer.
     """
 
     def __init__(
@@ -165,9 +171,12 @@ class ClusteredSampling(MultisetSampling):
     ) -> None:
         """Keep each returned model minus the global model as its client's gradient."""
         if self.method == "similarity":
-            self.gradients.update(
-                {node_id: model - global_model for node_id, model in models.items()}
-            )
+            # One difference at a time in one buffer: the state keeps a copy
+            # or a sketch, so no N x d array of differences is ever built.
+            difference = np.empty_like(global_model)
+            for node_id, model in models.items():
+                np.subtract(model, global_model, out=difference)
+                self.gradients.update({node_id: difference})
 
     # -- distributions -----------------------------------------------------------
     def distributions(
@@ -210,10 +219,11 @@ class RepresentativeGradients:
     distance : {"arccos", "l2", "l1"}
         The dissimilarity.
     projection_dim : int or None
-        Dimension of the random projection applied to every update, or None
-        to keep updates whole (float32).
+        Dimension of the CountSketch applied to every update, or None to keep
+        updates whole (float32).
     seed : int
-        Seed of the projection (fixed for the run, so rows stay comparable).
+        Seed of the sketch.  The sketch is drawn once per update dimension
+        ``d`` and kept, so rows stored in different rounds stay comparable.
     """
 
     def __init__(
@@ -227,11 +237,13 @@ class RepresentativeGradients:
         self._rows = np.zeros((0, 0), np.float32)
         self._distances = np.zeros((0, 0))
         self._stale: set[int] = set()
+        self._sketch: CountSketch | None = None
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the gradients and the distance matrix."""
-        return self._rows.nbytes + self._distances.nbytes
+        """Bytes held by the gradients, the distance matrix and the sketch."""
+        sketch_bytes = 0 if self._sketch is None else self._sketch.nbytes
+        return self._rows.nbytes + self._distances.nbytes + sketch_bytes
 
     def gradient(self, node_id: int) -> NDArray[np.float32]:
         """The node's representative gradient (zeros if it never returned a model)."""
@@ -258,18 +270,32 @@ class RepresentativeGradients:
         self._rows, self._distances = rows, distances
 
     def update(self, updates: Mapping[int, NDArray[np.floating]]) -> None:
-        """Store new updates (projected if configured) for known nodes."""
-        known = [node_id for node_id in updates if node_id in self._row_of]
-        if not known:
-            return
-        stacked = np.stack([np.asarray(updates[n], np.float32) for n in known])
-        if self.projection_dim is not None:
-            stacked = project_gradients(stacked, self.projection_dim, self.seed)
-        if self._rows.shape[1] != stacked.shape[1]:
-            # First update: the dimension becomes known; every row is zero.
-            self._rows = np.zeros((len(self.node_ids), stacked.shape[1]), np.float32)
-        self._rows[[self._row_of[n] for n in known]] = stacked
-        self._stale.update(known)
+        """Store new updates (projected if configured) for known nodes.
+
+        Each update is copied or sketched into its node's row at once, so the
+        caller may reuse one array for all of them.
+        """
+        for node_id, update in updates.items():
+            row = self._row_of.get(node_id)
+            if row is None:
+                continue
+            width = update.size if self.projection_dim is None else self.projection_dim
+            if self._rows.shape[1] != width:
+                # First update: the dimension becomes known; every row is zero.
+                self._rows = np.zeros((len(self.node_ids), width), np.float32)
+            if self.projection_dim is None:
+                self._rows[row] = update
+            else:
+                # Drawn once per update dimension, not per round: drawing
+                # costs as much as sketching a few updates.
+                if self._sketch is None or self._sketch.input_dim != update.size:
+                    self._sketch = CountSketch(
+                        update.size,
+                        self.projection_dim,
+                        np.random.default_rng(self.seed),
+                    )
+                self._sketch.apply(update, out=self._rows[row])
+            self._stale.add(node_id)
 
     def distances(self) -> NDArray[np.float64]:
         """The ``(N, N)`` distance matrix, rows of changed nodes recomputed."""

@@ -276,15 +276,19 @@ def test_incremental_distances_equal_a_full_recomputation(distance: Distance) ->
 
 def test_state_size_is_bounded_by_the_projection() -> None:
     # 1,000 clients, 20k-parameter updates sketched to 256 dims: the rows
-    # take N * 256 float32 whatever the model size (the benchmark measures a
-    # 1M-parameter model).
+    # take N * 256 float32 whatever the model size, the sketch one int64 code
+    # per parameter, drawn once (the benchmark measures a 1M-parameter model).
     nodes, parameters, projection_dim = 1000, 20_000, 256
     state = RepresentativeGradients("arccos", projection_dim, seed=0)
     state.align(list(range(nodes)))
     rng = np.random.default_rng(7)
-    state.update({node: rng.standard_normal(parameters) for node in range(10)})
-    assert state.distances().shape == (nodes, nodes)
-    assert state.nbytes == nodes * projection_dim * 4 + nodes * nodes * 8
+    expected_bytes = nodes * projection_dim * 4 + nodes * nodes * 8 + parameters * 8
+    for first_node in (0, 10):  # two rounds
+        state.update(
+            {node: rng.standard_normal(parameters) for node in range(first_node, 20)}
+        )
+        assert state.distances().shape == (nodes, nodes)
+        assert state.nbytes == expected_bytes
     assert state.gradient(0).shape == (projection_dim,)
     np.testing.assert_array_equal(state.gradient(nodes - 1), 0.0)
 
