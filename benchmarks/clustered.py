@@ -337,7 +337,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     sweep = {alpha: summarize(alpha_runs) for alpha, alpha_runs in sweep_runs.items()}
 
     print("Memory: 1,000 clients, 1M-parameter model")
-    # The projection draws d x dim Gaussians per round: 1024 dims cost ~4x 256.
     memory = memory_check(projection_dim=1024 if args.full else 256)
 
     md_all_distinct = np.prod(1 - np.arange(10) / NUM_CLIENTS)
