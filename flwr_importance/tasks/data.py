@@ -20,6 +20,7 @@ from datasets import Dataset
 from flwr_datasets import FederatedDataset
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
+from threadpoolctl import threadpool_limits
 
 from flwr_importance.tasks.generators import (
     TEST_FRACTION,
@@ -182,7 +183,42 @@ def _cached_generated(
     regression_dimension: int,
     regression_rho: float,
 ) -> FederatedSplit:
-    """The generated data sets, memoized on the options they use."""
+    """The generated data sets, memoized on the options they use.
+
+    Generated on one BLAS thread: the per-client products are small, and a
+    threaded OpenBLAS product never returns if another thread of the process
+    forks meanwhile (OpenBLAS's fork handler stops its worker threads). Flower's
+    simulation starts the ServerApp thread, which builds the data for central
+    evaluation, while Ray forks its processes in the same process: the run hung.
+    """
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _generate(
+            name,
+            num_partitions,
+            partitioning,
+            seed,
+            samples_per_client,
+            synthetic_alpha,
+            synthetic_beta,
+            synthetic_iid,
+            regression_dimension,
+            regression_rho,
+        )
+
+
+def _generate(
+    name: str,
+    num_partitions: int,
+    partitioning: str,
+    seed: int,
+    samples_per_client: int,
+    synthetic_alpha: float,
+    synthetic_beta: float,
+    synthetic_iid: bool,
+    regression_dimension: int,
+    regression_rho: float,
+) -> FederatedSplit:
+    """One of the generated data sets (see :func:`load_dataset`)."""
     if partitioning != "iid":
         logger.info(
             "dataset %r is split by construction (one generating model per client); "

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import threading
+import time
+
 import datasets
 import huggingface_hub.constants
 import numpy as np
@@ -80,6 +84,30 @@ def test_generators_are_reproducible_without_the_cache() -> None:
     assert_same_split(
         first, synthetic_fedprox(5, alpha=1.0, beta=1.0, iid=False, seed=0)
     )
+
+
+def test_generating_data_survives_forks_from_another_thread() -> None:
+    """Flower's simulation builds the ServerApp's data while Ray forks processes.
+
+    A threaded OpenBLAS product under way when another thread forks never
+    returns (the fork handler stops OpenBLAS's threads): the run hung.
+    """
+    finished = threading.Event()
+
+    def generate() -> None:
+        # Fresh seeds: not memoized, so each one generates (about 0.3 s).
+        for seed in range(1_000, 1_003):
+            load_dataset("synthetic", 300, seed=seed)
+        finished.set()
+
+    threading.Thread(target=generate, daemon=True).start()
+    deadline = time.monotonic() + 60
+    while not finished.is_set() and time.monotonic() < deadline:
+        child = os.fork()
+        if child == 0:
+            os._exit(0)
+        os.waitpid(child, 0)
+    assert finished.is_set()
 
 
 def test_synthetic_shapes_sizes_and_heterogeneity() -> None:
