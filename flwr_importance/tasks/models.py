@@ -68,7 +68,11 @@ def build_model(
             f"num_outputs={num_outputs}"
         )
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        # The CPU generator alone: the model is built on the CPU, and
+        # torch.manual_seed would also queue a lazy seeding of every accelerator
+        # backend, formatting the call stack each time (a large share of a
+        # small ClientApp call's time, built once per message).
+        torch.random.default_generator.manual_seed(seed)
         return _MODEL_BUILDERS[name](input_shape, num_outputs, hidden)
 
 

@@ -17,6 +17,7 @@ Adding a method is adding a module here: nothing else needs to change.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 from typing import Protocol, TypedDict, cast
@@ -52,10 +53,16 @@ class Method(Protocol):
         """The ClientApp handlers, keyed by message type."""
 
 
-def available_methods() -> list[str]:
-    """Names accepted by the ``strategy`` run-config key."""
-    return sorted(
-        module.name for module in pkgutil.iter_modules(__path__) if not module.ispkg
+@functools.cache
+def available_methods() -> tuple[str, ...]:
+    """Names accepted by the ``strategy`` run-config key.
+
+    Listed once per process: the ClientApp resolves its method on every message.
+    """
+    return tuple(
+        sorted(
+            module.name for module in pkgutil.iter_modules(__path__) if not module.ispkg
+        )
     )
 
 
