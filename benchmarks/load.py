@@ -10,9 +10,10 @@ measured in the same run.
 Quick mode drives the app on the in-process grid (same ServerApp code,
 handlers and protobuf round trips, no Ray; ~40 s). ``--full`` runs it through
 ``flwr run`` on Flower's simulation engine with 1,000 virtual SuperNodes (one
-Ray start for all strategies; several minutes on two cores: the engine
-delivers about 60 messages per second and FedSampling, OCS and MMFL reach all
-1,000 nodes every round).
+Ray start for all strategies, one CPU per ClientApp; about 2 minutes on two
+cores: the engine delivers about 200 messages per second and FedSampling, OCS
+and MMFL reach all 1,000 nodes every round; see
+:mod:`tests.reliability.load_app`).
 
     python -m benchmarks.load          # in-process grid
     python -m benchmarks.load --full   # flwr run, Flower's simulation engine

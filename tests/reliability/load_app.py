@@ -15,6 +15,18 @@ Every message the ServerApp sends carries its strategy's name as its
 ``group_id``; this app's ClientApp serves it with that method's handlers (the
 simulation app's :func:`~simulations.client_app.dispatch`).
 
+:func:`run_load_flwr` gives each ClientApp one CPU
+(``client-resources-num-cpus=1``). With Flower's default of two, Ray runs one
+ClientApp at a time on two cores with two torch threads (``OMP_NUM_THREADS``
+follows the CPUs), and the tiny model's ops wait on each other's threads: a
+logistic-regression step took 17-35 times longer than on one thread on the
+busy two-core machine. Every strategy, two rounds on 1,000 nodes (about 11,700
+messages), then takes about 2 minutes on two cores instead of 4. Most of what
+is left is Flower's engine: for each of the 1,000 nodes, its message pump scans
+every message held in the in-memory state (2.5-4.5 us per node and message,
+seconds per pass while a round's 1,000 queries are held), so a round that
+reaches every node costs about 5 s (about 200 messages per second).
+
 Used by ``tests/reliability/test_reliability_load.py`` and
 ``benchmarks/load.py`` through :func:`load_app_dir`.
 """
@@ -48,8 +60,9 @@ from tests.app_variant import app_variant
 NUM_NODES = 1_000
 ROUNDS = 2
 STRATEGIES = ("fedavg", *LIBRARY_METHODS)
-#: The strategies whose rounds reach only the sampled nodes.
-SAMPLED_ONLY = ("fedavg", "isfedavg", "folb")
+#: Flower simulation settings of :func:`run_load_flwr`: one CPU, so one torch
+#: thread, per ClientApp (see the module docstring).
+FEDERATION_CONFIG = {"client-resources-num-cpus": 1}
 #: The load run's settings: small model and data, so clients' work stays small.
 LOAD_RUN_CONFIG: dict[str, bool | int | float | str] = {
     "strategy": ",".join(STRATEGIES),
@@ -239,6 +252,7 @@ def run_load_flwr(
         flwr_home=flwr_home,
         capture=True,
         timeout=timeout,
+        federation_config=FEDERATION_CONFIG,
     )
     if completed.returncode != 0:
         tail = completed.stdout[-4000:] + completed.stderr[-4000:]

@@ -6,21 +6,16 @@ the same 1,000 nodes and records the server-side time of each round
 inside them). Small model and data (logistic regression on Synthetic-IID, 20
 samples per node, one local step) keep the clients' work small.
 
-Flower's simulation engine delivers about 60 messages per second on the two CI
-cores (measured: 1,000 size queries took 16 s). Two rounds of every strategy
-send about 13,000 messages (FedSampling queries and trains all 1,000 nodes
-each round; OCS and MMFL query every node's update norm each round; the size
-queries of SizeWeighted, MD and clustered sampling reach every node once):
-over 200 s, beyond the 120 s budget. So:
+Two rounds of every strategy send about 11,700 messages (FedSampling queries
+and trains all 1,000 nodes each round; OCS and MMFL query every node's update
+norm each round; the size queries of SizeWeighted, MD and clustered sampling
+reach every node once). Both tests run every strategy:
 
-* the real engine (``flwr run``, 1,000 virtual SuperNodes, one Ray start)
-  runs the strategies whose rounds reach only the 50 sampled nodes (FedAvg,
-  ISFedAvg, FOLB);
-* every strategy runs on the in-process grid with 1,000 nodes: the same
-  ServerApp code, handlers and protobuf round trips, without Ray.
-
-``benchmarks/load.py --engine flwr-run`` runs every strategy on the real
-engine (minutes).
+* on the real engine (``flwr run``, 1,000 virtual SuperNodes, one Ray start,
+  one CPU per ClientApp): about 2 minutes on two cores, 4-4.5 at a load
+  average near 20 (other tests alongside), hence the 480 s time-out;
+* on the in-process grid with 1,000 nodes: the same ServerApp code, handlers
+  and protobuf round trips, without Ray.
 """
 
 from __future__ import annotations
@@ -35,7 +30,6 @@ from flwr_importance.launcher import processes_mentioning
 from tests.reliability.load_app import (
     NUM_NODES,
     ROUNDS,
-    SAMPLED_ONLY,
     STRATEGIES,
     run_load_flwr,
     run_load_inprocess,
@@ -57,11 +51,11 @@ def check_results(results: dict[str, Any], strategies: tuple[str, ...]) -> None:
 
 
 @pytest.mark.slow
-def test_real_engine_runs_1000_virtual_supernodes(tmp_path: Path) -> None:
+def test_every_strategy_runs_on_1000_virtual_supernodes(tmp_path: Path) -> None:
     flwr_home = tmp_path / "flwr-home"
-    results = run_load_flwr(tmp_path, SAMPLED_ONLY, timeout=240)
+    results = run_load_flwr(tmp_path, STRATEGIES, timeout=480)
     assert processes_mentioning(str(flwr_home.resolve())) == []
-    check_results(results, SAMPLED_ONLY)
+    check_results(results, STRATEGIES)
 
 
 @pytest.mark.slow
