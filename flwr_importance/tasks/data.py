@@ -151,7 +151,7 @@ def load_dataset(
             float(dirichlet_alpha),
             float(lognormal_sigma),
         )
-    return _cached_generated(
+    return _generate(
         name,
         num_partitions,
         partitioning,
@@ -171,41 +171,12 @@ _CACHE_SLOTS = 8
 
 
 @functools.lru_cache(maxsize=_CACHE_SLOTS)
-def _cached_generated(
-    name: str,
-    num_partitions: int,
-    partitioning: str,
-    seed: int,
-    samples_per_client: int,
-    synthetic_alpha: float,
-    synthetic_beta: float,
-    synthetic_iid: bool,
-    regression_dimension: int,
-    regression_rho: float,
-) -> FederatedSplit:
-    """The generated data sets, memoized on the options they use.
-
-    Generated on one BLAS thread: the per-client products are small, and a
-    threaded OpenBLAS product never returns if another thread of the process
-    forks meanwhile (OpenBLAS's fork handler stops its worker threads). Flower's
-    simulation starts the ServerApp thread, which builds the data for central
-    evaluation, while Ray forks its processes in the same process: the run hung.
-    """
-    with threadpool_limits(limits=1, user_api="blas"):
-        return _generate(
-            name,
-            num_partitions,
-            partitioning,
-            seed,
-            samples_per_client,
-            synthetic_alpha,
-            synthetic_beta,
-            synthetic_iid,
-            regression_dimension,
-            regression_rho,
-        )
-
-
+# One BLAS thread: the per-client products are small, and a threaded OpenBLAS
+# product never returns if another thread of the process forks meanwhile
+# (OpenBLAS's fork handler stops its worker threads). Flower's simulation starts
+# the ServerApp thread, which builds the data for central evaluation, while Ray
+# forks its processes in the same process: the run hung.
+@threadpool_limits.wrap(limits=1, user_api="blas")
 def _generate(
     name: str,
     num_partitions: int,
@@ -218,7 +189,8 @@ def _generate(
     regression_dimension: int,
     regression_rho: float,
 ) -> FederatedSplit:
-    """One of the generated data sets (see :func:`load_dataset`)."""
+    """One of the generated data sets (see :func:`load_dataset`), memoized on
+    the options it uses."""
     if partitioning != "iid":
         logger.info(
             "dataset %r is split by construction (one generating model per client); "
