@@ -165,7 +165,11 @@ def confirm_headline(
 ) -> Confirmation:
     """Run ``preset`` for ``rounds`` rounds through ``flwr run`` and in process."""
     # Imported here: the report's other steps need neither Flower nor torch.
-    from flwr_importance.launcher import flwr_run, processes_mentioning
+    from flwr_importance.launcher import (
+        ONE_CPU_PER_CLIENTAPP,
+        flwr_run,
+        processes_mentioning,
+    )
     from simulations.inprocess import APP_DIR, load_preset, run_inprocess
 
     overrides = {**load_preset(preset), "num-server-rounds": rounds}
@@ -187,6 +191,7 @@ def confirm_headline(
             flwr_home=flwr_home,
             capture=True,
             timeout=FLWR_RUN_TIMEOUT,
+            federation_config=ONE_CPU_PER_CLIENTAPP,
         )
     except subprocess.TimeoutExpired:
         confirmation.error = f"flwr run timed out after {FLWR_RUN_TIMEOUT:.0f} s"

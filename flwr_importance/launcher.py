@@ -54,6 +54,11 @@ else:  # pragma: no cover
 
 SCRIPTS_DIR = Path(sys.executable).parent
 
+#: ``--federation-config`` giving each ClientApp one CPU. Flower's default of 2
+#: leaves a single Ray actor on a 2-core machine, whose two torch threads mostly
+#: wait on each other; with one CPU each, as many actors run as there are cores.
+ONE_CPU_PER_CLIENTAPP: Mapping[str, object] = {"client-resources-num-cpus": 1}
+
 # Seconds :func:`flwr_run` waits for the SuperLink it starts before ``flwr run``.
 MANAGED_SUPERLINK_STARTUP_TIMEOUT = 180.0
 
@@ -664,12 +669,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--run-config", type=Path, help="TOML file of run-config overrides"
     )
     parser.add_argument("--flwr-home", type=Path)
+    parser.add_argument(
+        "--client-cpus",
+        type=float,
+        default=ONE_CPU_PER_CLIENTAPP["client-resources-num-cpus"],
+        help="CPUs Ray reserves per ClientApp (Flower's own default is 2)",
+    )
     args = parser.parse_args(argv)
     completed = flwr_run(
         args.app,
         num_supernodes=args.num_supernodes,
         run_config=args.run_config,
         flwr_home=args.flwr_home,
+        federation_config={"client-resources-num-cpus": args.client_cpus},
     )
     return completed.returncode
 

@@ -35,6 +35,7 @@ import pytest
 import ray
 
 from flwr_importance.launcher import (
+    ONE_CPU_PER_CLIENTAPP,
     _descendants,
     _terminate,
     flower_environment,
@@ -151,7 +152,7 @@ def test_ray_cluster_runs_client_apps_on_both_nodes(tmp_path: Path) -> None:
                 },
                 flwr_home=flwr_home,
                 extra_env={"RAY_ADDRESS": address},
-                federation_config={"client-resources-num-cpus": 1},
+                federation_config=ONE_CPU_PER_CLIENTAPP,
                 capture=True,
                 timeout=150,
             )

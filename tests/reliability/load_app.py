@@ -48,7 +48,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Strategy
 
-from flwr_importance.launcher import flwr_run
+from flwr_importance.launcher import ONE_CPU_PER_CLIENTAPP, flwr_run
 from flwr_importance.testing import InProcessGrid
 from simulations.client_app import dispatch
 from simulations.config import ExperimentConfig
@@ -60,9 +60,6 @@ from tests.app_variant import app_variant
 NUM_NODES = 1_000
 ROUNDS = 2
 STRATEGIES = ("fedavg", *LIBRARY_METHODS)
-#: Flower simulation settings of :func:`run_load_flwr`: one CPU, so one torch
-#: thread, per ClientApp (see the module docstring).
-FEDERATION_CONFIG = {"client-resources-num-cpus": 1}
 #: The load run's settings: small model and data, so clients' work stays small.
 LOAD_RUN_CONFIG: dict[str, bool | int | float | str] = {
     "strategy": ",".join(STRATEGIES),
@@ -252,7 +249,7 @@ def run_load_flwr(
         flwr_home=flwr_home,
         capture=True,
         timeout=timeout,
-        federation_config=FEDERATION_CONFIG,
+        federation_config=ONE_CPU_PER_CLIENTAPP,
     )
     if completed.returncode != 0:
         tail = completed.stdout[-4000:] + completed.stderr[-4000:]
