@@ -38,7 +38,12 @@ import matplotlib.pyplot as plt
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from benchmarks.harness import benchmark_parser, prepare_run
+from benchmarks.harness import (
+    benchmark_parser,
+    markdown_table,
+    prepare_run,
+    save_figure,
+)
 from flwr_importance.testing import InProcessGrid
 from simulations.client_app import app as simulation_client_app
 from simulations.config import ExperimentConfig
@@ -164,24 +169,33 @@ def rows(costs: Sequence[ClientCost]) -> list[dict[str, Any]]:
     ]
 
 
-def markdown_table(table: Sequence[Mapping[str, Any]]) -> str:
+def overhead_table(table: Sequence[Mapping[str, Any]]) -> str:
     """The rows as a markdown table."""
-    lines = [
-        "| method | client s/round (all nodes) | vs FedAvg | s per train message | "
-        "vs FedAvg | messages per round |",
-        "|---|---|---|---|---|---|",
+    columns = [
+        "method",
+        "client s/round (all nodes)",
+        "vs FedAvg",
+        "s per train message",
+        "vs FedAvg",
+        "messages per round",
     ]
+    cells = []
     for row in table:
         messages = ", ".join(
             f"{kind} {calls / row['rounds']:.1f}"
             for kind, calls in sorted(row["calls_by_type"].items())
         )
-        lines.append(
-            f"| {row['method']} | {row['seconds_per_round']:.3f} | "
-            f"{row['ratio_per_round']:.2f} | {row['seconds_per_train'] * 1e3:.1f} ms | "
-            f"{row['ratio_per_train']:.2f} | {messages} |"
+        cells.append(
+            [
+                row["method"],
+                f"{row['seconds_per_round']:.3f}",
+                f"{row['ratio_per_round']:.2f}",
+                f"{row['seconds_per_train'] * 1e3:.1f} ms",
+                f"{row['ratio_per_train']:.2f}",
+                messages,
+            ]
         )
-    return "\n".join(lines)
+    return markdown_table(columns, cells)
 
 
 def plot(table: Sequence[Mapping[str, Any]], path: Path) -> None:
@@ -204,9 +218,7 @@ def plot(table: Sequence[Mapping[str, Any]], path: Path) -> None:
     axes.set_xticks(list(positions), [row["method"] for row in table], rotation=30)
     axes.set(ylabel="client time / FedAvg's", title="Client overhead per round")
     axes.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path, dpi=110)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -234,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{LOCAL_STEPS} local steps of {BATCH_SIZE} samples, MLP on digits; time "
         "inside the ClientApp only (size queries of the first round included in "
         "the mean). Times vary between runs and machines.\n\n"
-        f"{markdown_table(table)}\n\n![client overhead](client_overhead.png)\n"
+        f"{overhead_table(table)}\n\n![client overhead](client_overhead.png)\n"
     )
     (args.output_dir / "summary.md").write_text(text)
     print(text)

@@ -40,7 +40,12 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, MetricRecord
 
-from benchmarks.harness import benchmark_parser, prepare_run
+from benchmarks.harness import (
+    benchmark_parser,
+    markdown_table,
+    prepare_run,
+    save_figure,
+)
 from flwr_importance.strategies._multiset import MultisetSampling
 from flwr_importance.strategies.clustered import RepresentativeGradients
 from flwr_importance.tasks import Objective, evaluate
@@ -182,40 +187,59 @@ def summarize(runs: dict[str, list[Run]]) -> dict[str, dict[str, list[float]]]:
 def one_class_table(table: dict[str, dict[str, list[float]]], seeds: int) -> str:
     """Markdown table of the one-class setting with ratios against MD."""
     base = table[BASELINE]
-    lines = [
-        f"Mean ± std over {seeds} seeds; ratios are against MD in the same run.",
-        "",
-        "| method | distinct clients / round | rounds with 10 distinct "
-        "| distinct classes / round | same, 2nd half | rounds with all 10 classes "
-        "| train loss (final) | test accuracy (final) | acc. / MD "
-        "| var(acc), 2nd half | var / MD |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+    columns = [
+        "method",
+        "distinct clients / round",
+        "rounds with 10 distinct",
+        "distinct classes / round",
+        "same, 2nd half",
+        "rounds with all 10 classes",
+        "train loss (final)",
+        "test accuracy (final)",
+        "acc. / MD",
+        "var(acc), 2nd half",
+        "var / MD",
     ]
+    cells = []
     for method, numbers in table.items():
         accuracy_ratio = ratio(numbers["final-accuracy"], base["final-accuracy"])
         variance_ratio = ratio(
             numbers["late-accuracy-variance"], base["late-accuracy-variance"]
         )
-        lines.append(
-            f"| {method} | {mean_std(numbers['distinct-clients'])} "
-            f"| {mean_std(numbers['rounds-all-distinct'])} "
-            f"| {mean_std(numbers['distinct-classes'])} "
-            f"| {mean_std(numbers['late-distinct-classes'])} "
-            f"| {mean_std(numbers['rounds-all-classes'])} "
-            f"| {mean_std(numbers['final-train-loss'])} "
-            f"| {mean_std(numbers['final-accuracy'])} | {accuracy_ratio:.2f} "
-            f"| {mean_std(numbers['late-accuracy-variance'])} | {variance_ratio:.2f} |"
+        cells.append(
+            [
+                method,
+                mean_std(numbers["distinct-clients"]),
+                mean_std(numbers["rounds-all-distinct"]),
+                mean_std(numbers["distinct-classes"]),
+                mean_std(numbers["late-distinct-classes"]),
+                mean_std(numbers["rounds-all-classes"]),
+                mean_std(numbers["final-train-loss"]),
+                mean_std(numbers["final-accuracy"]),
+                f"{accuracy_ratio:.2f}",
+                mean_std(numbers["late-accuracy-variance"]),
+                f"{variance_ratio:.2f}",
+            ]
         )
-    return "\n".join(lines)
+    return (
+        f"Mean ± std over {seeds} seeds; ratios are against MD in the same run.\n\n"
+        + markdown_table(columns, cells)
+    )
 
 
 def dirichlet_table(sweep: dict[float, dict[str, dict[str, list[float]]]]) -> str:
     """Markdown table of the alpha sweep: gains of each method over MD."""
-    lines = [
-        "| alpha | method | distinct classes / round | train loss (final) "
-        "| test accuracy (final) | acc. - MD | var(acc), 2nd half | var / MD |",
-        "|---|---|---|---|---|---|---|---|",
+    columns = [
+        "alpha",
+        "method",
+        "distinct classes / round",
+        "train loss (final)",
+        "test accuracy (final)",
+        "acc. - MD",
+        "var(acc), 2nd half",
+        "var / MD",
     ]
+    cells = []
     for alpha, table in sweep.items():
         base = table[BASELINE]
         for method, numbers in table.items():
@@ -223,14 +247,36 @@ def dirichlet_table(sweep: dict[float, dict[str, dict[str, list[float]]]]) -> st
             variance_ratio = ratio(
                 numbers["late-accuracy-variance"], base["late-accuracy-variance"]
             )
-            lines.append(
-                f"| {alpha:g} | {method} | {mean_std(numbers['distinct-classes'])} "
-                f"| {mean_std(numbers['final-train-loss'])} "
-                f"| {mean_std(numbers['final-accuracy'])} | {gain:+.3f} "
-                f"| {mean_std(numbers['late-accuracy-variance'])} "
-                f"| {variance_ratio:.2f} |"
+            cells.append(
+                [
+                    f"{alpha:g}",
+                    method,
+                    mean_std(numbers["distinct-classes"]),
+                    mean_std(numbers["final-train-loss"]),
+                    mean_std(numbers["final-accuracy"]),
+                    f"{gain:+.3f}",
+                    mean_std(numbers["late-accuracy-variance"]),
+                    f"{variance_ratio:.2f}",
+                ]
             )
-    return "\n".join(lines)
+    return markdown_table(columns, cells)
+
+
+def memory_table(memory: dict[str, float]) -> str:
+    """Markdown table of :func:`memory_check`'s numbers."""
+    columns = [
+        "projection dim",
+        "state (MiB)",
+        "without projection (MiB)",
+        "extra peak in a round (MiB)",
+    ]
+    row = [
+        memory["projection-dim"],
+        f"{memory['state-mib']:.1f}",
+        f"{memory['state-without-projection-mib']:.0f}",
+        f"{memory['round-peak-extra-mib']:.1f}",
+    ]
+    return markdown_table(columns, [row])
 
 
 def memory_check(
@@ -279,10 +325,8 @@ def plot(
     classes_axes.set(xlabel="round", ylabel="distinct classes aggregated")
     accuracy_axes.legend()
     figure.suptitle("Digits, one class per client, 100 clients, m = 10")
-    figure.tight_layout()
     paths.append(out / "one-class.png")
-    figure.savefig(paths[-1], dpi=100)
-    plt.close(figure)
+    save_figure(figure, paths[-1])
     if sweep_runs:
         figure, axes = plt.subplots(
             1, len(sweep_runs), figsize=(4 * len(sweep_runs), 3.5)
@@ -296,10 +340,8 @@ def plot(
             axis.set(title=f"Dirichlet alpha = {alpha:g}", xlabel="round")
         np.atleast_1d(axes)[0].set_ylabel("test accuracy")
         np.atleast_1d(axes)[0].legend()
-        figure.tight_layout()
         paths.append(out / "dirichlet.png")
-        figure.savefig(paths[-1], dpi=100)
-        plt.close(figure)
+        save_figure(figure, paths[-1])
     return paths
 
 
@@ -371,11 +413,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 else []
             ),
             "## Algorithm 2 server state, 1,000 clients, 1M-parameter model",
-            "| projection dim | state (MiB) | without projection (MiB) "
-            "| extra peak in a round (MiB) |\n|---|---|---|---|\n"
-            f"| {memory['projection-dim']} | {memory['state-mib']:.1f} "
-            f"| {memory['state-without-projection-mib']:.0f} "
-            f"| {memory['round-peak-extra-mib']:.1f} |",
+            memory_table(memory),
         ]
     )
     (out / "summary.md").write_text(summary + "\n")

@@ -31,7 +31,12 @@ matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt
 import numpy as np
 
-from benchmarks.harness import benchmark_parser, prepare_run
+from benchmarks.harness import (
+    benchmark_parser,
+    markdown_table,
+    prepare_run,
+    save_figure,
+)
 from simulations.inprocess import run_inprocess
 from simulations.methods import LIBRARY_METHODS
 
@@ -111,21 +116,26 @@ def summarize(
     return table
 
 
-def markdown_table(table: Sequence[Mapping[str, Any]]) -> str:
+def failure_table(table: Sequence[Mapping[str, Any]]) -> str:
     """Strategy x failure rate as a markdown table."""
-    lines = [
-        "| strategy | failed replies | rounds completed | final accuracy | "
-        "vs no faults |",
-        "|---|---|---|---|---|",
+    columns = [
+        "strategy",
+        "failed replies",
+        "rounds completed",
+        "final accuracy",
+        "vs no faults",
     ]
-    for row in table:
-        lines.append(
-            f"| {row['strategy']} | {row['fault_rate']:.0%} | "
-            f"{row['rounds_completed']}/{row['rounds']} | "
-            f"{row['accuracy_mean']:.3f} ± {row['accuracy_std']:.3f} | "
-            f"{row['ratio_to_no_faults']:.2f} |"
-        )
-    return "\n".join(lines)
+    cells = [
+        [
+            row["strategy"],
+            f"{row['fault_rate']:.0%}",
+            f"{row['rounds_completed']}/{row['rounds']}",
+            f"{row['accuracy_mean']:.3f} ± {row['accuracy_std']:.3f}",
+            f"{row['ratio_to_no_faults']:.2f}",
+        ]
+        for row in table
+    ]
+    return markdown_table(columns, cells)
 
 
 def plot(table: Sequence[Mapping[str, Any]], path: Path) -> None:
@@ -145,9 +155,7 @@ def plot(table: Sequence[Mapping[str, Any]], path: Path) -> None:
     axes.set_ylabel("final test accuracy")
     axes.set_title("Accuracy under failures (mean ± std over seeds)")
     axes.legend(fontsize=8, ncols=3)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    save_figure(figure, path)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -169,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             }
             print(f"{strategy}: done", flush=True)
     table = summarize(runs, setting)
-    text = markdown_table(table)
+    text = failure_table(table)
     header = (
         f"Failed replies (raise / time out / empty, per node and round): "
         f"{setting.num_nodes} nodes, 5 per round, digits (Dirichlet 0.5), "

@@ -36,7 +36,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from benchmarks.harness import benchmark_parser, prepare_run
+from benchmarks.harness import (
+    benchmark_parser,
+    markdown_table,
+    prepare_run,
+    save_figure,
+)
 from flwr_importance.tasks import Objective, evaluate, train_local
 from simulations.config import ExperimentConfig
 from simulations.inprocess import resolve_run_config, run_inprocess
@@ -203,23 +208,30 @@ def summarize(setting: Setting, outcome: dict[str, object]) -> str:
         "mean ± std over seeds.",
         "",
     ]
+    columns = [
+        "method",
+        "accuracy",
+        "/ centralized",
+        "- fedavg",
+        "N_tilde rms rel. error",
+    ]
     for sigma, by_method in accuracy.items():
         reference = float(np.mean(by_method["centralized"]))
         uniform = float(np.mean(by_method["fedavg"]))
-        lines += [
-            f"## sigma = {sigma}",
-            "",
-            "| method | accuracy | / centralized | - fedavg | N_tilde rms rel. error |",
-            "|---|---|---|---|---|",
-        ]
+        cells = []
         for name, values in by_method.items():
             mean, std = float(np.mean(values)), float(np.std(values))
             error = errors[sigma].get(name)
-            lines.append(
-                f"| {name} | {mean:.3f} ± {std:.3f} | {mean / reference:.2f} | "
-                f"{mean - uniform:+.3f} | "
-                f"{'' if error is None else f'{error:.2f}'} |"
+            cells.append(
+                [
+                    name,
+                    f"{mean:.3f} ± {std:.3f}",
+                    f"{mean / reference:.2f}",
+                    f"{mean - uniform:+.3f}",
+                    "" if error is None else f"{error:.2f}",
+                ]
             )
+        lines += [f"## sigma = {sigma}", "", markdown_table(columns, cells)]
         clipping = next(
             (v for k, v in errors[sigma].items() if k.endswith("clipping")), None
         )
@@ -288,9 +300,7 @@ def plot(outcome: dict[str, object], path: Path) -> None:
         )
     axes.set(xlabel="log-normal sigma", ylabel="central test accuracy")
     axes.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    save_figure(figure, path)
 
 
 def parse_setting(argv: Sequence[str] | None) -> tuple[Setting, Path]:

@@ -34,7 +34,12 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, MetricRecord
 
-from benchmarks.harness import benchmark_parser, prepare_run
+from benchmarks.harness import (
+    benchmark_parser,
+    markdown_table,
+    prepare_run,
+    save_figure,
+)
 from flwr_importance.tasks import Objective, evaluate
 from flwr_importance.testing import InProcessGrid
 from simulations.client_app import app as client_app
@@ -173,7 +178,7 @@ def mean_std(values: Sequence[float]) -> str:
 def summarize(
     dataset: str, runs: dict[str, list[dict[str, list[float]]]]
 ) -> tuple[dict[str, Any], list[str]]:
-    """Per-method numbers and the markdown table lines for one data set."""
+    """Per-method numbers and the summary's markdown lines for one data set."""
     mean_accuracy = {
         label: np.mean([run["accuracy"] for run in seed_runs], axis=0)
         for label, seed_runs in runs.items()
@@ -193,23 +198,37 @@ def summarize(
         for label, seed_runs in runs.items()
     }
     baseline = methods["FedProx"]
-    lines = [
-        f"### {dataset} (target accuracy {target:.3f})",
-        "",
-        "| method | train loss | test accuracy | rounds to target | ratio loss | "
-        "ratio accuracy | ratio rounds | fallback rounds |",
-        "|---|---|---|---|---|---|---|---|",
+    columns = [
+        "method",
+        "train loss",
+        "test accuracy",
+        "rounds to target",
+        "ratio loss",
+        "ratio accuracy",
+        "ratio rounds",
+        "fallback rounds",
     ]
+    cells = []
     for label, entry in methods.items():
         for key in ("train-loss", "accuracy", "rounds-to-target"):
             entry[f"ratio-{key}"] = finite_mean(entry[key]) / finite_mean(baseline[key])
-        lines.append(
-            f"| {label} | {mean_std(entry['train-loss'])} | "
-            f"{mean_std(entry['accuracy'])} | {mean_std(entry['rounds-to-target'])} | "
-            f"{entry['ratio-train-loss']:.2f} | {entry['ratio-accuracy']:.2f} | "
-            f"{entry['ratio-rounds-to-target']:.2f} | "
-            f"{mean_std(entry['fallback-rounds'])} |"
+        cells.append(
+            [
+                label,
+                mean_std(entry["train-loss"]),
+                mean_std(entry["accuracy"]),
+                mean_std(entry["rounds-to-target"]),
+                f"{entry['ratio-train-loss']:.2f}",
+                f"{entry['ratio-accuracy']:.2f}",
+                f"{entry['ratio-rounds-to-target']:.2f}",
+                mean_std(entry["fallback-rounds"]),
+            ]
         )
+    lines = [
+        f"### {dataset} (target accuracy {target:.3f})",
+        "",
+        markdown_table(columns, cells),
+    ]
     best_psi = min(
         (label for label in methods if "psi" in label),
         key=lambda label: finite_mean(methods[label]["train-loss"]),
@@ -246,9 +265,7 @@ def plot(
     figure.suptitle(
         f"FOLB vs FedProx vs FedAvg on {dataset} ({NUM_CLIENTS} devices, K=10)"
     )
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    save_figure(figure, path)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -33,7 +33,12 @@ matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt
 import numpy as np
 
-from benchmarks.harness import benchmark_parser, prepare_run
+from benchmarks.harness import (
+    benchmark_parser,
+    markdown_table,
+    prepare_run,
+    save_figure,
+)
 from simulations.inprocess import load_preset, run_inprocess
 
 METHODS: dict[str, dict[str, bool | int | float | str]] = {
@@ -131,21 +136,20 @@ def summarize(setting: Setting, curves: dict[str, np.ndarray]) -> MethodSummary:
     return summary
 
 
-def markdown_table(setting: Setting, summary: MethodSummary) -> str:
+def results_table(setting: Setting, summary: MethodSummary) -> str:
     """The setting's results as a markdown table."""
     label = "final MSD" if setting.metric == "msd" else "final test error"
-    header = f"| method | {label} (mean ± std) | ratio vs FedAvg |"
-    rule = "|---|---|---|"
+    columns = ["method", f"{label} (mean ± std)", "ratio vs FedAvg"]
     if setting.metric == "msd":
-        header += f" rounds to MSD {TARGET_MSD:g} | ratio vs FedAvg |"
-        rule += "---|---|"
-    lines = [header, rule]
+        columns += [f"rounds to MSD {TARGET_MSD:g}", "ratio vs FedAvg"]
     baseline_rounds = summary[BASELINE].get("rounds_to_target")
+    cells = []
     for method, entry in summary.items():
-        line = (
-            f"| {method} | {entry['final_mean']:.4g} ± {entry['final_std']:.2g} | "
-            f"{entry['final_ratio_vs_fedavg']:.2f} |"
-        )
+        row = [
+            method,
+            f"{entry['final_mean']:.4g} ± {entry['final_std']:.2g}",
+            f"{entry['final_ratio_vs_fedavg']:.2f}",
+        ]
         if setting.metric == "msd":
             rounds = entry["rounds_to_target"]
             ratio = (
@@ -153,9 +157,9 @@ def markdown_table(setting: Setting, summary: MethodSummary) -> str:
                 if rounds is not None and baseline_rounds
                 else "n/a"
             )
-            line += f" {rounds if rounds is not None else 'not reached'} | {ratio} |"
-        lines.append(line)
-    return "\n".join(lines)
+            row += [str(rounds) if rounds is not None else "not reached", ratio]
+        cells.append(row)
+    return markdown_table(columns, cells)
 
 
 def plot(setting: Setting, summary: MethodSummary, output_dir: Path) -> Path:
@@ -168,10 +172,8 @@ def plot(setting: Setting, summary: MethodSummary, output_dir: Path) -> Path:
     axes.set_ylabel("MSD" if setting.metric == "msd" else "test error")
     axes.set_title(f"{setting.name}: mean of {len(setting.seeds)} seeds")
     axes.legend()
-    figure.tight_layout()
     path = output_dir / f"{setting.name}.png"
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    save_figure(figure, path, dpi=120)
     return path
 
 
@@ -234,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sections.append(
             f"## {setting.name} (preset `{setting.preset}`, K={setting.num_clients}, "
             f"{setting.rounds} rounds, seeds {list(setting.seeds)})\n\n"
-            f"{markdown_table(setting, summary)}\n\n"
+            f"{results_table(setting, summary)}\n\n"
             f"Paper: {PAPER_CLAIMS[setting.name]}.\n\n{verdict(setting, summary)}\n\n"
             f"![{setting.name}]({plot_path.name})\n"
         )

@@ -33,7 +33,12 @@ matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt
 import numpy as np
 
-from benchmarks.harness import benchmark_parser, prepare_run
+from benchmarks.harness import (
+    benchmark_parser,
+    markdown_table,
+    prepare_run,
+    save_figure,
+)
 from tests.reliability.load_app import (
     NUM_NODES,
     STRATEGIES,
@@ -68,21 +73,32 @@ def table_rows(results: Mapping[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
+def load_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """The rows as a markdown table."""
-    lines = [
-        "| strategy | server s/round | vs FedAvg | configure_train s | "
-        "aggregate_train s | per round | client wait in configure s | run wall s |",
-        "|---|---|---|---|---|---|---|---|",
+    columns = [
+        "strategy",
+        "server s/round",
+        "vs FedAvg",
+        "configure_train s",
+        "aggregate_train s",
+        "per round",
+        "client wait in configure s",
+        "run wall s",
     ]
-    for row in rows:
-        per_round = ", ".join(f"{value:.4f}" for value in row["per_round_server_s"])
-        lines.append(
-            f"| {row['strategy']} | {row['server_s']:.4f} | {row['ratio']:.1f} | "
-            f"{row['configure_s']:.4f} | {row['aggregate_s']:.4f} | {per_round} | "
-            f"{row['query_wait_s']:.2f} | {row['wall_s']:.1f} |"
-        )
-    return "\n".join(lines)
+    cells = [
+        [
+            row["strategy"],
+            f"{row['server_s']:.4f}",
+            f"{row['ratio']:.1f}",
+            f"{row['configure_s']:.4f}",
+            f"{row['aggregate_s']:.4f}",
+            ", ".join(f"{value:.4f}" for value in row["per_round_server_s"]),
+            f"{row['query_wait_s']:.2f}",
+            f"{row['wall_s']:.1f}",
+        ]
+        for row in rows
+    ]
+    return markdown_table(columns, cells)
 
 
 def plot(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
@@ -101,9 +117,7 @@ def plot(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
     axes.set_title(f"Server time per round, {NUM_NODES:,} nodes, 50 per round")
     axes.tick_params(axis="x", rotation=30)
     axes.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    save_figure(figure, path)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -127,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "aggregates all 1,000 nodes' updates, the others 50. Timings vary between "
         "machines and runs."
     )
-    text = markdown_table(rows)
+    text = load_table(rows)
     print(header, text, sep="\n\n", flush=True)
     plot(rows, args.output_dir / "load.png")
     (args.output_dir / "results.json").write_text(

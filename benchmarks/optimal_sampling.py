@@ -32,7 +32,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from benchmarks.harness import benchmark_parser, prepare_run
+from benchmarks.harness import (
+    benchmark_parser,
+    markdown_table,
+    prepare_run,
+    save_figure,
+)
 from simulations.inprocess import run_inprocess
 from simulations.methods.mmfl import parse_tasks
 from simulations.report import HistoryRow
@@ -214,28 +219,30 @@ def summarize(
     )
     baseline_final = statistics.fmean(final[setting.baseline])
     rounds = setting.shared["num-server-rounds"]
-    lines = [
-        f"### {setting.name}: {setting.num_clients} clients, "
-        f"m = {setting.shared['clients-per-round']}, {rounds} rounds, "
-        f"seeds {list(setting.seeds)}",
-        "",
-        f"Target accuracy: {target:.3f} ({TARGET_FRACTION:.0%} of the best final "
-        "mean).",
-        "",
-        "| method | final mean accuracy | vs baseline | rounds to target | "
-        "variance / uniform-or-random variance | client trainings per round |",
-        # Seconds per run stay in results.json: the table must not vary.
-        "|---|---|---|---|---|---|",
+    # Seconds per run stay in results.json: the table must not vary.
+    columns = [
+        "method",
+        "final mean accuracy",
+        "vs baseline",
+        "rounds to target",
+        "variance / uniform-or-random variance",
+        "client trainings per round",
     ]
+    cells = []
     numbers: dict[str, object] = {"target": target}
     for method, result in results.items():
         reached = [rounds_to(curve, target) for curve in result.accuracy]
         ratio = mean_std(result.variance_ratio) if result.variance_ratio else "n/a"
         gain = statistics.fmean(final[method]) / baseline_final
-        lines.append(
-            f"| {method} | {mean_std(final[method])} | x{gain:.3f} | "
-            f"{mean_std(reached)} | {ratio} | "
-            f"{statistics.fmean(result.trainings_per_round):.1f} |"
+        cells.append(
+            [
+                method,
+                mean_std(final[method]),
+                f"x{gain:.3f}",
+                mean_std(reached),
+                ratio,
+                f"{statistics.fmean(result.trainings_per_round):.1f}",
+            ]
         )
         numbers[method] = {
             "final_accuracy": final[method],
@@ -246,7 +253,19 @@ def summarize(
             "seconds": result.seconds,
             "final_vs_baseline": gain,
         }
-    lines += ["", f"Claim: {setting.claim}.", ""]
+    lines = [
+        f"### {setting.name}: {setting.num_clients} clients, "
+        f"m = {setting.shared['clients-per-round']}, {rounds} rounds, "
+        f"seeds {list(setting.seeds)}",
+        "",
+        f"Target accuracy: {target:.3f} ({TARGET_FRACTION:.0%} of the best final "
+        "mean).",
+        "",
+        markdown_table(columns, cells),
+        "",
+        f"Claim: {setting.claim}.",
+        "",
+    ]
     return "\n".join(lines), numbers
 
 
@@ -262,10 +281,8 @@ def plot(setting: Setting, results: dict[str, MethodResult], output_dir: Path) -
     axes.set(xlabel="round", ylabel="test accuracy (mean over models)")
     axes.set_title(setting.name)
     axes.legend()
-    figure.tight_layout()
     path = output_dir / f"{setting.name}.png"
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    save_figure(figure, path)
     return path
 
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from benchmarks.harness import benchmark_parser
+from benchmarks.harness import benchmark_parser, markdown_table
 from flwr_importance.tasks import (
     MODEL_NAMES,
     Objective,
@@ -139,10 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"input {DIGITS_SHAPE}, median of {repeats} after {args.warmup} "
         f"warm-up, {torch.get_num_threads()} torch threads, torch {torch.__version__}."
     )
-    lines = [
-        "| model | plain (us) | weighted (us) | ratio | vmap (us) | ratio |",
-        "|---|---|---|---|---|---|",
-    ]
+    columns = ["model", "plain (us)", "weighted (us)", "ratio", "vmap (us)", "ratio"]
+    cells = []
     results: dict[str, dict[str, float]] = {}
     target_ratio = None
     for model_name in args.models:
@@ -152,10 +150,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         vmap_ratio = seconds["vmap"] / seconds["plain"]
         if model_name == TARGET_MODEL:
             target_ratio = weighted_ratio
-        lines.append(
-            f"| {model_name} | {seconds['plain'] * 1e6:.0f} | "
-            f"{seconds['weighted'] * 1e6:.0f} | {weighted_ratio:.2f}x | "
-            f"{seconds['vmap'] * 1e6:.0f} | {vmap_ratio:.2f}x |"
+        cells.append(
+            [
+                model_name,
+                f"{seconds['plain'] * 1e6:.0f}",
+                f"{seconds['weighted'] * 1e6:.0f}",
+                f"{weighted_ratio:.2f}x",
+                f"{seconds['vmap'] * 1e6:.0f}",
+                f"{vmap_ratio:.2f}x",
+            ]
         )
     verdict = ""
     if target_ratio is not None:
@@ -164,8 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"Target: {TARGET_MODEL} weighted/plain <= {TARGET_RATIO}x at batch 64: "
             f"{target_ratio:.2f}x, {met}."
         )
-    text = f"# Per-sample gradient norms\n\n{intro}\n\n" + "\n".join(lines)
-    text += f"\n\n{verdict}\n"
+    table = markdown_table(columns, cells)
+    text = f"# Per-sample gradient norms\n\n{intro}\n\n{table}\n\n{verdict}\n"
     print(text)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     (args.output_dir / "summary.md").write_text(text)

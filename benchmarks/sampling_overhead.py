@@ -34,7 +34,7 @@ import numpy as np
 import scipy
 from numpy.typing import NDArray
 
-from benchmarks.harness import benchmark_parser
+from benchmarks.harness import benchmark_parser, markdown_table
 from flwr_importance.sampling.clustered import (
     clustered_distributions_by_similarity,
     clustered_distributions_from_distances,
@@ -244,21 +244,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def markdown_table(rows: list[Row]) -> str:
+def results_table(rows: list[Row]) -> str:
     """The results as a markdown table."""
-    lines = [
-        "| operation | clients | measured | target | status |",
-        "|---|---|---|---|---|",
-    ]
-    for row in rows:
-        status = "" if row.passed is None else ("pass" if row.passed else "FAIL")
-        lines.append(
+    columns = ["operation", "clients", "measured", "target", "status"]
+    cells = [
+        [
             # A "|" inside a cell would end it.
-            f"| {row.operation.strip().replace('|', '&#124;')} | {row.clients:,} | "
-            f"{row.measured} | "
-            f"{row.target} | {status} |"
-        )
-    return "\n".join(lines)
+            row.operation.strip().replace("|", "&#124;"),
+            f"{row.clients:,}",
+            row.measured,
+            row.target,
+            "" if row.passed is None else ("pass" if row.passed else "FAIL"),
+        ]
+        for row in rows
+    ]
+    return markdown_table(columns, cells)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -274,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     (args.output_dir / "summary.md").write_text(
         f"# Sampler overhead\n\nBest of {args.repeats} runs, seed {args.seed}, "
         f"{os.cpu_count()} CPUs, load average {load:.1f} at the start.\n\n"
-        f"{markdown_table(rows)}\n"
+        f"{results_table(rows)}\n"
     )
     (args.output_dir / "results.json").write_text(
         json.dumps([dataclasses.asdict(row) for row in rows], indent=1)

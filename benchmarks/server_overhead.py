@@ -59,7 +59,12 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
-from benchmarks.harness import benchmark_parser, prepare_run
+from benchmarks.harness import (
+    benchmark_parser,
+    markdown_table,
+    prepare_run,
+    save_figure,
+)
 from flwr_importance.aggregation import weighted_sum
 from flwr_importance.local_grid import LocalGrid
 from flwr_importance.strategies.clustered import ClusteredSampling
@@ -502,21 +507,35 @@ def meets_target(row: Mapping[str, Any]) -> bool | None:
     return bool(row["ratio_without_clustering"] <= 1.0 + TARGET_OVERHEAD)
 
 
-def markdown_table(timings: Sequence[Timing], rows: Sequence[dict[str, Any]]) -> str:
+def overhead_table(timings: Sequence[Timing], rows: Sequence[dict[str, Any]]) -> str:
     """Baselines, then every strategy with its ratio, per number of nodes."""
-    lines = [
-        "| nodes | strategy | trained/round | configure_train (ms) | "
-        "aggregate_train (ms) | total (ms) | clustering (ms) | vs FedAvg | "
-        f"target (<= {1 + TARGET_OVERHEAD:.2f} at {TARGET_NODES:,}) |",
-        "|---|---|---|---|---|---|---|---|---|",
+    columns = [
+        "nodes",
+        "strategy",
+        "trained/round",
+        "configure_train (ms)",
+        "aggregate_train (ms)",
+        "total (ms)",
+        "clustering (ms)",
+        "vs FedAvg",
+        f"target (<= {1 + TARGET_OVERHEAD:.2f} at {TARGET_NODES:,})",
     ]
-    baselines = [t for t in timings if t.method not in METHODS]
-    for timing in baselines:
-        lines.append(
-            f"| {timing.num_nodes:,} | {LABELS[timing.method]} | {timing.trained:.0f} "
-            f"| {timing.configure * 1e3:.1f} | {timing.aggregate * 1e3:.1f} | "
-            f"{timing.total * 1e3:.1f} |  | 1.00 |  |"
-        )
+    # A baseline is its own reference: no clustering, ratio 1, no target.
+    cells = [
+        [
+            f"{timing.num_nodes:,}",
+            LABELS[timing.method],
+            f"{timing.trained:.0f}",
+            f"{timing.configure * 1e3:.1f}",
+            f"{timing.aggregate * 1e3:.1f}",
+            f"{timing.total * 1e3:.1f}",
+            "",
+            "1.00",
+            "",
+        ]
+        for timing in timings
+        if timing.method not in METHODS
+    ]
     for row in rows:
         verdict = meets_target(row)
         clustering = (
@@ -529,13 +548,20 @@ def markdown_table(timings: Sequence[Timing], rows: Sequence[dict[str, Any]]) ->
             ratio += f" ({row['ratio_without_clustering']:.2f} without clustering)"
         if row["baseline"] == "fedavg-2m":
             ratio += f" ({row['ratio_to_m_nodes']:.2f} vs FedAvg over m nodes)"
-        lines.append(
-            f"| {row['num_nodes']:,} | {LABELS[row['method']]} | {row['trained']:.0f} "
-            f"| {row['configure_s'] * 1e3:.1f} | {row['aggregate_s'] * 1e3:.1f} | "
-            f"{row['total_s'] * 1e3:.1f} | {clustering} | {ratio} | "
-            f"{'' if verdict is None else ('yes' if verdict else 'NO')} |"
+        cells.append(
+            [
+                f"{row['num_nodes']:,}",
+                LABELS[row["method"]],
+                f"{row['trained']:.0f}",
+                f"{row['configure_s'] * 1e3:.1f}",
+                f"{row['aggregate_s'] * 1e3:.1f}",
+                f"{row['total_s'] * 1e3:.1f}",
+                clustering,
+                ratio,
+                "" if verdict is None else ("yes" if verdict else "NO"),
+            ]
         )
-    return "\n".join(lines)
+    return markdown_table(columns, cells)
 
 
 def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
@@ -557,9 +583,7 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
         title="Server time per round, 1M-parameter model",
     )
     axes.legend(fontsize=6)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path, dpi=110)
 
 
 def best_seconds(step: Callable[[], object], repeats: int = 20) -> float:
@@ -609,12 +633,13 @@ def per_reply_costs(model: ArrayRecord) -> dict[str, float]:
 def costs_table(costs: Mapping[str, float]) -> str:
     """The per-reply costs as a markdown table, relative to FedAvg's."""
     fedavg = costs["FedAvg: copy out, scale, add (aggregate_arrayrecords)"]
-    lines = ["| step, one 1M-parameter reply | ms | / FedAvg's |", "|---|---|---|"]
-    lines += [
-        f"| {step} | {seconds * 1e3:.2f} | {seconds / fedavg:.2f} |"
-        for step, seconds in costs.items()
-    ]
-    return "\n".join(lines)
+    return markdown_table(
+        ["step, one 1M-parameter reply", "ms", "/ FedAvg's"],
+        [
+            [step, f"{seconds * 1e3:.2f}", f"{seconds / fedavg:.2f}"]
+            for step, seconds in costs.items()
+        ],
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -633,7 +658,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"{num_nodes:>6} {method:<22} {timing.total * 1e3:9.1f} ms")
             timings.append(timing)
     rows = ratio_rows(timings)
-    table = markdown_table(timings, rows)
+    table = overhead_table(timings, rows)
     plot(rows, args.output_dir / "server_overhead.png")
     results = {
         "mode": "full" if args.full else "quick",
