@@ -1,4 +1,4 @@
-"""What the benchmarks share: command line, run set-up, tables and figures."""
+"""What the benchmarks share: command line, run set-up, statistics, tables, figures."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import numpy as np
 import torch
 from matplotlib.figure import Figure
 
@@ -94,3 +95,64 @@ def save_figure(figure: Figure, path: Path, dpi: int = 100) -> None:
     # pyplot keeps every figure alive until it is closed, and a benchmark
     # draws one per setting.
     plt.close(figure)
+
+
+def rounds_to_target(
+    curve: Sequence[float], target: float, *, lower_is_better: bool = False
+) -> float:
+    """The first round whose value reaches ``target``.
+
+    Parameters
+    ----------
+    curve : Sequence[float]
+        One value per round, round 0 (the initial model) first.
+    target : float
+        The value to reach: at least it (accuracy) or at most it
+        (``lower_is_better``: loss, error, MSD).
+    lower_is_better : bool
+        Whether smaller values are better.
+
+    Returns
+    -------
+    float
+        The round's index in ``curve``, NaN if no round reaches ``target``.
+    """
+    values = np.asarray(curve, dtype=np.float64)
+    reached = np.flatnonzero(values <= target if lower_is_better else values >= target)
+    return float(reached[0]) if reached.size else float("nan")
+
+
+def mean_std(
+    values: Sequence[float], digits: int = 3, missing: str = "not reached"
+) -> str:
+    """``mean ± std`` over seeds of the finite values, saying how many are not.
+
+    Parameters
+    ----------
+    values : Sequence[float]
+        One value per seed; NaN where a seed has none (a target not reached).
+    digits : int
+        Decimals of the mean and the standard deviation.
+    missing : str
+        What a NaN means, for the count and for an all-NaN result.
+
+    Returns
+    -------
+    str
+        ``"0.812 ± 0.013"`` (population standard deviation over the seeds),
+        ``"12.000 ± 1.000 (1 of 3 not reached)"``, or ``missing`` alone.
+    """
+    finite = np.asarray([value for value in values if np.isfinite(value)])
+    if finite.size == 0:
+        return missing
+    text = f"{finite.mean():.{digits}f} ± {finite.std():.{digits}f}"
+    if finite.size < len(values):
+        text += f" ({len(values) - finite.size} of {len(values)} {missing})"
+    return text
+
+
+def ratio_to(value: float, baseline: float) -> float:
+    """``value / baseline``; NaN when either is NaN or the baseline is 0."""
+    if not (np.isfinite(value) and np.isfinite(baseline)) or baseline == 0:
+        return float("nan")
+    return value / baseline

@@ -1,7 +1,8 @@
-"""The benchmarks' shared table and figure helpers."""
+"""The benchmarks' shared statistics, table and figure helpers."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib
@@ -10,7 +11,13 @@ matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt
 import pytest
 
-from benchmarks.harness import markdown_table, save_figure
+from benchmarks.harness import (
+    markdown_table,
+    mean_std,
+    ratio_to,
+    rounds_to_target,
+    save_figure,
+)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -41,3 +48,26 @@ def test_save_figure_writes_a_png_and_closes_the_figure(tmp_path: Path) -> None:
 
     assert path.read_bytes().startswith(PNG_SIGNATURE)
     assert figure.number not in plt.get_fignums()
+
+
+def test_rounds_to_target_is_the_first_round_reaching_it() -> None:
+    accuracy = [0.1, 0.5, 0.8, 0.7, 0.9]
+    assert rounds_to_target(accuracy, 0.8) == 2.0
+    assert rounds_to_target(accuracy, 0.1) == 0.0
+    assert math.isnan(rounds_to_target(accuracy, 0.95))
+    msd = [1.0, 0.2, 0.05, 0.01]
+    assert rounds_to_target(msd, 0.05, lower_is_better=True) == 2.0
+    assert math.isnan(rounds_to_target(msd, 0.001, lower_is_better=True))
+
+
+def test_mean_std_counts_the_seeds_that_missed() -> None:
+    assert mean_std([1.0, 3.0]) == "2.000 ± 1.000"
+    assert mean_std([1.0, 3.0, math.nan], digits=1) == "2.0 ± 1.0 (1 of 3 not reached)"
+    assert mean_std([math.nan, math.nan], missing="never") == "never"
+
+
+def test_ratio_to_is_nan_without_a_finite_nonzero_baseline() -> None:
+    assert ratio_to(3.0, 2.0) == 1.5
+    assert math.isnan(ratio_to(3.0, 0.0))
+    assert math.isnan(ratio_to(math.nan, 2.0))
+    assert math.isnan(ratio_to(3.0, math.nan))
