@@ -1,0 +1,73 @@
+"""Short seeded runs along every convergence benchmark's code path, as JSON.
+
+``python -m tests.benchmarks.seeded_runs OUT.json`` writes one JSON object: the history
+of each method's headline preset run in process (the path of the isfedavg,
+fedsampling, optimal_sampling and failures benchmarks and of the report's
+in-process column), FOLB's and clustered sampling's own run loops, a run with
+injected faults and FedSampling's centralized baseline, each for two rounds.
+``test_benchmarks_reproducible.py`` runs it in two processes with different
+hash seeds and requires the same output: the report's promise that the same
+seeds give the same tables.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from benchmarks import clustered, failures, fedsampling, folb
+from benchmarks.harness import prepare_run
+from benchmarks.report import HEADLINE_PRESETS
+from simulations.inprocess import load_preset, run_inprocess
+
+ROUNDS = 2
+#: FedSampling's quick setting, two rounds.
+FEDSAMPLING_SETTING = fedsampling.Setting(
+    30, ROUNDS, (0,), (2.0,), (3.0,), 64, 16, 0.5, 100, "logreg"
+)
+
+
+def seeded_runs(work_dir: Path) -> dict[str, Any]:
+    """Every run's numbers, keyed by what ran."""
+    numbers: dict[str, Any] = {}
+    for preset in HEADLINE_PRESETS.values():
+        rows, _ = run_inprocess(
+            {
+                **load_preset(preset),
+                "num-server-rounds": ROUNDS,
+                "output-dir": str(work_dir / preset),
+            }
+        )
+        numbers[f"in-process {preset}"] = rows
+    folb_eq13 = next(item for item in folb.variants([]) if item.label == "FOLB")
+    numbers["folb run_once"] = folb.run_once("digits", folb_eq13, ROUNDS, 0)
+    numbers["clustered run_once"] = clustered.run_once(
+        {
+            **load_preset("clustered-digits"),
+            "num-server-rounds": ROUNDS,
+            "output-dir": str(work_dir / "clustered"),
+        }
+    ).accuracy
+    numbers["failures run_once"] = failures.run_once(
+        "ocs", 0.3, 0, replace(failures.QUICK, rounds=ROUNDS), work_dir / "failures"
+    )
+    numbers["fedsampling centralized"] = fedsampling.centralized_accuracy(
+        FEDSAMPLING_SETTING, 2.0, 0
+    )
+    return numbers
+
+
+def main() -> None:
+    """Write :func:`seeded_runs` as JSON to the file named on the command line."""
+    prepare_run()
+    with tempfile.TemporaryDirectory() as work_dir:
+        numbers = seeded_runs(Path(work_dir))
+    Path(sys.argv[1]).write_text(json.dumps(numbers, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
