@@ -36,8 +36,12 @@ from flwr.app import ArrayRecord, MetricRecord
 
 from benchmarks.harness import (
     benchmark_parser,
+    finite_mean,
     markdown_table,
+    mean_std,
     prepare_run,
+    ratio_to,
+    rounds_to_target,
     save_figure,
 )
 from flwr_importance.tasks import Objective, evaluate
@@ -152,29 +156,6 @@ def run_once(
     }
 
 
-def rounds_to(accuracy: Sequence[float], target: float) -> float:
-    """First round whose test accuracy reaches ``target`` (NaN if none)."""
-    reached = np.flatnonzero(np.asarray(accuracy) >= target)
-    return float(reached[0]) if reached.size else float("nan")
-
-
-def finite_mean(values: Sequence[float]) -> float:
-    """Mean of the finite values (NaN when there is none)."""
-    finite = [v for v in values if np.isfinite(v)]
-    return float(np.mean(finite)) if finite else float("nan")
-
-
-def mean_std(values: Sequence[float]) -> str:
-    """``mean ± std`` over the finite values, with the count when some are NaN."""
-    finite = np.asarray([v for v in values if np.isfinite(v)])
-    if finite.size == 0:
-        return "never"
-    text = f"{finite.mean():.3g} ± {finite.std():.2g}"
-    return (
-        text if finite.size == len(values) else f"{text} ({finite.size}/{len(values)})"
-    )
-
-
 def summarize(
     dataset: str, runs: dict[str, list[dict[str, list[float]]]]
 ) -> tuple[dict[str, Any], list[str]]:
@@ -191,7 +172,7 @@ def summarize(
             "train-loss": [run["train-loss"][-1] for run in seed_runs],
             "accuracy": [run["accuracy"][-1] for run in seed_runs],
             "rounds-to-target": [
-                rounds_to(run["accuracy"], target) for run in seed_runs
+                rounds_to_target(run["accuracy"], target) for run in seed_runs
             ],
             "fallback-rounds": [run["fallback-rounds"][0] for run in seed_runs],
         }
@@ -211,17 +192,19 @@ def summarize(
     cells = []
     for label, entry in methods.items():
         for key in ("train-loss", "accuracy", "rounds-to-target"):
-            entry[f"ratio-{key}"] = finite_mean(entry[key]) / finite_mean(baseline[key])
+            entry[f"ratio-{key}"] = ratio_to(
+                finite_mean(entry[key]), finite_mean(baseline[key])
+            )
         cells.append(
             [
                 label,
-                mean_std(entry["train-loss"]),
+                mean_std(entry["train-loss"], missing="non-finite"),
                 mean_std(entry["accuracy"]),
-                mean_std(entry["rounds-to-target"]),
+                mean_std(entry["rounds-to-target"], digits=1, missing="never reached"),
                 f"{entry['ratio-train-loss']:.2f}",
                 f"{entry['ratio-accuracy']:.2f}",
                 f"{entry['ratio-rounds-to-target']:.2f}",
-                mean_std(entry["fallback-rounds"]),
+                mean_std(entry["fallback-rounds"], digits=0),
             ]
         )
     lines = [
@@ -234,15 +217,25 @@ def summarize(
         key=lambda label: finite_mean(methods[label]["train-loss"]),
     )
     folb, fedprox, fedavg = PAPER_ROUNDS[dataset]
+    folb_ratio = methods["FOLB"]["ratio-rounds-to-target"]
+    if not np.isfinite(folb_ratio):
+        verdict = "no ratio of ours: FOLB or FedProx never reached the target"
+    elif folb_ratio < 1:
+        verdict = "FOLB needs fewer rounds than FedProx, as in the paper"
+    else:
+        verdict = (
+            "FOLB does not need fewer rounds than FedProx, unlike the paper "
+            "(why: below)"
+        )
     lines += [
         "",
         f"Rounds to target / FedProx's, paper ({PAPER_NAMES[dataset]}, Table I: "
         f"{folb} / {fedprox} / {fedavg}) vs ours: "
-        f"FOLB {folb / fedprox:.2f} vs {methods['FOLB']['ratio-rounds-to-target']:.2f} "
-        f"({best_psi}, lowest loss: "
+        f"FOLB {folb / fedprox:.2f} vs {folb_ratio:.2f} "
+        f"({best_psi}, the psi with the lowest loss: "
         f"{methods[best_psi]['ratio-rounds-to-target']:.2f}); "
         f"FedAvg {fedavg / fedprox:.2f} vs "
-        f"{methods['FedAvg']['ratio-rounds-to-target']:.2f}.",
+        f"{methods['FedAvg']['ratio-rounds-to-target']:.2f}. Ours: {verdict}.",
         "",
     ]
     return {"target-accuracy": target, "best-psi": best_psi, "methods": methods}, lines
@@ -287,7 +280,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{NUM_CLIENTS} devices, K = 10 uniform draws per round, local steps drawn "
         "in 1..20 per device and round (identical for every method), seeds "
         f"{seeds}; FedProx mu = 1, FOLB mu = 0.01. Ratios are to FedProx in this "
-        "run (rounds: mean over the seeds that reached the target).",
+        "run (rounds: mean over the seeds that reached the target). Target "
+        f"accuracy: {TARGET_FRACTION:.0%} of the lowest, over FedAvg, FedProx and "
+        "FOLB, of the best seed-mean test accuracy (Table I's rule: the highest "
+        "accuracy all three reach), so single noisy seeds can reach it too.",
         "",
     ]
     started = time.perf_counter()

@@ -122,6 +122,12 @@ def rounds_to_target(
     return float(reached[0]) if reached.size else float("nan")
 
 
+def finite_mean(values: Sequence[float]) -> float:
+    """Mean of the finite values (the seeds that reached a target); NaN if none."""
+    finite = [value for value in values if np.isfinite(value)]
+    return float(np.mean(finite)) if finite else float("nan")
+
+
 def mean_std(
     values: Sequence[float], digits: int = 3, missing: str = "not reached"
 ) -> str:

@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt
 import pytest
 
 from benchmarks.harness import (
+    finite_mean,
     markdown_table,
     mean_std,
     ratio_to,
@@ -71,3 +72,8 @@ def test_ratio_to_is_nan_without_a_finite_nonzero_baseline() -> None:
     assert math.isnan(ratio_to(3.0, 0.0))
     assert math.isnan(ratio_to(math.nan, 2.0))
     assert math.isnan(ratio_to(3.0, math.nan))
+
+
+def test_finite_mean_skips_the_seeds_that_missed() -> None:
+    assert finite_mean([2.0, math.nan, 4.0]) == 3.0
+    assert math.isnan(finite_mean([math.nan]))
