@@ -39,7 +39,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import benchmark_parser
+from benchmarks.harness import benchmark_parser, markdown_table
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS_DIR = REPO_ROOT / "benchmarks"
@@ -312,6 +312,14 @@ def confirmation_table(confirmations: Sequence[Confirmation]) -> str:
     return "\n".join(lines)
 
 
+def duration_text(seconds: float, reused: Sequence[str]) -> str:
+    """``This report took 12.5 min``, naming the steps it reused, if any."""
+    text = f"This report took {seconds / 60:.1f} min"
+    if reused:
+        text += f" (reusing earlier outputs of {', '.join(reused)})"
+    return text + "."
+
+
 def runs_table(
     runs: Sequence[BenchmarkRun], confirmations: Sequence[Confirmation]
 ) -> str:
@@ -403,15 +411,33 @@ def readme_section(
     if target_rows:
         lines += [
             "Server time per round (`configure_train` + `aggregate_train`) at "
-            "1,000 nodes, 1M parameters, relative to Flower's `FedAvg` "
-            "aggregating as many replies (timings vary):",
+            "1,000 nodes, 1M parameters, against Flower's `FedAvg` receiving as "
+            "many model-sized arrays, timed in the same run (timings vary; 100 "
+            "and 10,000 nodes in docs/results.md):",
             "",
-            "| strategy | ms per round | vs FedAvg |",
-            "|---|---|---|",
-            *[
-                f"| {row['method']} | {row['total_s'] * 1e3:.0f} | {row['ratio']:.2f} |"
-                for row in target_rows
-            ],
+            markdown_table(
+                [
+                    "strategy",
+                    "ms per round",
+                    "of which clustering (ms)",
+                    "baseline",
+                    "vs baseline",
+                    "vs baseline, clustering excluded",
+                ],
+                [
+                    [
+                        row["label"],
+                        f"{row['total_s'] * 1e3:.0f}",
+                        ""
+                        if row["clustering_s"] is None
+                        else f"{row['clustering_s'] * 1e3:.0f}",
+                        row["baseline_label"],
+                        f"{row['ratio']:.2f}",
+                        f"{row['ratio_without_clustering']:.2f}",
+                    ]
+                    for row in target_rows
+                ],
+            ),
             "",
         ]
     return "\n".join(lines)
@@ -455,11 +481,15 @@ def write_report(
     output_root: Path,
     docs_dir: Path,
     readme: Path,
+    duration: str = "",
     now: datetime | None = None,
 ) -> Path:
-    """Write ``docs/results.md``, its images and the README section."""
+    """Write ``docs/results.md``, its images and the README section.
+
+    ``duration`` (from :func:`duration_text`) follows the machine header.
+    """
     command = "python -m benchmarks.report" + (" --full" if mode == "full" else "")
-    header = machine_header(mode, now)
+    header = f"{machine_header(mode, now)} {duration}".strip()
     results_path = docs_dir / "results.md"
     copy_images(runs, docs_dir / "results")
     results_path.write_text(render_results(header, runs, confirmations, command))
@@ -509,6 +539,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                 for method, preset in HEADLINE_PRESETS.items()
             ]
         saved.write_text(json.dumps([asdict(item) for item in confirmations]))
+    reused = [run.name for run in runs if run.seconds is None]
+    if args.skip_flwr_run:
+        reused.append("the flwr run checks")
     path = write_report(
         runs,
         confirmations,
@@ -516,6 +549,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         output_root=output_root,
         docs_dir=args.docs_dir,
         readme=args.readme,
+        duration=duration_text(time.perf_counter() - started, reused),
     )
     print(f"wrote {path} and {args.readme} in {time.perf_counter() - started:.0f} s")
 

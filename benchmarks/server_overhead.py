@@ -495,6 +495,7 @@ def ratio_rows(timings: Sequence[Timing]) -> list[dict[str, Any]]:
         rows.append(
             {
                 "method": timing.method,
+                "label": LABELS[timing.method],
                 "num_nodes": timing.num_nodes,
                 "trained": timing.trained,
                 "configure_s": timing.configure,
@@ -502,6 +503,7 @@ def ratio_rows(timings: Sequence[Timing]) -> list[dict[str, Any]]:
                 "total_s": timing.total,
                 "clustering_s": timing.clustering,
                 "baseline": baseline_method,
+                "baseline_label": LABELS[baseline_method],
                 "baseline_s": baseline.total,
                 "ratio": timing.total / baseline.total,
                 "ratio_without_clustering": without_clustering / baseline.total,

@@ -15,6 +15,7 @@ from benchmarks.report import (
     BenchmarkRun,
     Confirmation,
     discover_benchmarks,
+    duration_text,
     embed_summary,
     load_confirmations,
     replace_readme_section,
@@ -33,6 +34,20 @@ def fake_run(root: Path, name: str, summary: str | None) -> BenchmarkRun:
         (run.output_dir / "summary.md").write_text(summary)
     (run.output_dir / "curve.png").write_bytes(PNG)
     return run
+
+
+def server_row(num_nodes: int, total_s: float, ratio: float) -> dict[str, object]:
+    """A server_overhead results.json row of MD sampling."""
+    return {
+        "method": "md",
+        "label": "MDSampling",
+        "num_nodes": num_nodes,
+        "total_s": total_s,
+        "clustering_s": None,
+        "baseline_label": "Flower FedAvg (m nodes)",
+        "ratio": ratio,
+        "ratio_without_clustering": ratio,
+    }
 
 
 @pytest.fixture
@@ -60,8 +75,8 @@ def write_fake_report(tmp_path: Path) -> tuple[Path, Path, Path]:
         json.dumps(
             {
                 "rows": [
-                    {"method": "md", "num_nodes": 1000, "total_s": 0.25, "ratio": 2.0},
-                    {"method": "md", "num_nodes": 100, "total_s": 0.1, "ratio": 9.0},
+                    server_row(num_nodes=1000, total_s=0.25, ratio=2.0),
+                    server_row(num_nodes=100, total_s=0.1, ratio=9.0),
                 ]
             }
         )
@@ -92,6 +107,7 @@ def write_fake_report(tmp_path: Path) -> tuple[Path, Path, Path]:
         output_root=root,
         docs_dir=docs,
         readme=readme,
+        duration=duration_text(750.0, ["clustered"]),
         now=NOW,
     )
     return docs / "results.md", docs / "results", readme
@@ -136,8 +152,12 @@ def test_readme_section_is_replaced_between_the_markers_only(
     section = text.split(README_START)[1].split(README_END)[0]
     assert "old" not in section
     assert "[docs/results.md](docs/results.md)" in section
-    assert "| md | 250 | 2.00 |" in section and "9.00" not in section
+    assert "| MDSampling | 250 |  | Flower FedAvg (m nodes) | 2.00 | 2.00 |" in section
+    assert "9.00" not in section
     assert "Measured on 2026-01-02" in section
+    assert (
+        "This report took 12.5 min (reusing earlier outputs of clustered)." in section
+    )
 
 
 def test_same_inputs_give_the_same_report(
