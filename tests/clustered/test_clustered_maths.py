@@ -1,5 +1,6 @@
 """``cross_distances`` and ``pairwise_distances``: the rows a strategy recomputes
-match the full matrix, and bad gradients are rejected."""
+match the full matrix, and bad gradients are rejected; the symmetry check of
+``clustered_distributions_from_distances`` reads the whole matrix."""
 
 from __future__ import annotations
 
@@ -7,7 +8,12 @@ import numpy as np
 import pytest
 
 import flwr_importance.sampling.clustered as clustered_module
-from flwr_importance.sampling import DISTANCES, Distance, pairwise_distances
+from flwr_importance.sampling import (
+    DISTANCES,
+    Distance,
+    clustered_distributions_from_distances,
+    pairwise_distances,
+)
 from flwr_importance.sampling.clustered import cross_distances
 
 
@@ -36,6 +42,27 @@ def test_cross_distances_are_rows_of_the_pairwise_matrix(
         rtol=tolerance,
         atol=tolerance,
     )
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("distance", DISTANCES)
+def test_selected_rows_are_those_of_the_full_result_to_the_last_bit(
+    distance: Distance, dtype: type[np.floating]
+) -> None:
+    grads = gradients(dtype)
+    full = cross_distances(grads, grads, distance)
+    for rows in ([3], [0, 1], [11, 2, 5, 6, 8], []):
+        np.testing.assert_array_equal(
+            cross_distances(grads, grads, distance, rows=rows), full[rows]
+        )
+
+
+def test_selected_rows_must_be_distinct_rows_of_the_left_gradients() -> None:
+    grads = gradients(np.float64)
+    with pytest.raises(ValueError, match="repeated"):
+        cross_distances(grads[:3], grads, rows=[1, 1])
+    with pytest.raises(ValueError, match=r"\[0, 3\)"):
+        cross_distances(grads[:3], grads, rows=[3])
 
 
 def test_zero_gradients_follow_the_convention() -> None:
@@ -89,3 +116,46 @@ def test_gradients_too_large_to_square_are_rejected(
         pairwise_distances(grads, distance)
     with pytest.raises(ValueError, match="too large to square"):
         cross_distances(grads[:2], grads, distance)
+
+
+def symmetric_distances(clients: int) -> np.ndarray:
+    """A symmetric matrix spanning several tiles of the symmetry check."""
+    upper = np.triu(np.random.default_rng(5).random((clients, clients)), 1)
+    return upper + upper.T
+
+
+@pytest.mark.parametrize(
+    ("entry", "relative_gap"),
+    [
+        ((10, 550), 1e-8),  # upper triangle, far from the diagonal
+        ((550, 10), 1e-8),  # its mirror
+        ((3, 7), 1e-8),  # inside a tile on the diagonal
+        ((599, 598), 1e-8),  # in the last, partial tile
+        ((300, 20), 1.0),  # one entry doubled
+    ],
+)
+def test_asymmetric_distances_are_rejected_wherever_the_gap_is(
+    entry: tuple[int, int], relative_gap: float
+) -> None:
+    distances = symmetric_distances(600)
+    distances[entry] *= 1 + relative_gap
+    with pytest.raises(ValueError, match="symmetric"):
+        clustered_distributions_from_distances(np.ones(600, int), distances, 5)
+
+
+def test_a_zero_distance_must_be_mirrored_by_a_zero() -> None:
+    distances = symmetric_distances(300)
+    distances[40, 270], distances[270, 40] = 0.0, 1e-300
+    with pytest.raises(ValueError, match="symmetric"):
+        clustered_distributions_from_distances(np.ones(300, int), distances, 5)
+
+
+def test_rounding_gaps_within_the_tolerance_are_accepted() -> None:
+    # Relative gaps below 1e-9, as two float computations of one distance.
+    distances = symmetric_distances(600)
+    distances[10, 550] *= 1 + 1e-10
+    distances[550, 20] *= 1 - 1e-10
+    distributions = clustered_distributions_from_distances(
+        np.ones(600, int), distances, 5
+    )
+    np.testing.assert_allclose(distributions.sum(axis=1), 1.0)

@@ -22,7 +22,12 @@ from flwr_importance.clientapps import (
     make_train_handler,
 )
 from flwr_importance.clientapps.clustered import make_sizes_handler
-from flwr_importance.sampling import DISTANCES, Distance, pairwise_distances
+from flwr_importance.sampling import (
+    DISTANCES,
+    Distance,
+    cross_distances,
+    pairwise_distances,
+)
 from flwr_importance.strategies._multiset import MultisetSampling
 from flwr_importance.strategies.clustered import (
     ClusteredSampling,
@@ -272,6 +277,51 @@ def test_incremental_distances_equal_a_full_recomputation(distance: Distance) ->
         )
         # Nodes leave and join between rounds; order follows the new list.
         state.align([*state.node_ids[2:], 100 + step, 200 + step])
+
+
+def recomputed(
+    previous: np.ndarray, rows: np.ndarray, stale: list[int], distance: Distance
+) -> np.ndarray:
+    """``previous`` with every stale row and column computed from the gradients."""
+    block = cross_distances(rows[stale], rows, distance)
+    expected = previous.copy()
+    expected[stale, :] = block
+    expected[:, stale] = block.T
+    square = expected[np.ix_(stale, stale)]
+    expected[np.ix_(stale, stale)] = (square + square.T) / 2
+    expected[stale, stale] = 0.0
+    return expected
+
+
+@pytest.mark.parametrize("distance", DISTANCES)
+def test_new_nodes_get_the_distances_a_recomputation_gives_to_the_last_bit(
+    distance: Distance,
+) -> None:
+    # 100 nodes of 650 parameters, 10 updates a round: BLAS can round a
+    # product of 10 rows differently from one of 100 (OpenBLAS does), so the
+    # zero rows of new nodes must stay in the product although their
+    # distances are not computed from it.
+    rng = np.random.default_rng(9)
+    state = RepresentativeGradients(distance, None, seed=0)
+    state.align(list(range(100)))
+    previous = np.zeros((100, 100))
+    stale = set(state.node_ids)
+    for joined in ([], [], [500, 501]):
+        if joined:
+            # Two nodes leave, two join: rows move, the new ones start at zero.
+            kept = [node for node in state.node_ids if node not in (3, 40)]
+            moved = [state.node_ids.index(node) for node in kept]
+            previous = np.pad(previous[np.ix_(moved, moved)], (0, len(joined)))
+            state.align(kept + joined)
+            stale = (stale & set(kept)) | set(joined)
+        updated = rng.choice(state.node_ids[: 100 - len(joined)], 10, replace=False)
+        state.update({int(node): rng.standard_normal(650) for node in updated})
+        stale |= {int(node) for node in updated}
+        rows = np.stack([state.gradient(node) for node in state.node_ids])
+        stale_rows = sorted(state.node_ids.index(node) for node in stale)
+        expected = recomputed(previous, rows, stale_rows, distance)
+        np.testing.assert_array_equal(state.distances(), expected)
+        previous, stale = expected, set()
 
 
 def test_state_size_is_bounded_by_the_projection() -> None:
