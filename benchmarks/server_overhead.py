@@ -32,10 +32,10 @@ parameter) and applied to each returned update in ``O(d)`` (about 2-3 ms per
 update at 1M parameters).
 
 Round 1 is a warm-up (MD, clustered and size-weighted sampling query sizes
-once); the time is the mean of the next ``repeats`` rounds.
+once); the time is that of the median of the next ``repeats`` rounds.
 
-    python -m benchmarks.server_overhead          # quick: 2 timed rounds, 1 at 10,000
-    python -m benchmarks.server_overhead --full   # 3 timed rounds at every size
+    python -m benchmarks.server_overhead          # quick: 5 timed rounds, 1 at 10,000
+    python -m benchmarks.server_overhead --full   # 5 timed rounds at every size
 """
 
 from __future__ import annotations
@@ -95,8 +95,8 @@ REPLY_POOL = 32
 NODE_COUNTS = (100, 1_000, 10_000)
 #: Timed rounds per size in quick mode: at 10,000 nodes one round of FedAvg over
 #: all nodes (FedSampling's baseline) alone takes about 20 s.
-QUICK_REPEATS = {100: 2, 1_000: 2, 10_000: 1}
-FULL_REPEATS = 3
+QUICK_REPEATS = {100: 5, 1_000: 5, 10_000: 1}
+FULL_REPEATS = 5
 SCALING_NOTE = (
     "At 10,000 nodes OCS and MMFL ask every node for its update norm each round, "
     "so their configure_train grows with the node count while FedAvg's, which "
@@ -438,7 +438,7 @@ class Timing:
 
 
 def time_strategy(method: str, num_nodes: int, repeats: int) -> Timing:
-    """Rounds ``2..repeats+1`` of ``method`` at ``num_nodes`` nodes, server only."""
+    """The median of rounds ``2..repeats+1`` of ``method``, server only."""
     fleet = Fleet.create(num_nodes)
     grid = CannedReplyGrid(num_nodes, {})
     replier = "fedavg" if method in BASELINES else method
@@ -449,8 +449,7 @@ def time_strategy(method: str, num_nodes: int, repeats: int) -> Timing:
         assert isinstance(strategy, ClusteredSampling)
         clock.attach(strategy)
     arrays = pack_models([fleet.model]) if method == "mmfl" else fleet.model
-    configure, aggregate, trained = [], [], []
-    clustering = []
+    timed_rounds = []
     for server_round in range(1, repeats + 2):
         grid.reset_clock()
         clock.seconds = 0.0
@@ -467,19 +466,27 @@ def time_strategy(method: str, num_nodes: int, repeats: int) -> Timing:
         if new_arrays is None:
             raise RuntimeError(f"{method} aggregated nothing in round {server_round}")
         if server_round > 1:  # round 1: warm-up, one-time size queries
-            configure.append(configured - start - query_seconds)
-            aggregate.append(end - aggregate_start)
-            trained.append(len(replies))
-            clustering.append(clock.seconds)
+            timed_rounds.append(
+                Timing(
+                    method,
+                    num_nodes,
+                    len(replies),
+                    configured - start - query_seconds,
+                    end - aggregate_start,
+                    clock.seconds if method == "clustered-similarity" else None,
+                )
+            )
         del replies, new_arrays
-    return Timing(
-        method,
-        num_nodes,
-        float(np.mean(trained)),
-        float(np.mean(configure)),
-        float(np.mean(aggregate)),
-        float(np.mean(clustering)) if method == "clustered-similarity" else None,
-    )
+    return median_round(timed_rounds)
+
+
+def median_round(rounds: Sequence[Timing]) -> Timing:
+    """The round whose total time is the median (the upper one of an even count).
+
+    One slow round (a garbage collection, another process waking up) moves a
+    mean of a few rounds by tens of percent, the median not at all.
+    """
+    return sorted(rounds, key=lambda timing: timing.total)[len(rounds) // 2]
 
 
 def ratio_rows(timings: Sequence[Timing]) -> list[dict[str, Any]]:
@@ -658,7 +665,7 @@ def costs_table(costs: Mapping[str, float]) -> str:
 
 
 def repeats_text(repeats: Mapping[int, int]) -> str:
-    """``2 at 100, 2 at 1,000, 1 at 10,000 nodes``: timed rounds per size."""
+    """``5 at 100, 5 at 1,000, 1 at 10,000 nodes``: timed rounds per size."""
     per_size = ", ".join(
         f"{count} at {num_nodes:,}" for num_nodes, count in repeats.items()
     )
@@ -699,8 +706,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     results["per_reply_seconds"] = costs
     text = (
         "# Server overhead per round\n\n"
-        f"Model: {results['parameters']:,} float32 parameters; mean of the timed "
-        f"rounds after a warm-up round ({repeats_text(repeats)}); times vary "
+        f"Model: {results['parameters']:,} float32 parameters; the median of the "
+        f"timed rounds after a warm-up round ({repeats_text(repeats)}); times vary "
         "between runs and machines.\n\n"
         f"{table}\n\n{SCALING_NOTE}\n\n![server overhead](server_overhead.png)\n\n"
         "Where the time goes (best of 20):\n\n"
