@@ -58,6 +58,7 @@ from flwr.serverapp.strategy import FedAvg, Strategy
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
+from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from benchmarks.harness import (
     benchmark_parser,
@@ -586,9 +587,13 @@ def overhead_table(timings: Sequence[Timing], rows: Sequence[dict[str, Any]]) ->
     return markdown_table(columns, cells)
 
 
+#: Candidate ticks of the plot's log-scale ratio axis.
+RATIO_TICKS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0)
+
+
 def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
     """Ratio to FedAvg against the number of nodes, one line per strategy."""
-    figure, axes = plt.subplots(figsize=(7, 4))
+    figure, axes = plt.subplots(figsize=(9, 4))
     for method in METHODS:
         points = [row for row in rows if row["method"] == method]
         axes.plot(
@@ -597,7 +602,12 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
             "o-",
             label=LABELS[method],
         )
-    axes.axhline(1.0 + TARGET_OVERHEAD, color="grey", linestyle=":", label="target")
+    axes.axhline(
+        1.0 + TARGET_OVERHEAD,
+        color="grey",
+        linestyle=":",
+        label=f"target at {TARGET_NODES:,} nodes",
+    )
     axes.set(
         xscale="log",
         yscale="log",
@@ -605,7 +615,14 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
         ylabel="server time / FedAvg's (clustering excluded)",
         title="Server time per round, 1M-parameter model",
     )
-    axes.legend(fontsize=6)
+    # Ratios span 0.5 to 20 or so: log scale, but ticks written as plain numbers.
+    axes.yaxis.set_major_formatter(ScalarFormatter())
+    axes.yaxis.set_minor_formatter(NullFormatter())
+    ratios = [row["ratio_without_clustering"] for row in rows]
+    axes.set_yticks(
+        [tick for tick in RATIO_TICKS if min(ratios) / 1.3 <= tick <= max(ratios) * 1.3]
+    )
+    axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     save_figure(figure, path, dpi=110)
 
 
