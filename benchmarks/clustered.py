@@ -46,9 +46,9 @@ from benchmarks.harness import (
     benchmark_parser,
     finite_mean,
     markdown_table,
+    mean_ratio,
     mean_std,
     prepare_run,
-    ratio_to,
     rounds_to_target,
     save_figure,
 )
@@ -179,14 +179,6 @@ def run_once(overrides: dict[str, Any]) -> Run:
     )
     run.seconds = time.perf_counter() - started
     return run
-
-
-def mean_ratio(values: Sequence[float], baseline: Sequence[float]) -> float:
-    """Mean of the finite ``values`` over that of ``baseline`` (over seeds).
-
-    NaN where either has no finite value (a target no seed reached).
-    """
-    return ratio_to(finite_mean(values), finite_mean(baseline))
 
 
 def finite_values(values: Sequence[float]) -> list[float]:

@@ -41,11 +41,10 @@ import torch
 
 from benchmarks.harness import (
     benchmark_parser,
-    finite_mean,
     markdown_table,
+    mean_ratio,
     mean_std,
     prepare_run,
-    ratio_to,
     rounds_to_target,
     save_figure,
 )
@@ -284,7 +283,7 @@ def run(setting: Setting, runs_dir: Path) -> dict[str, object]:
 
 def rounds_ratio(rounds: dict[str, list[float]], name: str) -> float:
     """Mean rounds to target of ``name`` over those of :data:`BASELINE`."""
-    return ratio_to(finite_mean(rounds[name]), finite_mean(rounds[BASELINE]))
+    return mean_ratio(rounds[name], rounds[BASELINE])
 
 
 def format_ratio(ratio: float) -> str:

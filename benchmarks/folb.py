@@ -38,9 +38,9 @@ from benchmarks.harness import (
     benchmark_parser,
     finite_mean,
     markdown_table,
+    mean_ratio,
     mean_std,
     prepare_run,
-    ratio_to,
     rounds_to_target,
     save_figure,
 )
@@ -192,9 +192,7 @@ def summarize(
     cells = []
     for label, entry in methods.items():
         for key in ("train-loss", "accuracy", "rounds-to-target"):
-            entry[f"ratio-{key}"] = ratio_to(
-                finite_mean(entry[key]), finite_mean(baseline[key])
-            )
+            entry[f"ratio-{key}"] = mean_ratio(entry[key], baseline[key])
         cells.append(
             [
                 label,

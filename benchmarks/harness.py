@@ -157,8 +157,22 @@ def mean_std(
     return text
 
 
-def ratio_to(value: float, baseline: float) -> float:
-    """``value / baseline``; NaN when either is NaN or the baseline is 0."""
-    if not (np.isfinite(value) and np.isfinite(baseline)) or baseline == 0:
+def mean_ratio(values: Sequence[float], baseline: Sequence[float]) -> float:
+    """The mean of the finite ``values`` over the mean of the finite ``baseline``.
+
+    Parameters
+    ----------
+    values, baseline : Sequence[float]
+        One value per seed each; NaN where a seed has none (a target not
+        reached), left out of its mean.
+
+    Returns
+    -------
+    float
+        The ratio of the means; NaN when either side has no finite value or
+        the baseline's mean is 0.
+    """
+    value, base = finite_mean(values), finite_mean(baseline)
+    if not (np.isfinite(value) and np.isfinite(base)) or base == 0:
         return float("nan")
-    return value / baseline
+    return value / base

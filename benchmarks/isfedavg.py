@@ -39,9 +39,9 @@ from benchmarks.harness import (
     benchmark_parser,
     finite_mean,
     markdown_table,
+    mean_ratio,
     mean_std,
     prepare_run,
-    ratio_to,
     rounds_to_target,
     save_figure,
 )
@@ -170,7 +170,6 @@ def summarize(
         ]
         for method, runs in curves.items()
     }
-    baseline_rounds = finite_mean(rounds[BASELINE])
     summary: MethodSummary = {}
     for method, values in finals.items():
         summary[method] = {
@@ -178,9 +177,7 @@ def summarize(
             "final_std": float(values.std()),
             "final_ratio_vs_fedavg": float(values.mean() / finals[BASELINE].mean()),
             "rounds_to_target": rounds[method],
-            "rounds_ratio_vs_fedavg": ratio_to(
-                finite_mean(rounds[method]), baseline_rounds
-            ),
+            "rounds_ratio_vs_fedavg": mean_ratio(rounds[method], rounds[BASELINE]),
             "mean_curve": curves[method].mean(axis=0).tolist(),
         }
     return target, summary

@@ -36,9 +36,9 @@ from benchmarks.harness import (
     benchmark_parser,
     finite_mean,
     markdown_table,
+    mean_ratio,
     mean_std,
     prepare_run,
-    ratio_to,
     rounds_to_target,
     save_figure,
 )
@@ -216,7 +216,6 @@ def summarize(
         method: statistics.fmean(values) / baseline_final
         for method, values in final.items()
     }
-    baseline_rounds = finite_mean(rounds_to[setting.baseline])
     rounds = setting.shared["num-server-rounds"]
     # Seconds per run stay in results.json: the table must not vary.
     columns = [
@@ -232,7 +231,7 @@ def summarize(
     numbers: dict[str, object] = {"target": target}
     for method, result in results.items():
         ratio = mean_std(result.variance_ratio) if result.variance_ratio else "n/a"
-        rounds_ratio = ratio_to(finite_mean(rounds_to[method]), baseline_rounds)
+        rounds_ratio = mean_ratio(rounds_to[method], rounds_to[setting.baseline])
         cells.append(
             [
                 method,
@@ -297,7 +296,7 @@ def ours_against_claim(
     baseline_rounds = finite_mean(rounds_to[baseline])
     verdicts = []
     for method in setting.claimed:
-        ratio = ratio_to(finite_mean(rounds_to[method]), baseline_rounds)
+        ratio = mean_ratio(rounds_to[method], rounds_to[baseline])
         if not np.isfinite(ratio):
             verdicts.append(f"{method} n/a (no seed of it or of {baseline} reached)")
             continue

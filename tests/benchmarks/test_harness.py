@@ -14,8 +14,8 @@ import pytest
 from benchmarks.harness import (
     finite_mean,
     markdown_table,
+    mean_ratio,
     mean_std,
-    ratio_to,
     rounds_to_target,
     save_figure,
 )
@@ -67,11 +67,11 @@ def test_mean_std_counts_the_seeds_that_missed() -> None:
     assert mean_std([math.nan, math.nan], missing="never") == "never"
 
 
-def test_ratio_to_is_nan_without_a_finite_nonzero_baseline() -> None:
-    assert ratio_to(3.0, 2.0) == 1.5
-    assert math.isnan(ratio_to(3.0, 0.0))
-    assert math.isnan(ratio_to(math.nan, 2.0))
-    assert math.isnan(ratio_to(3.0, math.nan))
+def test_mean_ratio_divides_the_means_of_the_seeds_that_reached() -> None:
+    assert mean_ratio([3.0, math.nan, 5.0], [2.0, 2.0]) == 2.0
+    assert math.isnan(mean_ratio([3.0], [0.0]))
+    assert math.isnan(mean_ratio([math.nan], [2.0]))
+    assert math.isnan(mean_ratio([3.0], [math.nan, math.nan]))
 
 
 def test_finite_mean_skips_the_seeds_that_missed() -> None:
