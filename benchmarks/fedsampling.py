@@ -41,6 +41,7 @@ import torch
 
 from benchmarks.harness import (
     benchmark_parser,
+    format_ratio,
     markdown_table,
     mean_ratio,
     mean_std,
@@ -284,11 +285,6 @@ def run(setting: Setting, runs_dir: Path) -> dict[str, object]:
 def rounds_ratio(rounds: dict[str, list[float]], name: str) -> float:
     """Mean rounds to target of ``name`` over those of :data:`BASELINE`."""
     return mean_ratio(rounds[name], rounds[BASELINE])
-
-
-def format_ratio(ratio: float) -> str:
-    """A rounds ratio with two decimals, ``n/a`` where it is undefined."""
-    return f"{ratio:.2f}" if np.isfinite(ratio) else "n/a"
 
 
 def summarize(setting: Setting, outcome: dict[str, object]) -> str:

@@ -41,6 +41,11 @@ def prepare_run() -> None:
     logging.getLogger("flwr").setLevel(logging.WARNING)
 
 
+def format_ratio(ratio: float, prefix: str = "") -> str:
+    """A ratio with two decimals after ``prefix``; ``n/a`` where it is NaN."""
+    return f"{prefix}{ratio:.2f}" if np.isfinite(ratio) else "n/a"
+
+
 def markdown_table(columns: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
     """A markdown table: the header, the separator, then one line per row.
 

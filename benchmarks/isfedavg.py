@@ -38,6 +38,7 @@ import numpy as np
 from benchmarks.harness import (
     benchmark_parser,
     finite_mean,
+    format_ratio,
     markdown_table,
     mean_ratio,
     mean_std,
@@ -181,11 +182,6 @@ def summarize(
             "mean_curve": curves[method].mean(axis=0).tolist(),
         }
     return target, summary
-
-
-def format_ratio(ratio: float) -> str:
-    """A ratio with two decimals, ``n/a`` when NaN (a target not reached)."""
-    return f"{ratio:.2f}" if np.isfinite(ratio) else "n/a"
 
 
 def results_table(setting: Setting, target: Target, summary: MethodSummary) -> str:

@@ -35,6 +35,7 @@ import numpy as np
 from benchmarks.harness import (
     benchmark_parser,
     finite_mean,
+    format_ratio,
     markdown_table,
     mean_ratio,
     mean_std,
@@ -238,7 +239,7 @@ def summarize(
                 mean_std(final[method]),
                 f"x{gains[method]:.3f}",
                 mean_std(rounds_to[method]),
-                f"x{rounds_ratio:.2f}" if np.isfinite(rounds_ratio) else "n/a",
+                format_ratio(rounds_ratio, prefix="x"),
                 ratio,
                 f"{statistics.fmean(result.trainings_per_round):.1f}",
             ]

@@ -13,6 +13,7 @@ import pytest
 
 from benchmarks.harness import (
     finite_mean,
+    format_ratio,
     markdown_table,
     mean_ratio,
     mean_std,
@@ -77,3 +78,9 @@ def test_mean_ratio_divides_the_means_of_the_seeds_that_reached() -> None:
 def test_finite_mean_skips_the_seeds_that_missed() -> None:
     assert finite_mean([2.0, math.nan, 4.0]) == 3.0
     assert math.isnan(finite_mean([math.nan]))
+
+
+def test_format_ratio_writes_nan_as_not_available() -> None:
+    assert format_ratio(0.754) == "0.75"
+    assert format_ratio(1.5, prefix="x") == "x1.50"
+    assert format_ratio(math.nan, prefix="x") == "n/a"
