@@ -20,9 +20,9 @@ from flwr_importance.clientapps.common import (
     make_evaluate_handler,
     make_train_handler,
 )
-
-#: Metric of the reply: the node's number of local training samples.
-SIZE_KEY = "num-examples"
+from flwr_importance.protocol import (
+    NUM_EXAMPLES,
+)
 
 
 def make_sizes_handler(task_factory: TaskFactory) -> ClientHandler:
@@ -34,7 +34,7 @@ def make_sizes_handler(task_factory: TaskFactory) -> ClientHandler:
 
     def sizes(message: Message, context: Context) -> Message:
         task = task_factory(context)
-        content = RecordDict({"metrics": MetricRecord({SIZE_KEY: len(task.x)})})
+        content = RecordDict({"metrics": MetricRecord({NUM_EXAMPLES: len(task.x)})})
         return Message(content, reply_to=message)
 
     return sizes

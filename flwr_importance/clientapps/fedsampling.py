@@ -31,13 +31,12 @@ from flwr_importance.clientapps.common import (
     round_generators,
     server_round_of,
 )
+from flwr_importance.protocol import (
+    FEDSAMPLING_SIZE_RESPONSE,
+    NUM_EXAMPLES,
+)
 from flwr_importance.sampling import privatize_size
 from flwr_importance.tasks import full_gradient
-
-#: Metric key of the randomized size reply (FedSampling's ``query.sizes``).
-SIZE_RESPONSE_KEY = "size-response"
-#: Metric key of the true size (the size-weighted baseline's ``query.sizes``).
-TRUE_SIZE_KEY = "num-examples"
 
 
 def make_size_query_handler(
@@ -77,7 +76,9 @@ def make_size_query_handler(
         # the truthful-answer coin must not be correlated with which samples stay.
         (reply_rng,) = numpy_rng.spawn(1)
         response = privatize_size(len(task.x), max_size, epsilon, reply_rng)
-        content = RecordDict({"metrics": MetricRecord({SIZE_RESPONSE_KEY: response})})
+        content = RecordDict(
+            {"metrics": MetricRecord({FEDSAMPLING_SIZE_RESPONSE: response})}
+        )
         return Message(content, reply_to=message)
 
     return size_query
@@ -165,7 +166,7 @@ def make_true_size_handler(task_factory: TaskFactory) -> ClientHandler:
 
     def true_size(message: Message, context: Context) -> Message:
         task = task_factory(context)
-        content = RecordDict({"metrics": MetricRecord({TRUE_SIZE_KEY: len(task.x)})})
+        content = RecordDict({"metrics": MetricRecord({NUM_EXAMPLES: len(task.x)})})
         return Message(content, reply_to=message)
 
     return true_size

@@ -37,13 +37,12 @@ from flwr_importance.clientapps.common import (
     make_evaluate_handler,
     make_train_handler,
 )
+from flwr_importance.protocol import (
+    FOLB_GAMMA,
+    FOLB_GRADIENT,
+    FOLB_UPDATE,
+)
 from flwr_importance.tasks import full_gradient
-
-#: Names of the ArrayRecords in FOLB's replies.
-UPDATE_KEY = "update"
-GRADIENT_KEY = "gradient"
-#: Name of the inexactness metric.
-GAMMA_KEY = "gamma"
 
 
 def gradient_record(
@@ -144,9 +143,9 @@ def make_folb_train_handler(task_factory: TaskFactory) -> ClientHandler:
         metrics = dict(trained_reply.content.metric_records["metrics"])
         content = RecordDict(
             {
-                UPDATE_KEY: update,
-                GRADIENT_KEY: gradient_record(task.model, gradient),
-                "metrics": MetricRecord({**metrics, GAMMA_KEY: gamma}),
+                FOLB_UPDATE: update,
+                FOLB_GRADIENT: gradient_record(task.model, gradient),
+                "metrics": MetricRecord({**metrics, FOLB_GAMMA: gamma}),
             }
         )
         return Message(content, reply_to=message)
@@ -163,7 +162,7 @@ def make_folb_gradient_handler(task_factory: TaskFactory) -> ClientHandler:
         gradient = full_gradient(task.model, task.x, task.y, task.objective)
         content = RecordDict(
             {
-                GRADIENT_KEY: gradient_record(task.model, gradient),
+                FOLB_GRADIENT: gradient_record(task.model, gradient),
                 "metrics": MetricRecord({"num-examples": len(task.x)}),
             }
         )

@@ -47,29 +47,22 @@ from flwr_importance.clientapps.common import (
     round_generators,
     server_round_of,
 )
+from flwr_importance.protocol import (
+    ISFEDAVG_ADAPT_SAMPLE_PROBS,
+    ISFEDAVG_BATCH_SIZE,
+    ISFEDAVG_CLIENT_PROB,
+    ISFEDAVG_GRADIENT_SQ_NORM,
+    ISFEDAVG_LOCAL_STEPS,
+    ISFEDAVG_MIN_RELATIVE_SAMPLE_PROB,
+    ISFEDAVG_NUM_CLIENTS,
+    ISFEDAVG_SIGMA2,
+)
 from flwr_importance.sampling import systematic_sample, update_sample_probs
 from flwr_importance.tasks import weighted_sgd_step
 
 # --- The client contract: config keys the strategy sends ----------------------
-#: ``p_k``: the client's realized normalized inclusion probability ``P(k in S)/L``.
-CLIENT_PROB_KEY = "isfedavg-client-prob"
-#: ``K``: the number of clients the probabilities are spread over.
-NUM_CLIENTS_KEY = "isfedavg-num-clients"
-#: ``E_k``: local SGD steps ("epochs" in the paper).
-LOCAL_STEPS_KEY = "isfedavg-local-steps"
-#: ``B_k``: mini-batch size.
-BATCH_SIZE_KEY = "isfedavg-batch-size"
-#: Whether to apply eq. 29 to the sample probabilities; False leaves them as
-#: they are (uniform, as stored on a node's first round, in uniform mode).
-ADAPT_SAMPLE_PROBS_KEY = "isfedavg-adapt-sample-probs"
-#: Floor on every ``p_n`` as a fraction of ``1/N_k``, in ``(0, 1]``.
-MIN_RELATIVE_SAMPLE_PROB_KEY = "isfedavg-min-relative-sample-prob"
 
 # --- ... and metric keys it expects back ---------------------------------------
-#: ``sigma2_k`` of eq. 22.
-SIGMA2_KEY = "isfedavg-sigma2"
-#: ``||grad P_k_hat||^2``, eq. 14 accumulated over the round's steps.
-GRADIENT_SQ_NORM_KEY = "isfedavg-g2"
 
 #: Where the node keeps its per-sample state in ``context.state``: an
 #: ArrayRecord with ``probs`` (``p_n``) and ``grad-norms`` (the last
@@ -92,23 +85,25 @@ class RoundSettings:
     def from_message(cls, message: Message) -> RoundSettings:
         """Read and check the settings; a bad value raises ``ValueError``."""
         settings = cls(
-            client_prob=config_number(message, CLIENT_PROB_KEY),
-            num_clients=int(config_number(message, NUM_CLIENTS_KEY)),
-            local_steps=int(config_number(message, LOCAL_STEPS_KEY)),
-            batch_size=int(config_number(message, BATCH_SIZE_KEY)),
-            adapt_sample_probs=_config_flag(message, ADAPT_SAMPLE_PROBS_KEY),
+            client_prob=config_number(message, ISFEDAVG_CLIENT_PROB),
+            num_clients=int(config_number(message, ISFEDAVG_NUM_CLIENTS)),
+            local_steps=int(config_number(message, ISFEDAVG_LOCAL_STEPS)),
+            batch_size=int(config_number(message, ISFEDAVG_BATCH_SIZE)),
+            adapt_sample_probs=_config_flag(message, ISFEDAVG_ADAPT_SAMPLE_PROBS),
             min_relative_sample_prob=config_number(
-                message, MIN_RELATIVE_SAMPLE_PROB_KEY
+                message, ISFEDAVG_MIN_RELATIVE_SAMPLE_PROB
             ),
         )
         if not 0 < settings.client_prob <= 1:
-            raise ValueError(f"{CLIENT_PROB_KEY} must lie in (0, 1]")
+            raise ValueError(f"{ISFEDAVG_CLIENT_PROB} must lie in (0, 1]")
         if settings.num_clients < 1 or settings.local_steps < 1:
-            raise ValueError(f"{NUM_CLIENTS_KEY} and {LOCAL_STEPS_KEY} must be >= 1")
+            raise ValueError(
+                f"{ISFEDAVG_NUM_CLIENTS} and {ISFEDAVG_LOCAL_STEPS} must be >= 1"
+            )
         if settings.batch_size < 1:
-            raise ValueError(f"{BATCH_SIZE_KEY} must be >= 1")
+            raise ValueError(f"{ISFEDAVG_BATCH_SIZE} must be >= 1")
         if not 0 < settings.min_relative_sample_prob <= 1:
-            raise ValueError(f"{MIN_RELATIVE_SAMPLE_PROB_KEY} must lie in (0, 1]")
+            raise ValueError(f"{ISFEDAVG_MIN_RELATIVE_SAMPLE_PROB} must lie in (0, 1]")
         return settings
 
 
@@ -260,8 +255,8 @@ def importance_sampled_sgd(
     return {
         "train-loss": loss_sum / settings.local_steps,
         "num-steps": float(settings.local_steps),
-        SIGMA2_KEY: sigma2,
-        GRADIENT_SQ_NORM_KEY: gradient_sq_norm,
+        ISFEDAVG_SIGMA2: sigma2,
+        ISFEDAVG_GRADIENT_SQ_NORM: gradient_sq_norm,
     }
 
 

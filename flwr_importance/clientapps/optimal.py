@@ -59,6 +59,11 @@ from flwr_importance.clientapps.common import (
     server_round_of,
     train_round,
 )
+from flwr_importance.protocol import (
+    MODEL_RECORD_PREFIX,
+    UPDATE_RECORD,
+    model_record_name,
+)
 from flwr_importance.tasks import evaluate
 
 #: ``(context, model_index) -> LocalTask``: a node's task for each model.
@@ -68,15 +73,6 @@ ModelTaskFactory = Callable[[Context, int], LocalTask]
 #: updates belong to; the updates themselves are under ``KEPT_UPDATE_PREFIX<s>``.
 KEPT_ROUND_KEY = "optimal-kept-round"
 KEPT_UPDATE_PREFIX = "optimal-kept-update-"
-#: Name of the ArrayRecord carrying model ``s`` in server messages.
-MODEL_RECORD_PREFIX = "model-"
-#: Name of the ArrayRecord carrying the update in train replies.
-UPDATE_RECORD = "update"
-
-
-def model_record_name(model_index: int) -> str:
-    """``model-<s>``: the ArrayRecord name of model ``s`` in server messages."""
-    return f"{MODEL_RECORD_PREFIX}{model_index}"
 
 
 def received_models(message: Message) -> dict[int, ArrayRecord]:

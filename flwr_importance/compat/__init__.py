@@ -8,16 +8,40 @@ line of sampling and aggregation; :mod:`.transport` carries the extra round
 trips over ``ClientProxy.get_properties``/``ClientProxy.fit`` and
 :func:`handler_client_fn` serves them on the client with the Message-API
 handlers of :mod:`flwr_importance.clientapps`.
+
+The server side imports no ML framework; the client side (:mod:`.clients`,
+torch) loads only when :class:`HandlerClient` or :func:`handler_client_fn` is
+first used, so a TensorFlow, JAX or scikit-learn project can run these
+strategies without torch.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from flwr_importance.compat.adapter import LegacyOptions, LegacyStrategyAdapter
-from flwr_importance.compat.clients import HandlerClient, handler_client_fn
 from flwr_importance.compat.clustered import ClusteredSampling
 from flwr_importance.compat.fedsampling import FedSampling
 from flwr_importance.compat.folb import FOLB
 from flwr_importance.compat.isfedavg import ISFedAvg
 from flwr_importance.compat.md import MDSampling
 from flwr_importance.compat.ocs import OptimalClientSampling
+
+if TYPE_CHECKING:
+    from flwr_importance.compat.clients import HandlerClient, handler_client_fn
+
+#: Client-side names, imported on first use (they need torch).
+_CLIENT_SIDE = frozenset({"HandlerClient", "handler_client_fn"})
+
+
+def __getattr__(name: str) -> Any:
+    """Load the client-side names on first use (PEP 562)."""
+    if name in _CLIENT_SIDE:
+        from flwr_importance.compat import clients
+
+        return getattr(clients, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "FOLB",

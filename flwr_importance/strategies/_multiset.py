@@ -24,6 +24,10 @@ from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
 from flwr_importance.aggregation import weighted_sum
+from flwr_importance.protocol import (
+    NUM_EXAMPLES,
+    SIZES_QUERY,
+)
 from flwr_importance.strategies.common import (
     CheckedFedAvg,
     CheckedReply,
@@ -34,11 +38,6 @@ from flwr_importance.strategies.common import (
     node_messages,
     send_query,
 )
-
-#: Metric carrying a client's sample count, in size-query and train replies.
-SIZE_KEY = "num-examples"
-#: Query action asking the clients for their sample counts (``query.sizes``).
-SIZE_QUERY_ACTION = "sizes"
 
 
 class MultisetSampling(CheckedFedAvg, ABC):
@@ -85,7 +84,7 @@ class MultisetSampling(CheckedFedAvg, ABC):
             min_train_nodes=clients_per_round,
             min_evaluate_nodes=min_evaluate_nodes,
             min_available_nodes=min_available_nodes,
-            weighted_by_key=SIZE_KEY,
+            weighted_by_key=NUM_EXAMPLES,
             arrayrecord_key=arrayrecord_key,
             configrecord_key=configrecord_key,
         )
@@ -190,7 +189,7 @@ class MultisetSampling(CheckedFedAvg, ABC):
             return None, None
         checked = check_replies(
             replies,
-            nonnegative_keys=[SIZE_KEY],
+            nonnegative_keys=[NUM_EXAMPLES],
             expected_arrays=self._round_model,
             context="aggregate_train",
         )
@@ -226,24 +225,24 @@ class MultisetSampling(CheckedFedAvg, ABC):
         replies = send_query(
             grid,
             dict.fromkeys(unknown, query_config),
-            SIZE_QUERY_ACTION,
+            SIZES_QUERY,
             timeout=self.query_timeout,
         )
         for reply in check_replies(
-            replies.values(), nonnegative_keys=[SIZE_KEY], context="query.sizes"
+            replies.values(), nonnegative_keys=[NUM_EXAMPLES], context="query.sizes"
         ):
             self._store_size(reply, "query.sizes")
 
     def _store_size(self, reply: CheckedReply, context: str) -> None:
         """Keep a reply's ``num-examples`` if it is a whole number (logged if not)."""
-        size = reply.metrics[SIZE_KEY]
+        size = reply.metrics[NUM_EXAMPLES]
         if size != int(size):
             log(
                 WARNING,
                 "%s: node %d sent a non-integer %s (%r), size not updated",
                 context,
                 reply.node_id,
-                SIZE_KEY,
+                NUM_EXAMPLES,
                 size,
             )
             return

@@ -18,7 +18,9 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from flwr_importance.aggregation.fedsampling import server_update
-from flwr_importance.clientapps.fedsampling import SIZE_RESPONSE_KEY
+from flwr_importance.protocol import (
+    FEDSAMPLING_SIZE_RESPONSE,
+)
 from flwr_importance.sampling import estimate_total_size, ldp_alpha
 from flwr_importance.strategies.common import (
     CheckedFedAvg,
@@ -226,12 +228,12 @@ class FedSampling(CheckedFedAvg):
         )
         checked = check_replies(
             replies.values(),
-            metric_keys=[SIZE_RESPONSE_KEY],
+            metric_keys=[FEDSAMPLING_SIZE_RESPONSE],
             context="configure_train: query.sizes",
         )
         responses: dict[int, int] = {}
         for reply in checked:
-            value = reply.metrics[SIZE_RESPONSE_KEY]
+            value = reply.metrics[FEDSAMPLING_SIZE_RESPONSE]
             if value != int(value) or not 1 <= value <= self.max_size - 1:
                 log(
                     WARNING,

@@ -30,7 +30,11 @@ from flwr_importance.aggregation.folb import (
     check_options,
     folb_weights,
 )
-from flwr_importance.clientapps.folb import GAMMA_KEY, GRADIENT_KEY, UPDATE_KEY
+from flwr_importance.protocol import (
+    FOLB_GAMMA,
+    FOLB_GRADIENT,
+    FOLB_UPDATE,
+)
 from flwr_importance.strategies.common import (
     CheckedFedAvg,
     CheckedReply,
@@ -276,10 +280,10 @@ class FOLB(CheckedFedAvg):
         )
         checked = check_replies(
             answers.values(),
-            expected_arrays={GRADIENT_KEY: arrays},
+            expected_arrays={FOLB_GRADIENT: arrays},
             context="query.gradient",
         )
-        return {reply.node_id: reply.arrays[GRADIENT_KEY] for reply in checked}
+        return {reply.node_id: reply.arrays[FOLB_GRADIENT] for reply in checked}
 
     # -- aggregate ---------------------------------------------------------------
     def aggregate_train(
@@ -304,7 +308,7 @@ class FOLB(CheckedFedAvg):
             )
         # w^t + sum_k a_k dw_k, array by array, each read in place.
         new_arrays = combine_arrays(
-            [draws.arrays, *(reply.arrays[UPDATE_KEY] for reply in usable)],
+            [draws.arrays, *(reply.arrays[FOLB_UPDATE] for reply in usable)],
             lambda arrays: arrays[0] + weighted_sum(arrays[1:], result.weights),
             draws.arrays,
         )
@@ -322,9 +326,9 @@ class FOLB(CheckedFedAvg):
         """Checked replies from nodes of this round's ``S``."""
         checked = check_replies(
             replies,
-            metric_keys=(GAMMA_KEY,),
-            nonnegative_keys=(GAMMA_KEY, self.weighted_by_key),
-            expected_arrays={UPDATE_KEY: draws.arrays, GRADIENT_KEY: draws.arrays},
+            metric_keys=(FOLB_GAMMA,),
+            nonnegative_keys=(FOLB_GAMMA, self.weighted_by_key),
+            expected_arrays={FOLB_UPDATE: draws.arrays, FOLB_GRADIENT: draws.arrays},
         )
         usable = []
         for reply in checked:
@@ -336,7 +340,7 @@ class FOLB(CheckedFedAvg):
 
     def _weights(self, usable: list[CheckedReply], draws: _RoundDraws) -> FolbWeights:
         """FOLB's weights for the usable replies (multiplicities included)."""
-        gradients = {reply.node_id: reply.arrays[GRADIENT_KEY] for reply in usable}
+        gradients = {reply.node_id: reply.arrays[FOLB_GRADIENT] for reply in usable}
         reference_gradients = None
         reference_counts = None
         if self.mode == "two-set":
@@ -374,7 +378,7 @@ def _split_gradient(record: ArrayRecord) -> SplitVector:
 
 def _clipped_gamma(reply: CheckedReply) -> float:
     """The reply's ``gamma_k`` clipped to ``[0, 1]`` (eq. 18 assumes that range)."""
-    gamma = reply.metrics[GAMMA_KEY]
+    gamma = reply.metrics[FOLB_GAMMA]
     if gamma > 1.0:
         log(
             WARNING,

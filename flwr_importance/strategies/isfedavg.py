@@ -24,15 +24,15 @@ from flwr_importance.aggregation.isfedavg import (
     realized_normalized_probs,
     update_client_probs,
 )
-from flwr_importance.clientapps.isfedavg import (
-    ADAPT_SAMPLE_PROBS_KEY,
-    BATCH_SIZE_KEY,
-    CLIENT_PROB_KEY,
-    GRADIENT_SQ_NORM_KEY,
-    LOCAL_STEPS_KEY,
-    MIN_RELATIVE_SAMPLE_PROB_KEY,
-    NUM_CLIENTS_KEY,
-    SIGMA2_KEY,
+from flwr_importance.protocol import (
+    ISFEDAVG_ADAPT_SAMPLE_PROBS,
+    ISFEDAVG_BATCH_SIZE,
+    ISFEDAVG_CLIENT_PROB,
+    ISFEDAVG_GRADIENT_SQ_NORM,
+    ISFEDAVG_LOCAL_STEPS,
+    ISFEDAVG_MIN_RELATIVE_SAMPLE_PROB,
+    ISFEDAVG_NUM_CLIENTS,
+    ISFEDAVG_SIGMA2,
 )
 from flwr_importance.sampling import systematic_sample
 from flwr_importance.strategies.common import (
@@ -306,12 +306,12 @@ class ISFedAvg(CheckedFedAvg):
         """The shared ``config`` plus this node's ISFedAvg settings."""
         node_config = ConfigRecord(dict(config))
         node_config["server-round"] = server_round
-        node_config[CLIENT_PROB_KEY] = float(client_prob)
-        node_config[NUM_CLIENTS_KEY] = num_clients
-        node_config[LOCAL_STEPS_KEY] = self.local_steps[node_id]
-        node_config[BATCH_SIZE_KEY] = self.batch_sizes[node_id]
-        node_config[ADAPT_SAMPLE_PROBS_KEY] = not self.uniform
-        node_config[MIN_RELATIVE_SAMPLE_PROB_KEY] = self.min_relative_sample_prob
+        node_config[ISFEDAVG_CLIENT_PROB] = float(client_prob)
+        node_config[ISFEDAVG_NUM_CLIENTS] = num_clients
+        node_config[ISFEDAVG_LOCAL_STEPS] = self.local_steps[node_id]
+        node_config[ISFEDAVG_BATCH_SIZE] = self.batch_sizes[node_id]
+        node_config[ISFEDAVG_ADAPT_SAMPLE_PROBS] = not self.uniform
+        node_config[ISFEDAVG_MIN_RELATIVE_SAMPLE_PROB] = self.min_relative_sample_prob
         return node_config
 
     def aggregate_train(
@@ -323,8 +323,8 @@ class ISFedAvg(CheckedFedAvg):
             for reply in check_replies(
                 replies,
                 nonnegative_keys=(
-                    SIGMA2_KEY,
-                    GRADIENT_SQ_NORM_KEY,
+                    ISFEDAVG_SIGMA2,
+                    ISFEDAVG_GRADIENT_SQ_NORM,
                     self.weighted_by_key,
                 ),
                 expected_arrays=self._sent_arrays,
@@ -376,8 +376,8 @@ class ISFedAvg(CheckedFedAvg):
         updated = update_client_probs(
             self.probability_vector(node_ids),
             [position[node] for node in participants],
-            [reply.metrics[SIGMA2_KEY] for reply in checked],
-            [reply.metrics[GRADIENT_SQ_NORM_KEY] for reply in checked],
+            [reply.metrics[ISFEDAVG_SIGMA2] for reply in checked],
+            [reply.metrics[ISFEDAVG_GRADIENT_SQ_NORM] for reply in checked],
             [self.local_steps[node] for node in participants],
             [self.batch_sizes[node] for node in participants],
             self.min_relative_client_prob,

@@ -18,7 +18,10 @@ from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
 from flwr_importance.aggregation.optimal import size_fractions, uniform_assignment_prob
-from flwr_importance.clientapps.optimal import MODEL_RECORD_PREFIX, model_record_name
+from flwr_importance.protocol import (
+    MODEL_RECORD_PREFIX,
+    model_record_name,
+)
 from flwr_importance.sampling import assign_models, estimator_variance, mmfl_probs
 from flwr_importance.strategies.common import CheckedFedAvg, connected_nodes
 from flwr_importance.strategies.ocs import (

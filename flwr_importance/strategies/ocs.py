@@ -21,7 +21,10 @@ from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
 from flwr_importance.aggregation.optimal import size_fractions, unbiased_update
-from flwr_importance.clientapps.optimal import UPDATE_RECORD, model_record_name
+from flwr_importance.protocol import (
+    UPDATE_RECORD,
+    model_record_name,
+)
 from flwr_importance.sampling import (
     aocs_probs,
     estimator_variance,

@@ -19,7 +19,9 @@ from flwr.serverapp import Grid
 
 from flwr_importance.aggregation import weighted_sum
 from flwr_importance.aggregation.fedsampling import size_weighted_draws
-from flwr_importance.clientapps.fedsampling import TRUE_SIZE_KEY
+from flwr_importance.protocol import (
+    NUM_EXAMPLES,
+)
 from flwr_importance.strategies.common import (
     CheckedFedAvg,
     check_replies,
@@ -172,10 +174,10 @@ class SizeWeightedSampling(CheckedFedAvg):
         )
         for reply in check_replies(
             replies.values(),
-            nonnegative_keys=[TRUE_SIZE_KEY],
+            nonnegative_keys=[NUM_EXAMPLES],
             context="configure_train: query.sizes",
         ):
-            size = reply.metrics[TRUE_SIZE_KEY]
+            size = reply.metrics[NUM_EXAMPLES]
             if size != int(size):
                 log(
                     WARNING,

@@ -30,8 +30,10 @@ from typing import Any
 
 import pytest
 
-from flwr_importance.clientapps.fedsampling import SIZE_RESPONSE_KEY
 from flwr_importance.launcher import deployment
+from flwr_importance.protocol import (
+    FEDSAMPLING_SIZE_RESPONSE,
+)
 from simulations.config import ExperimentConfig
 from simulations.inprocess import load_preset, resolve_run_config
 from simulations.task import federated_data
@@ -178,9 +180,9 @@ def test_deployment_fedsampling_sizes_never_reach_the_server_exactly(
     for reply in size_replies:
         assert reply["configs"] == {} and reply["arrays"] == []
         (metrics,) = reply["metrics"].values()
-        assert set(metrics) == {SIZE_RESPONSE_KEY}
-        assert 1 <= metrics[SIZE_RESPONSE_KEY] <= max_size - 1
-        responses.append(int(metrics[SIZE_RESPONSE_KEY]))
+        assert set(metrics) == {FEDSAMPLING_SIZE_RESPONSE}
+        assert 1 <= metrics[FEDSAMPLING_SIZE_RESPONSE] <= max_size - 1
+        responses.append(int(metrics[FEDSAMPLING_SIZE_RESPONSE]))
     for reply in train_replies:
         assert reply["metrics"] == {} and reply["configs"] == {}, reply
     sizes = sorted(min(size, max_size - 1) for size in true_sizes())

@@ -20,9 +20,11 @@ from flwr.clientapp import ClientApp
 from flwr_importance.aggregation.fedsampling import bernoulli_keep, keep_probability
 from flwr_importance.clientapps import ClientHandler, round_generators
 from flwr_importance.clientapps.fedsampling import (
-    SIZE_RESPONSE_KEY,
     make_fedsampling_train_handler,
     make_size_query_handler,
+)
+from flwr_importance.protocol import (
+    FEDSAMPLING_SIZE_RESPONSE,
 )
 from flwr_importance.sampling import ldp_alpha
 from flwr_importance.strategies.fedsampling import FedSampling
@@ -107,7 +109,7 @@ def leaks(grid: InProcessGrid) -> list[str]:
             ]:
                 found.append(f"node {node_id}: extra arrays in the train reply")
         for key, value in scalar_fields(reply):
-            if key == SIZE_RESPONSE_KEY:
+            if key == FEDSAMPLING_SIZE_RESPONSE:
                 continue  # randomized response: see the statistical test
             found += [
                 f"node {node_id}: '{key}' = {name} {value:g}"
@@ -124,7 +126,9 @@ def truthful_fraction(grid: InProcessGrid) -> tuple[float, int]:
         if reply.metadata.message_type == "query.sizes":
             task = local_task(node_context(grid, reply.metadata.src_node_id))
             clipped = min(max(len(task.x), 1), MAX_SIZE - 1)
-            response = reply.content.metric_records["metrics"][SIZE_RESPONSE_KEY]
+            response = reply.content.metric_records["metrics"][
+                FEDSAMPLING_SIZE_RESPONSE
+            ]
             hits.append(response == clipped)
     return float(np.mean(hits)), len(hits)
 
@@ -170,7 +174,11 @@ def test_the_wire_check_catches_a_num_examples_leak() -> None:
 def test_the_wire_check_catches_a_truthful_size_reply() -> None:
     def true_size(message: Message, context: Context) -> Message:
         content = RecordDict(
-            {"metrics": MetricRecord({SIZE_RESPONSE_KEY: len(local_task(context).x)})}
+            {
+                "metrics": MetricRecord(
+                    {FEDSAMPLING_SIZE_RESPONSE: len(local_task(context).x)}
+                )
+            }
         )
         return Message(content, reply_to=message)
 

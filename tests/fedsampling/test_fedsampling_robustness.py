@@ -16,9 +16,11 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 
 from flwr_importance.clientapps.fedsampling import (
-    SIZE_RESPONSE_KEY,
     make_fedsampling_train_handler,
     make_size_query_handler,
+)
+from flwr_importance.protocol import (
+    FEDSAMPLING_SIZE_RESPONSE,
 )
 from flwr_importance.strategies.common import flatten
 from flwr_importance.strategies.fedsampling import FedSampling
@@ -56,7 +58,9 @@ def misbehaving_app() -> ClientApp:
 
     def query(message: Message, context: Context) -> Message:
         if context.node_config["partition-id"] == 0:
-            content = RecordDict({"metrics": MetricRecord({SIZE_RESPONSE_KEY: 5000})})
+            content = RecordDict(
+                {"metrics": MetricRecord({FEDSAMPLING_SIZE_RESPONSE: 5000})}
+            )
             return Message(content, reply_to=message)
         return size_query(message, context)
 

@@ -17,19 +17,21 @@ from torch import nn
 
 from flwr_importance.clientapps import LocalTask
 from flwr_importance.clientapps.isfedavg import (
-    ADAPT_SAMPLE_PROBS_KEY,
-    BATCH_SIZE_KEY,
-    CLIENT_PROB_KEY,
-    GRADIENT_SQ_NORM_KEY,
-    LOCAL_STEPS_KEY,
-    MIN_RELATIVE_SAMPLE_PROB_KEY,
-    NUM_CLIENTS_KEY,
     SAMPLE_STATE_KEY,
-    SIGMA2_KEY,
     RoundSettings,
     SampleState,
     importance_sampled_sgd,
     make_isfedavg_train_handler,
+)
+from flwr_importance.protocol import (
+    ISFEDAVG_ADAPT_SAMPLE_PROBS,
+    ISFEDAVG_BATCH_SIZE,
+    ISFEDAVG_CLIENT_PROB,
+    ISFEDAVG_GRADIENT_SQ_NORM,
+    ISFEDAVG_LOCAL_STEPS,
+    ISFEDAVG_MIN_RELATIVE_SAMPLE_PROB,
+    ISFEDAVG_NUM_CLIENTS,
+    ISFEDAVG_SIGMA2,
 )
 from flwr_importance.tasks import Objective, full_gradient, train_local
 from flwr_importance.testing import InProcessGrid
@@ -174,11 +176,11 @@ def test_reports_sigma2_and_g2_of_eq_22_and_eq_14() -> None:
     # One step on all the data with K p_k = 1: grad P_hat is the full gradient.
     gradient = full_gradient(start, task.x, task.y, task.objective)
     expected_g2 = float(sum(g.double().pow(2).sum() for g in gradient))
-    assert metrics[GRADIENT_SQ_NORM_KEY] == pytest.approx(expected_g2, rel=1e-5)
+    assert metrics[ISFEDAVG_GRADIENT_SQ_NORM] == pytest.approx(expected_g2, rel=1e-5)
     # sigma2 = 6/(E B N^2) sum_n (1/p_n) ||grad Q_n||^2 with p_n = 1/N, B = N.
     norms = task.objective.per_sample_grad_norms(start, task.x, task.y).double()
     expected_sigma2 = 6 / num_samples**2 * float(norms.pow(2).sum())
-    assert metrics[SIGMA2_KEY] == pytest.approx(expected_sigma2, rel=1e-5)
+    assert metrics[ISFEDAVG_SIGMA2] == pytest.approx(expected_sigma2, rel=1e-5)
     np.testing.assert_allclose(state.grad_norms, norms.numpy(), rtol=1e-5)
 
 
@@ -231,12 +233,12 @@ def train_message(node_id: int, model: nn.Module, server_round: int) -> Message:
     config = ConfigRecord(
         {
             "server-round": server_round,
-            CLIENT_PROB_KEY: 0.5,
-            NUM_CLIENTS_KEY: 2,
-            LOCAL_STEPS_KEY: 2,
-            BATCH_SIZE_KEY: 3,
-            ADAPT_SAMPLE_PROBS_KEY: True,
-            MIN_RELATIVE_SAMPLE_PROB_KEY: 0.1,
+            ISFEDAVG_CLIENT_PROB: 0.5,
+            ISFEDAVG_NUM_CLIENTS: 2,
+            ISFEDAVG_LOCAL_STEPS: 2,
+            ISFEDAVG_BATCH_SIZE: 3,
+            ISFEDAVG_ADAPT_SAMPLE_PROBS: True,
+            ISFEDAVG_MIN_RELATIVE_SAMPLE_PROB: 0.1,
         }
     )
     content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": config})
@@ -252,7 +254,7 @@ def test_handler_keeps_sample_probabilities_in_the_node_state() -> None:
         (reply,) = grid.send_and_receive([train_message(node_id, model, server_round)])
         assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
         metrics = reply.content["metrics"]
-        assert metrics[SIGMA2_KEY] >= 0 and metrics[GRADIENT_SQ_NORM_KEY] >= 0
+        assert metrics[ISFEDAVG_SIGMA2] >= 0 and metrics[ISFEDAVG_GRADIENT_SQ_NORM] >= 0
         assert metrics["num-examples"] == 12
         stored = grid.node_state(node_id)[SAMPLE_STATE_KEY]
         history.append(stored["probs"].numpy().copy())
@@ -274,4 +276,4 @@ def test_handler_rejects_a_config_without_the_isfedavg_keys() -> None:
     )
     (reply,) = grid.send_and_receive([message])
     assert reply.has_error()
-    assert CLIENT_PROB_KEY in reply.error.reason
+    assert ISFEDAVG_CLIENT_PROB in reply.error.reason

@@ -21,14 +21,16 @@ from flwr.app import (
 )
 
 from flwr_importance.clientapps.isfedavg import (
-    ADAPT_SAMPLE_PROBS_KEY,
-    BATCH_SIZE_KEY,
-    CLIENT_PROB_KEY,
-    GRADIENT_SQ_NORM_KEY,
-    LOCAL_STEPS_KEY,
-    NUM_CLIENTS_KEY,
     SAMPLE_STATE_KEY,
-    SIGMA2_KEY,
+)
+from flwr_importance.protocol import (
+    ISFEDAVG_ADAPT_SAMPLE_PROBS,
+    ISFEDAVG_BATCH_SIZE,
+    ISFEDAVG_CLIENT_PROB,
+    ISFEDAVG_GRADIENT_SQ_NORM,
+    ISFEDAVG_LOCAL_STEPS,
+    ISFEDAVG_NUM_CLIENTS,
+    ISFEDAVG_SIGMA2,
 )
 from flwr_importance.strategies.isfedavg import ISFedAvg
 from flwr_importance.testing import InProcessGrid
@@ -60,7 +62,11 @@ def reply_to(
         {
             "arrays": ArrayRecord([np.array(weights, np.float32)]),
             "metrics": MetricRecord(
-                {SIGMA2_KEY: sigma2, GRADIENT_SQ_NORM_KEY: g2, "num-examples": 10}
+                {
+                    ISFEDAVG_SIGMA2: sigma2,
+                    ISFEDAVG_GRADIENT_SQ_NORM: g2,
+                    "num-examples": 10,
+                }
             ),
         }
     )
@@ -90,12 +96,12 @@ def test_selection_frequencies_match_capped_l_p_k() -> None:
             counts[node] += 1
             config = config_of(message)
             # The realized normalized inclusion probability is what is sent.
-            sent = config[CLIENT_PROB_KEY]
+            sent = config[ISFEDAVG_CLIENT_PROB]
             assert sent == pytest.approx(expected[node_ids.index(node)] / 3)
-            assert config[NUM_CLIENTS_KEY] == 8
-            assert config[LOCAL_STEPS_KEY] == strategy.local_steps[node]
-            assert config[BATCH_SIZE_KEY] == strategy.batch_sizes[node]
-            assert config[ADAPT_SAMPLE_PROBS_KEY] is True
+            assert config[ISFEDAVG_NUM_CLIENTS] == 8
+            assert config[ISFEDAVG_LOCAL_STEPS] == strategy.local_steps[node]
+            assert config[ISFEDAVG_BATCH_SIZE] == strategy.batch_sizes[node]
+            assert config[ISFEDAVG_ADAPT_SAMPLE_PROBS] is True
             assert config["server-round"] == server_round
     frequencies = np.array([counts[node] for node in node_ids]) / rounds
     tolerance = Z * np.sqrt(expected * (1 - expected) / rounds) + 1e-12
@@ -234,8 +240,8 @@ def test_uniform_mode_keeps_probabilities_at_one_over_k() -> None:
     strategy = ISFedAvg(clients_per_round=2, uniform=True)
     messages = configured(strategy, grid)
     for message in messages:
-        assert config_of(message)[CLIENT_PROB_KEY] == pytest.approx(0.2)
-        assert config_of(message)[ADAPT_SAMPLE_PROBS_KEY] is False
+        assert config_of(message)[ISFEDAVG_CLIENT_PROB] == pytest.approx(0.2)
+        assert config_of(message)[ISFEDAVG_ADAPT_SAMPLE_PROBS] is False
     replies = [reply_to(messages[0], [1.0] * 3, 5.0, 1.0)]
     replies.append(reply_to(messages[1], [1.0] * 3, 0.1, 0.0))
     strategy.aggregate_train(1, replies)
@@ -278,7 +284,7 @@ def test_regression_preset_runs_in_the_simulation_app(tmp_path: Path) -> None:
     rows, grid = run_inprocess(overrides, num_clients=30)
     assert [row["round"] for row in rows] == list(range(11))
     assert rows[-1]["msd"] < 0.5 * rows[0]["msd"]
-    assert all(row[SIGMA2_KEY] >= 0 for row in rows[1:])
+    assert all(row[ISFEDAVG_SIGMA2] >= 0 for row in rows[1:])
     trained = [
         node
         for node in grid.get_node_ids()

@@ -10,7 +10,10 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
-from flwr_importance.clientapps.optimal import UPDATE_RECORD, model_record_name
+from flwr_importance.protocol import (
+    UPDATE_RECORD,
+    model_record_name,
+)
 from flwr_importance.strategies.common import flatten
 from flwr_importance.strategies.mmfl import MultiModelSampling
 from flwr_importance.strategies.ocs import OptimalClientSampling

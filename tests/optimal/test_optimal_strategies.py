@@ -26,7 +26,9 @@ from flwr.clientapp import ClientApp
 from numpy.typing import NDArray
 
 from flwr_importance.aggregation.optimal import size_fractions
-from flwr_importance.clientapps.optimal import UPDATE_RECORD
+from flwr_importance.protocol import (
+    UPDATE_RECORD,
+)
 from flwr_importance.sampling import aocs_probs, mmfl_probs, optimal_client_probs
 from flwr_importance.strategies.common import flatten
 from flwr_importance.strategies.mmfl import (

@@ -47,13 +47,13 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import Strategy
 from numpy.typing import NDArray
 
-from flwr_importance.clientapps.isfedavg import (
-    CLIENT_PROB_KEY,
-    GRADIENT_SQ_NORM_KEY,
-    NUM_CLIENTS_KEY,
-    SIGMA2_KEY,
+from flwr_importance.protocol import (
+    ISFEDAVG_CLIENT_PROB,
+    ISFEDAVG_GRADIENT_SQ_NORM,
+    ISFEDAVG_NUM_CLIENTS,
+    ISFEDAVG_SIGMA2,
+    UPDATE_RECORD,
 )
-from flwr_importance.clientapps.optimal import UPDATE_RECORD
 from flwr_importance.strategies.common import flatten
 from flwr_importance.strategies.isfedavg import ISFedAvg
 from flwr_importance.strategies.ocs import OptimalClientSampling
@@ -263,11 +263,11 @@ def crafted_app() -> ClientApp:
             content[UPDATE_RECORD] = ArrayRecord({"w": Array(UPDATES[k])})
             return Message(content, reply_to=message)
         step = UPDATES[k]
-        if CLIENT_PROB_KEY in config:  # ISFedAvg: the client scales by 1/(K p_k)
-            num_clients = float(config[NUM_CLIENTS_KEY])  # type: ignore[arg-type]
-            step = step / (num_clients * float(config[CLIENT_PROB_KEY]))  # type: ignore[arg-type]
+        if ISFEDAVG_CLIENT_PROB in config:  # ISFedAvg: the client scales by 1/(K p_k)
+            num_clients = float(config[ISFEDAVG_NUM_CLIENTS])  # type: ignore[arg-type]
+            step = step / (num_clients * float(config[ISFEDAVG_CLIENT_PROB]))  # type: ignore[arg-type]
         content = metrics(
-            {SIGMA2_KEY: 1.0, GRADIENT_SQ_NORM_KEY: 1.0, "num-examples": 1}
+            {ISFEDAVG_SIGMA2: 1.0, ISFEDAVG_GRADIENT_SQ_NORM: 1.0, "num-examples": 1}
         )
         received = message.content.array_records["arrays"]["w"].numpy()
         content["arrays"] = ArrayRecord({"w": Array(received + step)})
