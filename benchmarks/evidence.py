@@ -29,11 +29,11 @@ Describing a comparison
 -----------------------
 One :class:`PaperComparison` per paper claim; a run function maps
 ``(overrides, seed)`` to a :class:`SeedRun` (the metric per round, round 0
-first). :func:`evaluate` runs everything (each distinct run once), and the
+first). :func:`run_comparisons` runs everything (each distinct run once), and the
 :class:`Evaluation` it returns renders the tables and the claim rows::
 
     from benchmarks.evidence import (
-        Comparison, PaperComparison, SeedRun, TargetRule, evaluate, write_claims,
+        Comparison, PaperComparison, SeedRun, TargetRule, run_comparisons, write_claims,
     )
     from simulations.inprocess import load_preset, run_inprocess
 
@@ -64,7 +64,7 @@ first). :func:`evaluate` runs everything (each distinct run once), and the
                        claimed=("ocs",), tuned=True),
         ),
     )
-    evaluation = evaluate(description, run, full=False)
+    evaluation = run_comparisons(description, run, full=False)
     print(evaluation.markdown())
     write_claims(output_dir / "claims.json", evaluation.claim_rows())
 
@@ -733,7 +733,7 @@ class _Runner:
         return self._done[key]
 
 
-def evaluate(
+def run_comparisons(
     description: PaperComparison, run: RunFunction, *, full: bool
 ) -> Evaluation:
     """Run every comparison of ``description`` and compute its statistics.
@@ -772,11 +772,14 @@ def evaluate(
     runner = _Runner(run)
     return Evaluation(
         description,
-        [_evaluate_one(description, item, runner) for item in description.comparisons],
+        [
+            _run_comparison(description, item, runner)
+            for item in description.comparisons
+        ],
     )
 
 
-def _evaluate_one(
+def _run_comparison(
     description: PaperComparison, comparison: Comparison, runner: _Runner
 ) -> ComparisonOutcome:
     """One comparison: steps, target, reported runs, ratios."""

@@ -1,4 +1,8 @@
-"""What the benchmarks share: command line, run set-up, statistics, tables, figures."""
+"""What the benchmarks share: command line, run set-up, statistics, tables, figures.
+
+The rules of a fair comparison (seeds, targets, intervals, verdicts, claim rows)
+live in :mod:`benchmarks.evidence`.
+"""
 
 from __future__ import annotations
 

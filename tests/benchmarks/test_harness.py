@@ -31,9 +31,9 @@ from benchmarks.evidence import (
     SeedRun,
     TargetRule,
     choose_learning_rate,
-    evaluate,
     paired_ratio_interval,
     read_claims,
+    run_comparisons,
     seed_rounds,
     verdict,
     write_claims,
@@ -297,7 +297,7 @@ def fake_description(*comparisons: Comparison) -> PaperComparison:
 METHODS = {"slow": {"speed": 0.5}, "fast": {"speed": 2.0}}
 
 
-def test_evaluate_fixes_steps_and_target_on_tuning_seeds_and_reports_others() -> None:
+def test_steps_and_target_come_from_tuning_seeds_numbers_from_reported_ones() -> None:
     matched = Comparison(
         name="matched",
         methods=METHODS,
@@ -309,7 +309,7 @@ def test_evaluate_fixes_steps_and_target_on_tuning_seeds_and_reports_others() ->
         name="tuned", methods=METHODS, baseline="slow", claimed=("fast",), tuned=True
     )
     runs = FakeRuns()
-    evaluation = evaluate(fake_description(matched, tuned), runs, full=False)
+    evaluation = run_comparisons(fake_description(matched, tuned), runs, full=False)
     matched_outcome, tuned_outcome = evaluation.outcomes
 
     # Target: 90% of the baseline's final median on the tuning seeds.
@@ -348,7 +348,7 @@ def test_evaluate_fixes_steps_and_target_on_tuning_seeds_and_reports_others() ->
     assert "5/5" in text
 
 
-def test_evaluate_counts_the_reported_seeds_that_miss_a_tuning_target() -> None:
+def test_run_comparisons_counts_the_reported_seeds_that_miss_a_tuning_target() -> None:
     # The baseline at a tiny step gets nowhere near the tuning seeds' level
     # on the reported seeds: its misses are in the ratio, as a bound.
     slow_start = Comparison(
@@ -358,7 +358,7 @@ def test_evaluate_counts_the_reported_seeds_that_miss_a_tuning_target() -> None:
         claimed=("fast",),
         shared={"local-lr": 0.3},
     )
-    outcome = evaluate(fake_description(slow_start), FakeRuns(), full=False)
+    outcome = run_comparisons(fake_description(slow_start), FakeRuns(), full=False)
     slow = outcome.outcomes[0].methods["slow"]
     assert slow.rounds.reached_share == 0.0
     assert slow.rounds.rounds == (21.0,) * len(REPORTED_SEEDS)
@@ -375,7 +375,7 @@ def test_descriptions_refuse_too_few_or_shared_seeds() -> None:
     with pytest.raises(ValueError, match="both tuning and reported"):
         dataclasses.replace(description, tuning_seeds=(0,))
     with pytest.raises(ValueError, match="--full needs at least 10"):
-        evaluate(description, FakeRuns(), full=True)
+        run_comparisons(description, FakeRuns(), full=True)
     with pytest.raises(ValueError, match="claimed methods"):
         Comparison(name="x", methods=METHODS, baseline="slow", claimed=("slow",))
     with pytest.raises(ValueError, match="grid"):
