@@ -21,7 +21,15 @@ Command line::
         --run-config simulations/presets/isfedavg-regression.toml
 
 The number of virtual SuperNodes is the run config's ``num-supernodes`` (the
-preset's, else the app's default) unless ``--num-supernodes`` overrides it.
+preset's, else the app's default) unless ``--num-supernodes`` overrides it; an
+app that sets none (Flower's own examples) runs on Flower's default number, with
+a warning saying how to choose it.
+
+Comparing strategies, each through its own ``flwr run`` with the same run
+config and seed, the first the baseline (:func:`compare_strategies`)::
+
+    python -m flwr_importance.launcher --compare md,clustered \\
+        --run-config simulations/presets/main.toml
 
 The deployment engine on loopback (:func:`deployment`): a real
 ``flower-superlink`` and N ``flower-supernode`` processes on free ports, each
@@ -42,10 +50,19 @@ import subprocess
 import sys
 import time
 import urllib.request
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
+
+from flwr_importance.comparison import (
+    Comparison,
+    compare_histories,
+    format_table,
+    plot_comparison,
+    write_comparison,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -221,6 +238,9 @@ def _start_managed_superlink(
         ],
         log_dir / "console.log",
         env,
+        # A SuperLink hit by Ctrl-C itself could exit first and orphan the
+        # processes it started, which stop_local_superlink finds as its children.
+        new_session=True,
     )
     deadline = time.monotonic() + timeout
     while not _superlink_is_healthy(http_port):
@@ -237,20 +257,66 @@ def _start_managed_superlink(
         time.sleep(0.2)
 
 
-def intended_supernodes(
-    app_dir: Path, run_config: Path | Mapping[str, object] | None
-) -> int:
-    """The ``num-supernodes`` of the run config, else of the app's defaults."""
-    overrides: Mapping[str, object] = {}
+def load_run_config(
+    run_config: Path | Mapping[str, object] | None,
+) -> dict[str, object]:
+    """The run-config overrides: a TOML file's table, the mapping itself, or ``{}``."""
     if isinstance(run_config, Path):
         with run_config.open("rb") as file:
-            overrides = tomllib.load(file)
-    elif run_config:
-        overrides = run_config
-    if "num-supernodes" not in overrides:
-        with (app_dir / "pyproject.toml").open("rb") as file:
-            overrides = tomllib.load(file)["tool"]["flwr"]["app"]["config"]
-    return int(str(overrides["num-supernodes"]))
+            return tomllib.load(file)
+    return dict(run_config or {})
+
+
+def app_default_config(app_dir: Path) -> dict[str, object]:
+    """The app's ``[tool.flwr.app.config]`` table (``{}`` where it has none)."""
+    with (app_dir / "pyproject.toml").open("rb") as file:
+        project = tomllib.load(file)
+    return dict(
+        project.get("tool", {}).get("flwr", {}).get("app", {}).get("config", {})
+    )
+
+
+def intended_supernodes(
+    app_dir: Path, run_config: Path | Mapping[str, object] | None
+) -> int | None:
+    """The ``num-supernodes`` of the run config, else of the app's defaults.
+
+    ``num-supernodes`` is this project's convention, not Flower's: ``None``
+    when neither the run config nor the app sets it (e.g. Flower's examples).
+    """
+    for config in (load_run_config(run_config), app_default_config(app_dir)):
+        if "num-supernodes" in config:
+            return int(str(config["num-supernodes"]))
+    return None
+
+
+def supernodes_for_run(
+    app_dir: Path,
+    run_config: Path | Mapping[str, object] | None,
+    requested: int | None = None,
+) -> int:
+    """Virtual SuperNodes to run: ``requested``, else the configs', else Flower's.
+
+    Warns (``UserWarning``) when it falls back to Flower's default, saying how
+    to choose the number instead.
+    """
+    if requested is not None:
+        return requested
+    intended = intended_supernodes(app_dir, run_config)
+    if intended is not None:
+        return intended
+    # Imported here: it loads Flower's protobuf modules (~0.5 s).
+    from flwr.supercore.constant import DEFAULT_SIMULATION_CONFIG
+
+    flower_default = int(DEFAULT_SIMULATION_CONFIG.num_supernodes)
+    warnings.warn(
+        f"{app_dir} sets no num-supernodes in [tool.flwr.app.config] and the run "
+        f"config does not either: running Flower's default of "
+        f"{flower_default} virtual SuperNodes. Choose the number with "
+        "--num-supernodes N (or add num-supernodes = N to the app's config).",
+        stacklevel=2,
+    )
+    return flower_default
 
 
 def flower_environment(flwr_home: Path) -> dict[str, str]:
@@ -318,8 +384,7 @@ def flwr_run(
         The finished ``flwr run`` process; check ``returncode``.
     """
     app_dir = app_dir.resolve()
-    if num_supernodes is None:
-        num_supernodes = intended_supernodes(app_dir, run_config)
+    num_supernodes = supernodes_for_run(app_dir, run_config, num_supernodes)
     flwr_home = (flwr_home or app_dir / ".flwr-home").resolve()
     flwr_home.mkdir(parents=True, exist_ok=True)
     (flwr_home / "config.toml").write_text(FLWR_CONFIG)
@@ -511,12 +576,24 @@ class Deployment:
 
 
 def _start_logged(
-    command: Sequence[str], log_path: Path, env: Mapping[str, str]
+    command: Sequence[str],
+    log_path: Path,
+    env: Mapping[str, str],
+    *,
+    new_session: bool = False,
 ) -> subprocess.Popen[bytes]:
-    """Start ``command`` with its output in ``log_path`` (a pipe could fill up)."""
+    """Start ``command`` with its output in ``log_path`` (a pipe could fill up).
+
+    ``new_session`` keeps the process out of the terminal's process group, so a
+    Ctrl-C reaches only this program, which then stops it with its children.
+    """
     with log_path.open("wb") as log_file:
         return subprocess.Popen(
-            list(command), stdout=log_file, stderr=subprocess.STDOUT, env=env
+            list(command),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=new_session,
         )
 
 
@@ -658,12 +735,175 @@ def deployment(
         running.stop()
 
 
+#: Where ``--compare`` writes its table and figure, in the base output folder.
+COMPARISON_JSON = "comparison.json"
+COMPARISON_PLOT = "comparison.png"
+
+
+@dataclass(frozen=True)
+class ComparisonRun:
+    """What :func:`compare_strategies` produced.
+
+    Attributes
+    ----------
+    comparison : Comparison
+        The table's numbers.
+    table : str
+        The table as printed (Markdown, the target rule first).
+    json_path : Path
+        ``comparison.json``: the table, the shared run config, each run's folder.
+    plot_path : Path
+        ``comparison.png``: every strategy's curves in one figure.
+    output_dirs : dict
+        Strategy -> the ``output-dir`` its run wrote ``history.json`` into.
+    """
+
+    comparison: Comparison
+    table: str
+    json_path: Path
+    plot_path: Path
+    output_dirs: dict[str, Path]
+
+
+def compare_strategies(
+    app_dir: Path,
+    strategies: Sequence[str],
+    *,
+    run_config: Path | Mapping[str, object] | None = None,
+    output_dir: Path | None = None,
+    num_supernodes: int | None = None,
+    flwr_home: Path | None = None,
+    timeout: float | None = None,
+    capture: bool = False,
+    federation_config: Mapping[str, object] | None = None,
+) -> ComparisonRun:
+    """Run each strategy through its own ``flwr run``; compare them with the first.
+
+    Every run gets the same run config (hence the same ``seed``: same data
+    partition, same initial model) except ``strategy`` and ``output-dir``
+    (``<output_dir>/<strategy>``), on the same number of SuperNodes, one after
+    the other; each stops everything it started before the next begins
+    (:func:`flwr_run`). The app must honour the ``strategy`` and
+    ``output-dir`` run-config keys and write ``history.json`` there, as this
+    project's simulation app does.
+
+    Parameters
+    ----------
+    app_dir : Path
+        The Flower App.
+    strategies : sequence of str
+        Two or more distinct ``strategy`` values; the first is the baseline
+        the target is fixed from
+        (:func:`~flwr_importance.comparison.compare_histories`).
+    run_config : Path or mapping, optional
+        Run-config overrides shared by every run (a preset TOML file or a mapping).
+    output_dir : Path, optional
+        Base output folder; by default the run config's ``output-dir`` (the
+        preset's, else the app's). ``comparison.json`` and ``comparison.png``
+        go there.
+    num_supernodes, flwr_home, timeout, capture, federation_config
+        As in :func:`flwr_run` (``timeout`` per run).
+
+    Returns
+    -------
+    ComparisonRun
+        The comparison, its table and the files written.
+
+    Raises
+    ------
+    ValueError
+        Fewer than two strategies, or one listed twice.
+    RunFailedError
+        A run failed or wrote no ``history.json``; the runs after it are not
+        started.
+    """
+    if len(strategies) < 2 or len(set(strategies)) != len(strategies):
+        raise ValueError(
+            f"--compare needs two or more distinct strategies, got {list(strategies)}"
+        )
+    app_dir = app_dir.resolve()
+    shared = load_run_config(run_config)
+    app_defaults = app_default_config(app_dir)
+    base_dir = (
+        output_dir
+        or Path(
+            str(shared.get("output-dir", app_defaults.get("output-dir", "outputs")))
+        )
+    ).resolve()
+    # Resolved once: one warning, and every run on the same federation.
+    num_supernodes = supernodes_for_run(app_dir, shared, num_supernodes)
+    output_dirs = {strategy: base_dir / strategy for strategy in strategies}
+    histories: dict[str, list[dict[str, float]]] = {}
+    for index, strategy in enumerate(strategies, start=1):
+        history_path = output_dirs[strategy] / "history.json"
+        # A history left by an earlier run must not pass for this run's.
+        history_path.unlink(missing_ok=True)
+        print(
+            f"=== [{index}/{len(strategies)}] flwr run: strategy={strategy}, "
+            f"{num_supernodes} SuperNodes, output in {output_dirs[strategy]}",
+            flush=True,
+        )
+        completed = flwr_run(
+            app_dir,
+            num_supernodes=num_supernodes,
+            run_config={
+                **shared,
+                "strategy": strategy,
+                "output-dir": str(output_dirs[strategy]),
+            },
+            flwr_home=flwr_home,
+            timeout=timeout,
+            capture=capture,
+            federation_config=federation_config,
+        )
+        if completed.returncode != 0:
+            output = (completed.stdout or "")[-3000:] + (completed.stderr or "")[-3000:]
+            raise RunFailedError(
+                f"flwr run of strategy={strategy} exited with "
+                f"{completed.returncode}\n{output}"
+            )
+        if not history_path.is_file():
+            raise RunFailedError(
+                f"flwr run of strategy={strategy} wrote no {history_path}: "
+                "--compare needs an app that writes history.json into its "
+                "output-dir run-config value"
+            )
+        histories[strategy] = json.loads(history_path.read_text())
+    comparison = compare_histories(histories)
+    seed = shared.get("seed", app_defaults.get("seed", "?"))
+    source = run_config.name if isinstance(run_config, Path) else "run config"
+    title = (
+        f"{' vs '.join(strategies)}: {source}, {num_supernodes} SuperNodes, seed {seed}"
+    )
+    return ComparisonRun(
+        comparison=comparison,
+        table=f"{title}\n{format_table(comparison)}",
+        json_path=write_comparison(
+            comparison,
+            base_dir / COMPARISON_JSON,
+            run_config={**app_defaults, **shared, "num-supernodes": num_supernodes},
+            output_dirs=output_dirs,
+        ),
+        plot_path=plot_comparison(
+            histories, comparison, base_dir / COMPARISON_PLOT, title
+        ),
+        output_dirs=output_dirs,
+    )
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """Turn SIGTERM into ``SystemExit``, so ``finally`` blocks stop what was started."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point: one ``flwr run`` simulation, cleaned up after."""
+    """Command-line entry point: one ``flwr run``, or ``--compare`` strategies."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--app", type=Path, default=Path.cwd())
     parser.add_argument(
-        "--num-supernodes", type=int, help="default: the run config's num-supernodes"
+        "--num-supernodes",
+        type=int,
+        help="default: the run config's num-supernodes, else Flower's default",
     )
     parser.add_argument(
         "--run-config", type=Path, help="TOML file of run-config overrides"
@@ -675,15 +915,54 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=ONE_CPU_PER_CLIENTAPP["client-resources-num-cpus"],
         help="CPUs Ray reserves per ClientApp (Flower's own default is 2)",
     )
-    args = parser.parse_args(argv)
-    completed = flwr_run(
-        args.app,
-        num_supernodes=args.num_supernodes,
-        run_config=args.run_config,
-        flwr_home=args.flwr_home,
-        federation_config={"client-resources-num-cpus": args.client_cpus},
+    parser.add_argument(
+        "--compare",
+        metavar="BASELINE,STRATEGY[,...]",
+        help="run each strategy (comma-separated, the baseline first) through its "
+        "own flwr run with the same run config, then print a table and write "
+        f"{COMPARISON_JSON} and {COMPARISON_PLOT} into the output dir",
     )
-    return completed.returncode
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        help="--compare's base output dir (default: the run config's output-dir)",
+    )
+    args = parser.parse_args(argv)
+    federation_config = {"client-resources-num-cpus": args.client_cpus}
+    # `kill` and `timeout` send SIGTERM: unwind like Ctrl-C, stopping the SuperLink.
+    previous_sigterm_handler = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        if args.compare is None:
+            return flwr_run(
+                args.app,
+                num_supernodes=args.num_supernodes,
+                run_config=args.run_config,
+                flwr_home=args.flwr_home,
+                federation_config=federation_config,
+            ).returncode
+        result = compare_strategies(
+            args.app,
+            [name.strip() for name in args.compare.split(",") if name.strip()],
+            run_config=args.run_config,
+            output_dir=args.output_dir,
+            num_supernodes=args.num_supernodes,
+            flwr_home=args.flwr_home,
+            federation_config=federation_config,
+        )
+    except KeyboardInterrupt:
+        print(
+            "Interrupted; every process this run started is stopped.", file=sys.stderr
+        )
+        return 130
+    except (RunFailedError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous_sigterm_handler)
+    print(f"\n{result.table}\n")
+    print(f"Plot written to {result.plot_path}")
+    print(f"Table written to {result.json_path}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,89 @@
+"""How many virtual SuperNodes the launcher runs, for apps with and without a say."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from flwr.supercore.constant import DEFAULT_SIMULATION_CONFIG
+
+from flwr_importance import launcher
+from flwr_importance.launcher import supernodes_for_run
+
+FLOWER_EXAMPLE_PYPROJECT = """\
+[tool.flwr.app]
+publisher = "flwrlabs"
+
+[tool.flwr.app.components]
+serverapp = "app.server_app:app"
+clientapp = "app.client_app:app"
+
+[tool.flwr.app.config]
+num-server-rounds = 3
+"""
+
+
+@pytest.fixture
+def flower_example(tmp_path: Path) -> Path:
+    """An app shaped like Flower's quickstart examples: no ``num-supernodes``."""
+    app_dir = tmp_path / "quickstart"
+    app_dir.mkdir()
+    (app_dir / "pyproject.toml").write_text(FLOWER_EXAMPLE_PYPROJECT)
+    return app_dir
+
+
+def test_app_without_num_supernodes_gets_flowers_default_with_a_warning(
+    flower_example: Path,
+) -> None:
+    with pytest.warns(UserWarning, match="--num-supernodes N"):
+        count = supernodes_for_run(flower_example, None)
+    assert count == DEFAULT_SIMULATION_CONFIG.num_supernodes
+
+
+def test_app_without_any_config_table_gets_flowers_default(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "bare"\n')
+    with pytest.warns(UserWarning, match="sets no num-supernodes"):
+        count = supernodes_for_run(tmp_path, {})
+    assert count == DEFAULT_SIMULATION_CONFIG.num_supernodes
+
+
+@pytest.mark.filterwarnings("error")
+def test_requested_then_run_config_then_app_config(
+    flower_example: Path, tmp_path: Path
+) -> None:
+    assert supernodes_for_run(flower_example, None, requested=7) == 7
+    assert supernodes_for_run(flower_example, {"num-supernodes": 5}) == 5
+    preset = tmp_path / "preset.toml"
+    preset.write_text("num-supernodes = 4\n")
+    assert supernodes_for_run(flower_example, preset) == 4
+    (flower_example / "pyproject.toml").write_text(
+        FLOWER_EXAMPLE_PYPROJECT + "num-supernodes = 12\n"
+    )
+    assert supernodes_for_run(flower_example, None) == 12
+    assert supernodes_for_run(flower_example, {"num-supernodes": 5}) == 5
+
+
+def test_launcher_app_without_num_supernodes_runs_flwr_with_the_default(
+    flower_example: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--app <Flower example>`` once failed with a bare ``KeyError``."""
+    commands: list[Sequence[str]] = []
+
+    def fake_flwr_run(
+        command: Sequence[str], **kwargs: object
+    ) -> subprocess.CompletedProcess[str]:
+        commands.append(command)
+        return subprocess.CompletedProcess(command, 0)
+
+    # Everything up to starting processes is real: config reading, the command.
+    monkeypatch.setattr(launcher, "_start_managed_superlink", lambda *args: None)
+    monkeypatch.setattr(launcher.subprocess, "run", fake_flwr_run)
+    argv = ["--app", str(flower_example), "--flwr-home", str(tmp_path / "home")]
+    default = DEFAULT_SIMULATION_CONFIG.num_supernodes
+    with pytest.warns(UserWarning, match=f"Flower's default of {default} virtual"):
+        assert launcher.main(argv) == 0
+    (command,) = commands
+    federation_config = command[command.index("--federation-config") + 1]
+    assert federation_config.startswith(f"num-supernodes={default} ")
