@@ -1,0 +1,1 @@
+"""Flower's quickstart-pytorch app, offline, with flwr-importance strategies."""
