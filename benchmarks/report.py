@@ -13,11 +13,13 @@ Steps:
    (:func:`flwr_importance.launcher.flwr_run`, a few rounds) and once in process
    with the same run config, side by side;
 3. ``docs/results.md`` is written: a header (date, versions, machine), the
-   convergence results (the same for the same seeds), the ``flwr run``
-   confirmation, then the timings (which vary) in their own section; the
-   PNGs are copied to ``docs/results/``;
+   claim table (every benchmark's ``claims.json`` rows, see
+   :mod:`benchmarks.evidence`), the convergence results (the same for the
+   same seeds), the ``flwr run`` confirmation, then the timings (which vary)
+   in their own section; the PNGs are copied to ``docs/results/``;
 4. the README's text between ``<!-- results:start -->`` and
-   ``<!-- results:end -->`` is regenerated from the same numbers.
+   ``<!-- results:end -->`` is regenerated from the same numbers, the claim
+   table first.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from benchmarks.evidence import CLAIMS_FILE, ClaimRow, read_claims
 from benchmarks.harness import benchmark_parser, markdown_table
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -100,6 +103,11 @@ class BenchmarkRun:
         path = self.output_dir / "summary.md"
         return path.read_text() if path.is_file() else None
 
+    @property
+    def claims(self) -> list[ClaimRow]:
+        """Its claim rows (``claims.json``), none if it wrote none."""
+        return read_claims(self.output_dir / CLAIMS_FILE)
+
 
 @dataclass
 class Confirmation:
@@ -139,8 +147,9 @@ def run_benchmark(name: str, output_root: Path, full: bool) -> BenchmarkRun:
     """``python -m benchmarks.<name>`` in its own process, output to ``log.txt``."""
     run = BenchmarkRun(name, output_root / name)
     run.output_dir.mkdir(parents=True, exist_ok=True)
-    # A stale summary must not pass for this run's.
-    (run.output_dir / "summary.md").unlink(missing_ok=True)
+    # A stale summary or claim must not pass for this run's.
+    for stale in ("summary.md", CLAIMS_FILE):
+        (run.output_dir / stale).unlink(missing_ok=True)
     command = [sys.executable, "-m", f"benchmarks.{name}"]
     command += ["--full"] if full else []
     command += ["--output-dir", str(run.output_dir)]
@@ -336,9 +345,77 @@ def runs_table(
     return "\n".join(lines)
 
 
+def section_title(name: str) -> str:
+    """The heading of benchmark ``name``'s section in ``docs/results.md``."""
+    return TITLES.get(name, f"`benchmarks/{name}.py`")
+
+
+def heading_anchor(heading: str) -> str:
+    """The anchor GitHub gives a markdown heading.
+
+    Lower case, punctuation dropped, spaces as hyphens: ``"A/B vs C (D, 2021)"``
+    links as ``#ab-vs-c-d-2021``.
+    """
+    kept = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return kept.replace(" ", "-")
+
+
+def claim_table(runs: Sequence[BenchmarkRun], results_link: str) -> str:
+    """One row per paper claim of every benchmark, linked to its section.
+
+    Parameters
+    ----------
+    runs : Sequence[BenchmarkRun]
+        The benchmarks, in report order; each contributes its ``claims.json``.
+    results_link : str
+        The path of ``docs/results.md`` from where the table is read (empty
+        within it).
+
+    Returns
+    -------
+    str
+        A markdown table, or a line saying no benchmark wrote claims. The
+        verdicts are recomputed from the intervals, never copied.
+    """
+    rows = [
+        [
+            f"{row.claim} ({row.paper}). *{row.comparison}*: {row.method} / "
+            f"{row.baseline}, {row.statistic}",
+            row.interval.text(),
+            row.verdict,
+            row.data,
+            f"[{run.name}]({results_link}#{heading_anchor(section_title(run.name))})",
+        ]
+        for run in runs
+        for row in run.claims
+    ]
+    if not rows:
+        return "No benchmark wrote claim rows (`claims.json`)."
+    return markdown_table(
+        [
+            "claim",
+            "our ratio [95% interval]",
+            "verdict",
+            "data used",
+            "section",
+        ],
+        rows,
+    )
+
+
+CLAIMS_INTRO = (
+    "Each row: a paper's claim, our ratio of medians over the seeds (method / "
+    "baseline) with a paired bootstrap 95% interval, and the verdict it "
+    "supports: *as the paper* only when the interval excludes 1 on the paper's "
+    "side, *unlike the paper* only when it excludes 1 on the other, "
+    "*inconclusive* otherwise. ≤/≥: seeds that missed the target (counted as "
+    "one round past the last) make the ratio a bound."
+)
+
+
 def benchmark_section(run: BenchmarkRun, image_prefix: str) -> str:
     """A benchmark's summary under its own heading, or why it has none."""
-    title = TITLES.get(run.name, f"`benchmarks/{run.name}.py`")
+    title = section_title(run.name)
     heading = f"### {title}\n\nFrom `python -m benchmarks.{run.name}`.\n\n"
     if run.summary is None:
         return (
@@ -369,6 +446,12 @@ def render_results(
         "column of the confirmation table. The convergence tables are the same "
         "for the same seeds; the timing section varies between runs and machines.",
         "",
+        "## Paper claims against our measurements",
+        "",
+        CLAIMS_INTRO,
+        "",
+        claim_table(results, results_link=""),
+        "",
         "## Convergence against each paper's baselines",
         "",
         *[benchmark_section(run, image_prefix) for run in results],
@@ -395,14 +478,22 @@ def render_results(
 
 def readme_section(
     header: str,
+    runs: Sequence[BenchmarkRun],
     server_rows: Sequence[Mapping[str, Any]],
     confirmations: Sequence[Confirmation],
     command: str,
 ) -> str:
-    """The README's results: header, ``flwr run`` check and server overhead."""
+    """The README's results: header, claims, ``flwr run`` check, server overhead."""
     lines = [
         f"Generated by `{command}` from [docs/results.md](docs/results.md), "
         f"which has every method's comparison with its paper. {header}",
+        "",
+        CLAIMS_INTRO,
+        "",
+        claim_table(
+            [run for run in runs if run.name not in TIMING_BENCHMARKS],
+            results_link="docs/results.md",
+        ),
         "",
         confirmation_table(confirmations),
         "",
@@ -494,7 +585,7 @@ def write_report(
     copy_images(runs, docs_dir / "results")
     results_path.write_text(render_results(header, runs, confirmations, command))
     section = readme_section(
-        header, server_overhead_rows(output_root), confirmations, command
+        header, runs, server_overhead_rows(output_root), confirmations, command
     )
     readme.write_text(replace_readme_section(readme.read_text(), section))
     return results_path

@@ -3,22 +3,27 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
+from benchmarks.evidence import CLAIMS_FILE, ClaimRow, RatioInterval, write_claims
 from benchmarks.report import (
     README_END,
     README_START,
     BenchmarkRun,
     Confirmation,
+    claim_table,
     discover_benchmarks,
     duration_text,
     embed_summary,
+    heading_anchor,
     load_confirmations,
     replace_readme_section,
+    section_title,
     write_report,
 )
 
@@ -34,6 +39,23 @@ def fake_run(root: Path, name: str, summary: str | None) -> BenchmarkRun:
         (run.output_dir / "summary.md").write_text(summary)
     (run.output_dir / "curve.png").write_bytes(PNG)
     return run
+
+
+def claim_row(
+    interval: RatioInterval, direction: str = "below", method: str = "isfedavg"
+) -> ClaimRow:
+    """A claim that ``method`` needs fewer rounds than FedAvg."""
+    return ClaimRow(
+        paper="Rizk et al., ICASSP 2021",
+        claim="ISFedAvg needs fewer rounds than FedAvg",
+        comparison="matched",
+        method=method,
+        baseline="fedavg",
+        statistic="rounds to target",
+        direction=direction,  # type: ignore[arg-type]
+        interval=interval,
+        data="synthetic logistic regression",
+    )
 
 
 def server_row(num_nodes: int, total_s: float, ratio: float) -> dict[str, object]:
@@ -71,6 +93,13 @@ def write_fake_report(tmp_path: Path) -> tuple[Path, Path, Path]:
         ),
         fake_run(root, "broken", None),
     ]
+    write_claims(
+        root / "isfedavg" / CLAIMS_FILE,
+        [
+            claim_row(RatioInterval(0.62, 0.5, 0.8)),
+            claim_row(RatioInterval(0.9, 0.0, 1.1, "upper bound"), method="uniform"),
+        ],
+    )
     (root / "server_overhead" / "results.json").write_text(
         json.dumps(
             {
@@ -215,3 +244,53 @@ def test_saved_confirmations_load_back(tmp_path: Path) -> None:
     path.write_text(json.dumps([asdict(confirmation)]))
     assert load_confirmations(path) == [confirmation]
     assert load_confirmations(tmp_path / "missing.json") == []
+
+
+CLAIM_LINE = (
+    "| ISFedAvg needs fewer rounds than FedAvg (Rizk et al., ICASSP 2021). "
+    "*matched*: isfedavg / fedavg, rounds to target | 0.62 [0.50, 0.80] | "
+    "as the paper | synthetic logistic regression | "
+)
+
+
+def test_the_claim_table_opens_the_results_and_the_readme(
+    report: tuple[Path, Path, Path],
+) -> None:
+    results, _, readme = report
+    text = results.read_text()
+    anchor = heading_anchor(section_title("isfedavg"))
+    assert anchor == "isfedavg-vs-fedavg-rizk-et-al-icassp-2021"
+    assert f"\n### {section_title('isfedavg')}\n" in text
+    claims = text.index("## Paper claims against our measurements")
+    assert claims < text.index("## Convergence")
+    assert CLAIM_LINE + f"[isfedavg](#{anchor}) |" in text
+    assert "uniform / fedavg, rounds to target | ≤ 0.90 [0.00, 1.10] | " in text
+    assert "| inconclusive |" in text
+    section = readme.read_text().split(README_START)[1]
+    assert CLAIM_LINE + f"[isfedavg](docs/results.md#{anchor}) |" in section
+    assert section.index("| claim |") < section.index("| method | preset |")
+
+
+@pytest.mark.parametrize("direction", ["below", "above"])
+@pytest.mark.parametrize(
+    ("low", "high"), [(0.5, 1.0), (1.0, 1.0), (1.0, 2.5), (0.0, math.inf), (0.9, 1.1)]
+)
+def test_a_claim_whose_interval_holds_1_never_reads_as_the_paper(
+    tmp_path: Path, low: float, high: float, direction: str
+) -> None:
+    run = BenchmarkRun("isfedavg", tmp_path / "isfedavg")
+    run.output_dir.mkdir()
+    # A claims.json whose verdict says otherwise: the table reads the interval.
+    item = claim_row(RatioInterval(1.0, low, high), direction).to_json()
+    (run.output_dir / CLAIMS_FILE).write_text(
+        json.dumps([{**item, "verdict": "as the paper"}])
+    )
+    table = claim_table([run], results_link="")
+    assert "as the paper" not in table
+    assert "| inconclusive |" in table
+
+
+def test_no_claims_say_so() -> None:
+    assert claim_table([], results_link="") == (
+        "No benchmark wrote claim rows (`claims.json`)."
+    )
