@@ -30,8 +30,6 @@ from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.cluster.hierarchy import fcluster, linkage
-from scipy.spatial.distance import cdist, pdist, squareform
 
 from flwr_importance.sampling._checks import (
     distinct_indices,
@@ -40,6 +38,10 @@ from flwr_importance.sampling._checks import (
     probability_array,
     sample_count,
 )
+
+# scipy is imported inside the functions that cluster or take L1 distances, not
+# here: it costs 0.25 s, half again the import of Flower's own strategies, and
+# every strategy module imports this one (most never cluster).
 
 Distance = Literal["arccos", "l2", "l1"]
 DISTANCES: tuple[Distance, ...] = ("arccos", "l2", "l1")
@@ -296,6 +298,8 @@ def cross_distances(
         slice(None) if rows is None else distinct_indices("rows", rows, left.shape[0])
     )
     if name == "l1":
+        from scipy.spatial.distance import cdist  # scipy on first use, see top
+
         left, right = _finite_gradients(left)[selected], _finite_gradients(right)
         # cdist works in float64: blocks of rows bound that copy of ``right``.
         rows_per_block = max(1, _L1_BLOCK_BYTES // (8 * right.shape[1]))
@@ -691,6 +695,8 @@ def _allocate_by_similarity(
     # take no part in the clustering.  With rows open, at least two clients
     # have units left, since each has fewer than M_tot of them.
     active = np.flatnonzero(residual)
+    from scipy.cluster.hierarchy import linkage  # scipy on first use, see top
+
     tree = linkage(_condensed_distances(distances, active), method="ward")
     group = _cut_by_capacity(tree, residual[active], total)
 
@@ -724,6 +730,8 @@ def _condensed_distances(
     ``distances`` itself: gathering an ``N x N`` copy first would take longer
     than reading the triangle (0.6 s against 0.2 s at 10,000 clients).
     """
+    from scipy.spatial.distance import squareform  # scipy on first use, see top
+
     if clients.size < distances.shape[0]:
         distances = distances[np.ix_(clients, clients)]
     return squareform(distances, checks=False)
@@ -818,6 +826,8 @@ def _distance_matrix(grads: NDArray, distance: Distance) -> NDArray[np.float64]:
     reference loops over client pairs in Python, ``O(N^2 d)`` interpreted work.
     """
     if distance == "l1":
+        from scipy.spatial.distance import pdist, squareform  # on first use, see top
+
         return squareform(pdist(_finite_gradients(grads), metric="cityblock"))
     # Non-finite gradients make the diagonal non-finite: the check below
     # reports them, so the Gram matrix's own overflow warnings are noise.
@@ -879,6 +889,8 @@ def _cut_by_capacity(
     NDArray[np.intp]
         Group label ``0..K-1`` of each leaf.
     """
+    from scipy.cluster.hierarchy import fcluster  # scipy on first use, see top
+
     leaves = units.size
     subtree_units = np.concatenate([units, np.zeros(leaves - 1, np.int64)])
     for merge, (left, right) in enumerate(tree[:, :2].astype(np.intp)):
