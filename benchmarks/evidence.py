@@ -983,15 +983,16 @@ class Evaluation:
             ]
             if outcome.comparison.note:
                 parts.append(outcome.comparison.note)
+            verdicts = [
+                f"{row.method} / {row.baseline}, {row.statistic}: "
+                f"{row.interval.text()}, {row.verdict}"
+                for row in self.claim_rows()
+                if row.comparison == outcome.comparison.name
+            ]
             parts.append(
-                "Ours: "
-                + "; ".join(
-                    f"{row.method} / {row.baseline}, {row.statistic}: "
-                    f"{row.interval.text()}, {row.verdict}"
-                    for row in self.claim_rows()
-                    if row.comparison == outcome.comparison.name
-                )
-                + "."
+                "Ours: " + "; ".join(verdicts) + "."
+                if verdicts
+                else "The paper makes no claim here."
             )
         return "\n\n".join(parts) + "\n"
 
