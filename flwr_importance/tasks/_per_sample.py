@@ -22,7 +22,10 @@ samples):
 
 Both paths compute the gradient of the per-sample loss
 ``Q_b(w) = loss(f(x_b; w), y_b) + l2 ||w||^2``, the regularizer included in every
-sample's gradient, as in the ISFedAvg risk.
+sample's gradient, as in the ISFedAvg risk. :func:`per_sample_grad_norms` and
+:func:`weighted_gradient_and_norms` take the layer-wise path when the model
+allows it and torch.func otherwise. Every function runs on the model's device:
+the data (and weights) are moved to it, so a model on CUDA is served on CUDA.
 """
 
 from __future__ import annotations
@@ -45,6 +48,83 @@ losses (without regularizer)."""
 NORM_CHUNK_SIZE = 256
 
 
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's parameters (the CPU for a model without any).
+
+    Examples
+    --------
+    >>> model_device(nn.Linear(2, 1))
+    device(type='cpu')
+    """
+    first = next(model.parameters(), None)
+    return torch.device("cpu") if first is None else first.device
+
+
+def per_sample_grad_norms(
+    model: nn.Module, x: Tensor, y: Tensor, sample_loss: SampleLoss, l2: float
+) -> Tensor:
+    """``||grad Q_n(w)||`` over all parameters, for every sample; shape ``(B,)``.
+
+    Layer by layer without building per-sample gradients when all parameters
+    sit in plain ``nn.Linear``/``nn.Conv2d`` layers, else by torch.func in
+    chunks of ``NORM_CHUNK_SIZE``; both are exact. Arguments as in
+    :func:`vmap_per_sample_grads`.
+    """
+    layerwise = layerwise_gradient_and_norms(
+        model, x, y, sample_loss, l2, sample_weights=None
+    )
+    if layerwise is not None:
+        return layerwise[1]
+    return vmap_norms(model, x, y, sample_loss, l2)
+
+
+def weighted_gradient_and_norms(
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    sample_loss: SampleLoss,
+    l2: float,
+    sample_weights: Tensor,
+) -> tuple[list[Tensor], Tensor]:
+    """``sum_b c_b grad Q_b(w)`` and the ``(B,)`` per-sample norms, in one pass.
+
+    Layer by layer when the model allows it (see :func:`per_sample_grad_norms`),
+    else from torch.func's per-sample gradients.
+
+    Parameters
+    ----------
+    model, x, y, sample_loss, l2
+        As in :func:`vmap_per_sample_grads`.
+    sample_weights : torch.Tensor
+        ``(B,)`` weights ``c_b``, cast to the parameters' dtype and device.
+
+    Returns
+    -------
+    tuple of (list of torch.Tensor, torch.Tensor)
+        The weighted gradient in ``model.parameters()`` order, and the norms.
+
+    Raises
+    ------
+    ValueError
+        If there is not one weight per sample.
+    """
+    if sample_weights.shape != (x.shape[0],):
+        raise ValueError(
+            f"need one weight per sample ({x.shape[0]}), "
+            f"got shape {tuple(sample_weights.shape)}"
+        )
+    first = next(model.parameters())
+    weights = sample_weights.to(dtype=first.dtype, device=first.device)
+    layerwise = layerwise_gradient_and_norms(
+        model, x, y, sample_loss, l2, sample_weights=weights
+    )
+    if layerwise is not None and layerwise[0] is not None:
+        return layerwise[0], layerwise[1]
+    per_sample = vmap_per_sample_grads(model, x, y, sample_loss, l2)
+    gradient = [torch.tensordot(weights, g, dims=1) for g in per_sample.values()]
+    return gradient, norms_of(per_sample)
+
+
 def vmap_per_sample_grads(
     model: nn.Module, x: Tensor, y: Tensor, sample_loss: SampleLoss, l2: float
 ) -> dict[str, Tensor]:
@@ -65,8 +145,10 @@ def vmap_per_sample_grads(
     -------
     dict of str to torch.Tensor
         For every parameter name of ``model.named_parameters()``, the ``(B,
-        *param.shape)`` tensor of per-sample gradients.
+        *param.shape)`` tensor of per-sample gradients, on the model's device.
     """
+    device = model_device(model)
+    x, y = x.to(device), y.to(device)
     parameters = {name: p.detach() for name, p in model.named_parameters()}
     buffers = {name: b.detach() for name, b in model.named_buffers()}
 
@@ -142,6 +224,10 @@ def layerwise_gradient_and_norms(
     layers = _supported_layers(model)
     if layers is None:
         return None
+    device = model_device(model)
+    x, y = x.to(device), y.to(device)
+    if sample_weights is not None:
+        sample_weights = sample_weights.to(device)
     captured: dict[nn.Module, list[tuple[Tensor, Tensor]]] = {
         layer: [] for layer in layers
     }

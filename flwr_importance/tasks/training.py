@@ -1,15 +1,16 @@
 """Losses, local SGD (with the FedProx proximal term), gradients and evaluation.
 
-Everything here runs on the CPU tensors it is given and never touches global
-torch state (random generator, thread count): randomness comes from the explicit
-generators the callers pass.
+Everything here runs on the model's device (the data it is given, on any
+device, is moved there batch by batch, so a model on CUDA trains on CUDA) and
+never touches global torch state (random generator, thread count): randomness
+comes from the explicit generators the callers pass.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -19,10 +20,11 @@ import torch.nn.functional as F  # noqa: N812 (the conventional alias)
 from torch import Tensor, nn
 
 from flwr_importance.tasks._per_sample import (
-    layerwise_gradient_and_norms,
+    model_device,
     norms_of,
-    vmap_norms,
+    per_sample_grad_norms,
     vmap_per_sample_grads,
+    weighted_gradient_and_norms,
 )
 
 TaskKind = Literal["classification", "regression"]
@@ -118,12 +120,7 @@ class Objective:
         :mod:`flwr_importance.tasks.models`), else by torch.func in chunks. Both
         are exact.
         """
-        layerwise = layerwise_gradient_and_norms(
-            model, x, y, self.sample_losses, self.l2, sample_weights=None
-        )
-        if layerwise is not None:
-            return layerwise[1]
-        return vmap_norms(model, x, y, self.sample_losses, self.l2)
+        return per_sample_grad_norms(model, x, y, self.sample_losses, self.l2)
 
     def weighted_gradient_and_norms(
         self, model: nn.Module, x: Tensor, y: Tensor, sample_weights: Tensor
@@ -149,20 +146,9 @@ class Objective:
             The weighted gradient in ``model.parameters()`` order, and the
             ``(B,)`` per-sample gradient norms.
         """
-        if sample_weights.shape != (x.shape[0],):
-            raise ValueError(
-                f"need one weight per sample ({x.shape[0]}), "
-                f"got shape {tuple(sample_weights.shape)}"
-            )
-        weights = sample_weights.to(dtype=next(model.parameters()).dtype)
-        layerwise = layerwise_gradient_and_norms(
-            model, x, y, self.sample_losses, self.l2, sample_weights=weights
+        return weighted_gradient_and_norms(
+            model, x, y, self.sample_losses, self.l2, sample_weights
         )
-        if layerwise is not None and layerwise[0] is not None:
-            return layerwise[0], layerwise[1]
-        per_sample, norms = self.per_sample_grads_and_norms(model, x, y)
-        gradient = [torch.tensordot(weights, g, dims=1) for g in per_sample.values()]
-        return gradient, norms
 
 
 @dataclass(frozen=True)
@@ -194,7 +180,7 @@ def weighted_sgd_step(
     """One importance-weighted SGD step ``w <- w - lr sum_b c_b grad Q_b(w)``, in place.
 
     The per-sample gradient norms come out of the same pass, at the iterate where
-    the step is made (METHODS.md, ISFedAvg client decision).
+    the step is made.
 
     Parameters
     ----------
@@ -297,14 +283,15 @@ def train_local(
             f"need at least one step, got local_steps={local_steps}, epochs={epochs}"
         )
     model.train()
+    device = model_device(model)
     parameters = list(model.parameters())
     # w_global of the proximal term: the weights on entry.
     anchors = [p.detach().clone() for p in parameters]
-    loss_sum = torch.zeros(())
+    loss_sum = torch.zeros((), device=device)
     for batch in itertools.islice(
         _minibatches(num_samples, batch_size, generator), num_steps
     ):
-        loss = objective.loss(model, x[batch], y[batch])
+        loss = objective.loss(model, x[batch].to(device), y[batch].to(device))
         batch_grads = torch.autograd.grad(
             loss, parameters, allow_unused=True, materialize_grads=True
         )
@@ -346,25 +333,76 @@ def full_gradient(
     Returns
     -------
     list of torch.Tensor
-        Detached gradients in ``model.parameters()`` order.
+        Detached gradients in ``model.parameters()`` order, on the model's device.
     """
-    num_samples = _check_data(x, y)
+    _check_data(x, y)
+    return mean_gradient(
+        model,
+        zip(x.split(EVAL_CHUNK_SIZE), y.split(EVAL_CHUNK_SIZE), strict=True),
+        objective.loss,
+    )
+
+
+BatchLoss = Callable[[nn.Module, Tensor, Tensor], Tensor]
+"""Maps a model, a batch's inputs and its targets to the batch's mean loss."""
+
+
+def mean_gradient(
+    model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], batch_loss: BatchLoss
+) -> list[Tensor]:
+    """Gradient of the mean per-sample loss over all samples of ``batches``.
+
+    Each batch's mean loss is weighted by its share of the samples seen so far
+    (a running mean), so batches of any sizes give the mean over all samples,
+    and a single batch gives exactly its own gradient. Buffers (BatchNorm's
+    running statistics) are restored afterwards: taking a gradient does not
+    train the model.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model at which the gradient is taken, in the mode it is in.
+    batches : iterable of (torch.Tensor, torch.Tensor)
+        Inputs and targets, on any device (moved to the model's).
+    batch_loss : BatchLoss
+        The batch's mean loss, e.g. :meth:`Objective.loss`.
+
+    Returns
+    -------
+    list of torch.Tensor
+        Detached gradients in ``model.parameters()`` order, on the model's device.
+
+    Raises
+    ------
+    ValueError
+        If ``batches`` holds no sample.
+    """
+    device = model_device(model)
     parameters = list(model.parameters())
+    buffers = [buffer.detach().clone() for buffer in model.buffers()]
     total = [torch.zeros_like(p) for p in parameters]
+    num_seen = 0
     with torch.enable_grad():
-        for x_chunk, y_chunk in zip(
-            x.split(EVAL_CHUNK_SIZE), y.split(EVAL_CHUNK_SIZE), strict=True
-        ):
-            # Chunk means weighted by their share of the data: the weights sum to
-            # one, so the regularizer also counts once.
-            chunk_loss = objective.loss(model, x_chunk, y_chunk) * (
-                len(x_chunk) / num_samples
+        for inputs, targets in batches:
+            if len(targets) == 0:
+                continue
+            num_seen += len(targets)
+            share = len(targets) / num_seen
+            batch_grads = torch.autograd.grad(
+                batch_loss(model, inputs.to(device), targets.to(device)) * share,
+                parameters,
+                allow_unused=True,
+                materialize_grads=True,
             )
-            chunk_grads = torch.autograd.grad(
-                chunk_loss, parameters, allow_unused=True, materialize_grads=True
-            )
-            for accumulated, chunk_grad in zip(total, chunk_grads, strict=True):
-                accumulated += chunk_grad
+            for accumulated, batch_grad in zip(total, batch_grads, strict=True):
+                if share < 1:
+                    accumulated.mul_(1 - share)
+                accumulated += batch_grad
+    with torch.no_grad():
+        for buffer, saved in zip(model.buffers(), buffers, strict=True):
+            buffer.copy_(saved)
+    if num_seen == 0:
+        raise ValueError("no data: need at least one sample")
     return total
 
 
@@ -403,6 +441,7 @@ def evaluate(
         is given: ``||w - w^o||^2`` summed over all parameters (ISFedAvg eq. 32).
     """
     num_samples = _check_data(x, y)
+    device = model_device(model)
     was_training = model.training
     model.eval()
     loss_sum = 0.0
@@ -411,6 +450,7 @@ def evaluate(
         for x_chunk, y_chunk in zip(
             x.split(EVAL_CHUNK_SIZE), y.split(EVAL_CHUNK_SIZE), strict=True
         ):
+            x_chunk, y_chunk = x_chunk.to(device), y_chunk.to(device)
             outputs = model(x_chunk)
             loss_sum += float(objective.sample_losses(outputs, y_chunk).sum())
             if objective.task == "classification":
@@ -440,7 +480,9 @@ def _squared_distance(model: nn.Module, optimum: Sequence[np.ndarray]) -> float:
                 f"optimum array {index} has shape {target.shape}, "
                 f"the parameter {tuple(parameter.shape)}"
             )
-        difference = parameter.detach().double() - torch.from_numpy(target).double()
+        difference = (
+            parameter.detach().cpu().double() - torch.from_numpy(target).double()
+        )
         squared += float(difference.pow(2).sum())
     return squared
 

@@ -476,3 +476,91 @@ def test_random_local_steps_is_uniform_on_one_to_max() -> None:
     assert random_local_steps(1, rng) == 1
     with pytest.raises(ValueError, match="max_steps"):
         random_local_steps(0, rng)
+
+
+def test_mean_gradient_weighs_batches_of_any_size_and_keeps_buffers() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 6), nn.BatchNorm1d(6))
+    model.append(nn.Linear(6, 3))
+    x, y = batch_for((1, 4, 4), 3, "classification")
+    objective = Objective("classification")
+    buffers = [b.clone() for b in model.buffers()]
+    # eval(): BatchNorm normalizes with its running statistics, so the mean
+    # gradient does not depend on how the samples are split into batches.
+    model.eval()
+    expected = torch.autograd.grad(
+        objective.loss(model, x, y), list(model.parameters())
+    )
+    # Batches of 1, 3 and 2 samples, and an empty one that counts for nothing.
+    cuts = [(0, 1), (1, 1), (1, 4), (4, 6)]
+    batches = [(x[start:stop], y[start:stop]) for start, stop in cuts]
+    got = training.mean_gradient(model, batches, objective.loss)
+    for got_grad, want in zip(got, expected, strict=True):
+        torch.testing.assert_close(got_grad, want, rtol=RTOL, atol=ATOL)
+    # In train mode BatchNorm updates its running statistics on every forward
+    # pass; a gradient is a measurement, so they come back unchanged.
+    model.train()
+    training.mean_gradient(model, batches[1:], objective.loss)
+    for buffer, kept in zip(model.buffers(), buffers, strict=True):
+        torch.testing.assert_close(buffer, kept, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="no data"):
+        training.mean_gradient(model, [], objective.loss)
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+
+
+@needs_cuda
+def test_cuda_training_functions_match_the_cpu() -> None:
+    """A model on CUDA is served on CUDA from CPU data, with the CPU's results."""
+    cpu_model, x, y, task = tiny_case("cnn")
+    cuda_model = build_model("cnn", TINY["cnn"][0], 3, seed=1, hidden=(6, 5)).cuda()
+    objective = Objective(task, l2=0.01)  # type: ignore[arg-type]
+    for cpu_grad, cuda_grad in zip(
+        full_gradient(cpu_model, x, y, objective),
+        full_gradient(cuda_model, x, y, objective),
+        strict=True,
+    ):
+        assert cuda_grad.is_cuda
+        torch.testing.assert_close(cuda_grad.cpu(), cpu_grad, rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(
+        objective.per_sample_grad_norms(cuda_model, x, y).cpu(),
+        objective.per_sample_grad_norms(cpu_model, x, y),
+        rtol=RTOL,
+        atol=ATOL,
+    )
+    weights = torch.linspace(0.1, 1.0, BATCH, dtype=torch.float64)
+    cpu_step = weighted_sgd_step(
+        cpu_model, x, y, objective, lr=0.1, sample_weights=weights
+    )
+    cuda_step = weighted_sgd_step(
+        cuda_model, x, y, objective, lr=0.1, sample_weights=weights
+    )
+    torch.testing.assert_close(
+        cuda_step.sample_grad_norms.cpu(),
+        cpu_step.sample_grad_norms,
+        rtol=RTOL,
+        atol=ATOL,
+    )
+    results = []
+    for model in (cpu_model, cuda_model):
+        metrics = train_local(
+            model,
+            x,
+            y,
+            objective,
+            lr=0.05,
+            batch_size=4,
+            local_steps=3,
+            proximal_mu=0.1,
+            generator=torch.Generator().manual_seed(0),
+        )
+        results.append((metrics, evaluate(model, x, y, objective), get_weights(model)))
+    (cpu_metrics, cpu_eval, cpu_weights), (cuda_metrics, cuda_eval, cuda_weights) = (
+        results
+    )
+    assert cuda_metrics == pytest.approx(cpu_metrics, rel=RTOL)
+    assert cuda_eval == pytest.approx(cpu_eval, rel=RTOL)
+    for cpu_array, cuda_array in zip(cpu_weights, cuda_weights, strict=True):
+        np.testing.assert_allclose(cuda_array, cpu_array, rtol=RTOL, atol=ATOL)
+    assert next(cuda_model.parameters()).is_cuda
