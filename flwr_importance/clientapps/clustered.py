@@ -1,18 +1,18 @@
 """ClientApp handlers for clustered and MD sampling (Fraboni et al., ICML 2021).
 
-Training is plain FedAvg training
-(:func:`~flwr_importance.clientapps.make_train_handler`, which reports
-``num-examples``); the only extra message is the server's size query, answered
-by :func:`make_sizes_handler`::
+Training and evaluation are Flower's FedAvg ones; the only extra message is
+the server's size query. With your own ``@app.train()`` (it replies
+``num-examples``, as Flower's quickstart does), register the size query with
+:func:`~flwr_importance.clientapps.sizes.add_size_query`::
 
-    app = ClientApp()
-    app.train()(make_train_handler(my_task))
-    app.query("sizes")(make_sizes_handler(my_task))
+    add_size_query(app, num_examples=lambda context: len(load_trainset(context)))
+
+The ready-made set, for a :class:`~flwr_importance.clientapps.LocalTask`::
+
+    app = register_handlers(ClientApp(), make_clustered_handlers(my_task))
 """
 
 from __future__ import annotations
-
-from flwr.app import Context, Message, MetricRecord, RecordDict
 
 from flwr_importance.clientapps.common import (
     ClientHandler,
@@ -20,30 +20,17 @@ from flwr_importance.clientapps.common import (
     make_evaluate_handler,
     make_train_handler,
 )
-from flwr_importance.protocol import (
-    NUM_EXAMPLES,
-)
-
-
-def make_sizes_handler(task_factory: TaskFactory) -> ClientHandler:
-    """Answer ``query.sizes`` with the node's sample count.
-
-    The reply carries one MetricRecord ``metrics`` with ``num-examples``, the
-    number of local training samples (what the server uses for ``n_i``).
-    """
-
-    def sizes(message: Message, context: Context) -> Message:
-        task = task_factory(context)
-        content = RecordDict({"metrics": MetricRecord({NUM_EXAMPLES: len(task.x)})})
-        return Message(content, reply_to=message)
-
-    return sizes
+from flwr_importance.clientapps.sizes import make_sizes_handler
+from flwr_importance.protocol import SIZES_QUERY, query_message_type
 
 
 def make_clustered_handlers(task_factory: TaskFactory) -> dict[str, ClientHandler]:
-    """The handler set of clustered and MD sampling: train, evaluate, query.sizes."""
+    """The handler set of clustered, MD and size-weighted sampling.
+
+    FedAvg's train and evaluate, and ``query.sizes`` with the true size.
+    """
     return {
         "train": make_train_handler(task_factory),
         "evaluate": make_evaluate_handler(task_factory),
-        "query.sizes": make_sizes_handler(task_factory),
+        query_message_type(SIZES_QUERY): make_sizes_handler(task_factory),
     }

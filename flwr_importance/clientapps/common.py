@@ -19,7 +19,7 @@ built by a ``TaskFactory`` from the node's ``Context``; every handler factory in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +33,7 @@ from flwr_importance.tasks import (
     random_local_steps,
     train_local,
 )
+from flwr_importance.tasks.training import EVAL_CHUNK_SIZE
 
 ClientHandler = Callable[[Message, Context], Message]
 
@@ -168,6 +169,40 @@ def train_round(
         proximal_mu=proximal_mu,
         generator=torch_rng,
     )
+
+
+def task_criterion(
+    task: LocalTask,
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The task's loss as a criterion ``(outputs, targets) -> mean loss``.
+
+    The shape of a user's ``torch.nn.CrossEntropyLoss()``, so the helpers
+    written for the user's own loss run the ready-made handlers too. As in
+    :meth:`~flwr_importance.tasks.Objective.loss`, the regularizer
+    ``l2 ||w||^2`` of ``task.model``'s parameters enters each batch's loss once.
+    """
+    objective = task.objective
+
+    def criterion(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        mean_loss = objective.sample_losses(outputs, targets).mean()
+        if objective.l2 > 0:
+            mean_loss = mean_loss + objective.penalty(task.model.parameters())
+        return mean_loss
+
+    return criterion
+
+
+def task_batches(
+    task: LocalTask, indices: Sequence[int]
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The task's samples at ``indices``, as ``(x, y)`` batches of bounded size.
+
+    What a user's ``DataLoader`` over a ``Subset`` gives (and, like it,
+    re-iterable), for the helpers that take one; chunks of ``EVAL_CHUNK_SIZE``
+    rows keep each forward pass's memory bounded.
+    """
+    rows = torch.as_tensor(indices, dtype=torch.long)
+    return [(task.x[chunk], task.y[chunk]) for chunk in rows.split(EVAL_CHUNK_SIZE)]
 
 
 def make_train_handler(task_factory: TaskFactory) -> ClientHandler:

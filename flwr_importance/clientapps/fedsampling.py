@@ -1,184 +1,415 @@
-"""FedSampling's ClientApp handlers (Qi et al., IJCAI 2023), and the true-size reply
-of the size-weighted client sampling baseline.
+"""FedSampling on the client (Qi et al., "FedSampling: A Better Sampling Strategy
+for Federated Learning", IJCAI 2023, Algorithm 1).
 
-Privacy contract of the FedSampling handlers: the node's true size ``|D_c|`` and
-the number of samples it kept ``|S_c|`` never leave it. The size query is
-answered by randomized response (:func:`~flwr_importance.sampling.privatize_size`);
-the train reply carries only ``G_c``, an ArrayRecord shaped like the model, and
-no MetricRecord at all (in particular not Flower's usual ``num-examples``)::
+Privacy contract: the node's true size ``|D_c|`` and the number of samples it
+kept ``|S_c|`` never leave it. The size query is answered by randomized
+response (eq. 1, :func:`~flwr_importance.sampling.privatize_size`); the train
+reply carries only ``G_c = (1/K) sum_{s in S_c} g_s``, an ArrayRecord shaped
+like the model, and no MetricRecord at all (in particular not Flower's usual
+``num-examples``).
 
-    from flwr.clientapp import ClientApp
-    from flwr_importance.clientapps.fedsampling import (
-        make_fedsampling_train_handler, make_size_query_handler)
+From a quickstart-style ClientApp, the size query is one line and the train
+function keeps its model, data set, loss and device but, instead of training
+with its optimizer, returns the gradient sum (the server takes the SGD step,
+``Theta <- Theta - eta sum_c G_c``)::
 
-    app = ClientApp()
-    app.query("sizes")(make_size_query_handler(my_task))
-    app.train()(make_fedsampling_train_handler(my_task))
+     app = ClientApp()
+    +add_private_size_query(app, num_examples=lambda ctx: len(load_trainset(ctx)))
+
+     @app.train()
+     def train(msg, context):
+         model = Net()
+         model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+         model.to(device)
+         trainset = load_trainset(context)
+    +    plan = fedsampling_round(msg, num_examples=len(trainset))
+    +    loader = DataLoader(Subset(trainset, plan.indices), batch_size=32)
+    +    gradient = fedsampling_gradient(model, loader, torch.nn.CrossEntropyLoss(),
+    +                                    plan=plan, lr=msg.content["config"]["lr"])
+    +    return fedsampling_reply(msg, gradient)
+
+No federated evaluation: Flower's evaluate replies are weighted by
+``num-examples``, the size this method keeps private, so a FedSampling
+ClientApp has no ``@app.evaluate()`` and the strategy runs with
+``fraction_evaluate=0``; evaluate on the server instead
+(``strategy.start(..., evaluate_fn=...)``, as the simulation app does).
+
+The ready-made handlers (:func:`make_fedsampling_handlers`) are these same
+functions over a :class:`~flwr_importance.clientapps.LocalTask`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
 
 from flwr_importance.aggregation.fedsampling import bernoulli_keep, keep_probability
 from flwr_importance.clientapps.common import (
     ClientHandler,
-    LocalTask,
     TaskFactory,
     config_number,
     load_global_model,
     round_generators,
     server_round_of,
+    task_batches,
+    task_criterion,
 )
+from flwr_importance.clientapps.sizes import SampleCount, sample_count_source
 from flwr_importance.protocol import (
+    FEDSAMPLING_EPSILON,
+    FEDSAMPLING_ESTIMATED_TOTAL_SIZE,
+    FEDSAMPLING_MAX_SIZE,
+    FEDSAMPLING_SAMPLES_PER_ROUND,
     FEDSAMPLING_SIZE_RESPONSE,
-    NUM_EXAMPLES,
+    LOCAL_STEPS,
+    SIZES_QUERY,
+    query_message_type,
 )
 from flwr_importance.sampling import privatize_size
-from flwr_importance.tasks import full_gradient
+
+#: ``criterion(outputs, targets)``: the mean loss over a batch, as PyTorch's
+#: losses compute it by default (``reduction="mean"``).
+Criterion = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def private_size_reply(
+    message: Message,
+    *,
+    num_examples: int,
+    max_epsilon: float | None = None,
+    rng: np.random.Generator | None = None,
+) -> Message:
+    """The reply to FedSampling's ``query.sizes``: a randomized-response size.
+
+    Reads ``max-size`` (``M``) and ``epsilon`` from the config and replies
+    ``MetricRecord({"size-response": r})`` with ``r`` in ``{1..M-1}``: the
+    clipped true size with probability ``alpha``, else a uniform draw (eq. 1).
+    Each round's reply is eps-LDP; replies of different rounds are
+    independent, so over ``T`` rounds the privacy losses add up to ``T eps``
+    unless replies are de-linked from the node (the paper's client anonymity,
+    Section 3.5.2).
+
+    Parameters
+    ----------
+    message : Message
+        The ``query.sizes`` message.
+    num_examples : int
+        The node's true number of training samples; it never leaves the node.
+    max_epsilon : float, optional
+        The largest privacy budget this node accepts. The server chooses
+        ``epsilon`` (every node must use the same one for the estimate), so a
+        node that does not trust it to ask for a small one sets this cap: a
+        query asking for more raises, which Flower sends as an error reply.
+    rng : numpy.random.Generator, optional
+        Source of the randomized response (default: fresh OS entropy).
+
+    Returns
+    -------
+    Message
+        The reply, with the one metric ``size-response``.
+    """
+    max_size = int(config_number(message, FEDSAMPLING_MAX_SIZE))
+    epsilon = config_number(message, FEDSAMPLING_EPSILON)
+    if max_epsilon is not None and epsilon > max_epsilon:
+        raise ValueError(
+            f"the server asks for epsilon={epsilon:g}, this node allows at "
+            f"most {max_epsilon:g}"
+        )
+    response = privatize_size(
+        num_examples,
+        max_size,
+        epsilon,
+        rng if rng is not None else np.random.default_rng(),
+    )
+    content = RecordDict(
+        {"metrics": MetricRecord({FEDSAMPLING_SIZE_RESPONSE: response})}
+    )
+    return Message(content, reply_to=message)
+
+
+def add_private_size_query(
+    app: ClientApp,
+    *,
+    num_examples: SampleCount | None = None,
+    node_config_key: str | None = None,
+    max_epsilon: float | None = None,
+) -> None:
+    """Register ``@app.query("sizes")`` answering by randomized response.
+
+    Parameters
+    ----------
+    app : ClientApp
+        The user's app; it must not have a ``query.sizes`` handler yet.
+    num_examples : callable, optional
+        ``context -> n``, the node's number of training samples.
+    node_config_key : str, optional
+        Read ``n`` from this node-config key instead (exactly one of the two).
+    max_epsilon : float, optional
+        The node's cap on the server's ``epsilon`` (see
+        :func:`private_size_reply`).
+
+    Examples
+    --------
+    >>> from flwr.clientapp import ClientApp
+    >>> app = ClientApp()
+    >>> add_private_size_query(app, num_examples=lambda context: 600, max_epsilon=3)
+    """
+    count = sample_count_source(
+        num_examples=num_examples, node_config_key=node_config_key
+    )
+
+    def private_size(message: Message, context: Context) -> Message:
+        return private_size_reply(
+            message, num_examples=count(context), max_epsilon=max_epsilon
+        )
+
+    app.query(SIZES_QUERY)(private_size)
+
+
+@dataclass(frozen=True)
+class FedSamplingRound:
+    """This round's data sample, as the server's config decides it.
+
+    Attributes
+    ----------
+    indices : tuple of int
+        The local samples kept this round (``S_c``), increasing; feed them to
+        ``torch.utils.data.Subset``. Each sample is kept independently with
+        probability ``keep_probability``.
+    keep_probability : float
+        ``K / N_tilde``.
+    samples_per_round : int
+        ``K``, the number of samples the whole round aims for; ``G_c`` is
+        normalized by it, never by ``len(indices)``.
+    local_steps : int
+        ``E``, the gradient steps on the kept samples that the server asks for
+        (``local-steps``, 1 in the paper); :func:`fedsampling_gradient` takes
+        them, so your own number of epochs does not apply.
+    """
+
+    indices: tuple[int, ...]
+    keep_probability: float
+    samples_per_round: int
+    local_steps: int
+
+
+def fedsampling_round(
+    message: Message, *, num_examples: int, rng: np.random.Generator | None = None
+) -> FedSamplingRound:
+    """Draw which of the node's samples this round keeps (Algorithm 1, l. 12).
+
+    Reads ``samples-per-round`` (``K``), ``estimated-total-size``
+    (``N_tilde >= K``) and ``local-steps`` (``E``, default 1) from the train
+    message's config and keeps each of the ``num_examples`` samples with
+    probability ``K / N_tilde``.
+
+    Parameters
+    ----------
+    message : Message
+        FedSampling's train message.
+    num_examples : int
+        The size of the local training set the indices refer to.
+    rng : numpy.random.Generator, optional
+        Source of the keep decisions (default: fresh OS entropy); the
+        ready-made handler passes its seeded round generator.
+
+    Returns
+    -------
+    FedSamplingRound
+        The kept indices and the round's ``K`` and ``E``.
+
+    Raises
+    ------
+    ValueError
+        If the config lacks a key or ``local-steps`` is below 1.
+    """
+    samples_per_round = int(config_number(message, FEDSAMPLING_SAMPLES_PER_ROUND))
+    probability = keep_probability(
+        samples_per_round, config_number(message, FEDSAMPLING_ESTIMATED_TOTAL_SIZE)
+    )
+    local_steps = int(config_number(message, LOCAL_STEPS, 1))
+    if local_steps < 1:
+        raise ValueError(f"{LOCAL_STEPS} must be >= 1, got {local_steps}")
+    keep = bernoulli_keep(
+        num_examples, probability, rng if rng is not None else np.random.default_rng()
+    )
+    return FedSamplingRound(
+        indices=tuple(int(index) for index in np.flatnonzero(keep)),
+        keep_probability=probability,
+        samples_per_round=samples_per_round,
+        local_steps=local_steps,
+    )
+
+
+def fedsampling_gradient(
+    model: torch.nn.Module,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    criterion: Criterion,
+    *,
+    plan: FedSamplingRound,
+    lr: float | None = None,
+) -> dict[str, torch.Tensor]:
+    """``G_c = (1/K) sum_{s in S_c} g_s`` at the model, over the kept samples.
+
+    Each batch's mean loss is weighted by its size over ``K``, so the sum over
+    the batches is ``(1/K) sum_s grad Q_s``, however the kept samples are cut
+    into batches. Batches move to the model's device; the model's mode
+    (train/eval) is left as the caller set it, and its ``.grad`` fields are not
+    touched.
+
+    With ``plan.local_steps = E > 1`` (an extension, not in the paper) the
+    model takes ``E`` steps ``w <- w - lr G_c(w)`` on the kept samples, in
+    place, and the result is the mean of the ``E`` normalized gradients,
+    ``(w_0 - w_E) / (E lr)``: still normalized by the public ``K``, never by
+    ``|S_c|``. Your optimizer is not used: the server takes the step.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The received global model, on its device.
+    batches : iterable of (inputs, targets)
+        The kept samples, e.g. a ``DataLoader`` over ``Subset(trainset,
+        plan.indices)``; iterated ``E`` times, so re-iterable when ``E > 1``.
+    criterion : callable
+        ``criterion(outputs, targets)``, the batch's mean loss (PyTorch's
+        default ``reduction="mean"``), e.g. ``torch.nn.CrossEntropyLoss()``.
+    plan : FedSamplingRound
+        This round's sample (:func:`fedsampling_round`).
+    lr : float, optional
+        Step size of the local steps; needed only when ``E > 1``.
+
+    Returns
+    -------
+    dict of str to torch.Tensor
+        Keyed like ``model.state_dict()``: the mean normalized gradient of each
+        parameter, zeros for buffers; zeros everywhere if nothing was kept.
+
+    Raises
+    ------
+    ValueError
+        If ``E > 1`` without a positive ``lr``.
+    """
+    if plan.local_steps > 1 and (lr is None or not lr > 0):
+        raise ValueError(
+            f"{LOCAL_STEPS}={plan.local_steps} needs a positive lr, got {lr!r}"
+        )
+    device = next(model.parameters()).device
+    parameters = dict(model.named_parameters())
+    total = {name: torch.zeros_like(value) for name, value in parameters.items()}
+    for step in range(plan.local_steps):
+        step_gradient = _normalized_gradient(
+            model, batches, criterion, plan.samples_per_round, device
+        )
+        with torch.no_grad():
+            for name, parameter in parameters.items():
+                total[name] += step_gradient[name]
+                if step < plan.local_steps - 1:
+                    assert lr is not None
+                    parameter.sub_(lr * step_gradient[name])
+    return {
+        name: total[name] / plan.local_steps
+        if name in total
+        else torch.zeros_like(value)
+        for name, value in model.state_dict().items()
+    }
+
+
+def _normalized_gradient(
+    model: torch.nn.Module,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    criterion: Criterion,
+    samples_per_round: int,
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
+    """``(1/K) sum_s grad Q_s(w)`` at the model's current weights."""
+    names, parameters = zip(*model.named_parameters(), strict=True)
+    total = [torch.zeros_like(parameter) for parameter in parameters]
+    with torch.enable_grad():
+        for inputs, targets in batches:
+            if len(targets) == 0:
+                continue
+            inputs, targets = inputs.to(device), targets.to(device)
+            loss = criterion(model(inputs), targets) * (
+                len(targets) / samples_per_round
+            )
+            batch_gradient = torch.autograd.grad(
+                loss, parameters, allow_unused=True, materialize_grads=True
+            )
+            for accumulated, gradient in zip(total, batch_gradient, strict=True):
+                accumulated += gradient
+    return dict(zip(names, total, strict=True))
+
+
+def fedsampling_reply(message: Message, gradient: dict[str, torch.Tensor]) -> Message:
+    """The train reply: ``G_c`` alone, under the received model's record name.
+
+    No MetricRecord: neither ``|D_c|`` nor ``|S_c|`` may be sent.
+
+    Raises
+    ------
+    ValueError
+        If the train message does not carry exactly one ArrayRecord.
+    """
+    names = list(message.content.array_records)
+    if len(names) != 1:
+        raise ValueError(f"expected one ArrayRecord in the train message, got {names}")
+    return Message(RecordDict({names[0]: ArrayRecord(gradient)}), reply_to=message)
 
 
 def make_size_query_handler(
     task_factory: TaskFactory, max_epsilon: float | None = None
 ) -> ClientHandler:
-    """Answer ``query.sizes`` by randomized response (paper, eq. 1).
+    """The ready-made ``query.sizes``: :func:`private_size_reply` of the task's size.
 
-    Reads ``max-size`` (``M``) and ``epsilon`` from the config and replies
-    ``MetricRecord({"size-response": r})`` with ``r`` in ``{1..M-1}``: the
-    clipped true size with probability ``alpha``, else a uniform draw. Each
-    round's reply is eps-LDP; replies of different rounds are independent, so
-    over ``T`` rounds the privacy losses add up to ``T eps`` unless replies are
-    de-linked from the node (the paper's client anonymity, Section 3.5.2).
-
-    Parameters
-    ----------
-    task_factory : TaskFactory
-        Builds the node's :class:`LocalTask` (only its data size is used).
-    max_epsilon : float, optional
-        The largest privacy budget this node accepts. The server chooses
-        ``epsilon`` (every node must use the same one for the estimate), so a
-        node that does not trust it to ask for a small one sets this cap: a
-        query asking for more is refused with an error reply.
+    The randomized response draws from a child of the node's round generator
+    (:func:`~flwr_importance.clientapps.common.round_generators`): the train
+    handler's keep decisions use the parent, and the truthful-answer coin must
+    not be correlated with which samples stay.
     """
 
     def size_query(message: Message, context: Context) -> Message:
         task = task_factory(context)
-        max_size = int(config_number(message, "max-size"))
-        epsilon = config_number(message, "epsilon")
-        if max_epsilon is not None and epsilon > max_epsilon:
-            raise ValueError(
-                f"the server asks for epsilon={epsilon:g}, this node allows at "
-                f"most {max_epsilon:g}"
-            )
         numpy_rng, _ = round_generators(task, server_round_of(message))
-        # A child stream: the train handler's Bernoulli draws use the parent, and
-        # the truthful-answer coin must not be correlated with which samples stay.
         (reply_rng,) = numpy_rng.spawn(1)
-        response = privatize_size(len(task.x), max_size, epsilon, reply_rng)
-        content = RecordDict(
-            {"metrics": MetricRecord({FEDSAMPLING_SIZE_RESPONSE: response})}
+        return private_size_reply(
+            message, num_examples=len(task.x), max_epsilon=max_epsilon, rng=reply_rng
         )
-        return Message(content, reply_to=message)
 
     return size_query
 
 
 def make_fedsampling_train_handler(task_factory: TaskFactory) -> ClientHandler:
-    """Sample local data with probability ``K / N_tilde``, reply ``G_c``.
+    """The ready-made train handler: :func:`fedsampling_round` and friends on the task.
 
-    Reads ``samples-per-round`` (``K``), ``estimated-total-size``
-    (``N_tilde >= K``) and optionally ``local-steps`` (``E``, default 1) from
-    the config; keeps each local sample independently with probability
-    ``K / N_tilde`` (the first draws of the round's NumPy generator, see
-    :func:`~flwr_importance.clientapps.common.round_generators`) and replies
-    with ``G_c = (1/K) sum_{s in S_c} g_s``, the gradients taken at the
-    received model, as the ``arrays`` ArrayRecord with the model's keys
-    (buffers, if any, get zeros). A node that kept nothing replies zeros, so
-    its reply looks like any other.
-
-    With ``E > 1`` (an extension, not in the paper) the node takes ``E`` local
-    steps ``w <- w - lr (1/K) sum_{s in S_c} grad Q_s(w)`` on the same kept
-    samples (``lr`` from the :class:`LocalTask`) and replies with the mean of
-    the ``E`` normalized gradients, ``(w_0 - w_E) / (E lr)``: still normalized by
-    the public ``K``, never by ``|S_c|``.
-
-    The reply has no MetricRecord: neither ``|D_c|`` nor ``|S_c|`` is sent.
+    The keep decisions are the first draws of the node's round generator; the
+    local steps (when ``E > 1``) use the task's ``lr``.
     """
 
     def train(message: Message, context: Context) -> Message:
         task = task_factory(context)
         load_global_model(task, message)
-        samples_per_round = int(config_number(message, "samples-per-round"))
-        probability = keep_probability(
-            samples_per_round, config_number(message, "estimated-total-size")
-        )
-        local_steps = int(config_number(message, "local-steps", 1))
-        if local_steps < 1:
-            raise ValueError(f"local-steps must be >= 1, got {local_steps}")
         numpy_rng, _ = round_generators(task, server_round_of(message))
-        kept = torch.from_numpy(bernoulli_keep(len(task.x), probability, numpy_rng))
-        gradient = _mean_normalized_gradient(
-            task, task.x[kept], task.y[kept], samples_per_round, local_steps
+        plan = fedsampling_round(message, num_examples=len(task.x), rng=numpy_rng)
+        gradient = fedsampling_gradient(
+            task.model,
+            task_batches(task, plan.indices),
+            task_criterion(task),
+            plan=plan,
+            lr=task.lr,
         )
-        content = RecordDict({"arrays": ArrayRecord(gradient)})
-        return Message(content, reply_to=message)
+        return fedsampling_reply(message, gradient)
 
     return train
 
 
-def _mean_normalized_gradient(
-    task: LocalTask,
-    x_kept: torch.Tensor,
-    y_kept: torch.Tensor,
-    samples_per_round: int,
-    local_steps: int,
-) -> dict[str, torch.Tensor]:
-    """Mean over ``local_steps`` of ``(1/K) sum_s g_s``, keyed like the state dict."""
-    parameters = dict(task.model.named_parameters())
-    total = {name: torch.zeros_like(value) for name, value in parameters.items()}
-    if len(x_kept) > 0:
-        # full_gradient is the mean over the kept samples; times |S_c| / K it is
-        # (1/K) sum_s g_s.
-        scale = len(x_kept) / samples_per_round
-        for step in range(local_steps):
-            step_gradient = full_gradient(task.model, x_kept, y_kept, task.objective)
-            with torch.no_grad():
-                for (name, parameter), gradient in zip(
-                    parameters.items(), step_gradient, strict=True
-                ):
-                    total[name] += scale * gradient
-                    if step < local_steps - 1:
-                        parameter.sub_(task.lr * scale * gradient)
-    return {
-        name: total[name] / local_steps if name in total else torch.zeros_like(value)
-        for name, value in task.model.state_dict().items()
-    }
-
-
-def make_true_size_handler(task_factory: TaskFactory) -> ClientHandler:
-    """Answer ``query.sizes`` with the TRUE size (``num-examples``), unprotected.
-
-    For the size-weighted client sampling baseline
-    (:class:`~flwr_importance.strategies.size_weighted.SizeWeightedSampling`),
-    which needs every node's true size: exactly what FedSampling avoids.
-    """
-
-    def true_size(message: Message, context: Context) -> Message:
-        task = task_factory(context)
-        content = RecordDict({"metrics": MetricRecord({NUM_EXAMPLES: len(task.x)})})
-        return Message(content, reply_to=message)
-
-    return true_size
-
-
 def make_fedsampling_handlers(task_factory: TaskFactory) -> dict[str, ClientHandler]:
-    """FedSampling's handler set: ``query.sizes`` and ``train``.
-
-    No ``evaluate``: the stock evaluate reply carries ``num-examples``, the size
-    this method keeps private.
-    """
+    """FedSampling's handler set: ``query.sizes`` and ``train``, no ``evaluate``."""
     return {
-        "query.sizes": make_size_query_handler(task_factory),
+        query_message_type(SIZES_QUERY): make_size_query_handler(task_factory),
         "train": make_fedsampling_train_handler(task_factory),
     }

@@ -11,7 +11,7 @@ from flwr_importance.clientapps import (
     make_evaluate_handler,
     make_train_handler,
 )
-from flwr_importance.clientapps.fedsampling import make_true_size_handler
+from flwr_importance.clientapps.sizes import make_sizes_handler
 from flwr_importance.strategies.size_weighted import SizeWeightedSampling
 from simulations.config import ExperimentConfig
 
@@ -28,7 +28,7 @@ def build_strategy(config: ExperimentConfig, num_clients: int) -> SizeWeightedSa
 def client_handlers(task_factory: TaskFactory) -> dict[str, ClientHandler]:
     """True size reply, plain local SGD, local evaluation."""
     return {
-        "query.sizes": make_true_size_handler(task_factory),
+        "query.sizes": make_sizes_handler(task_factory),
         "train": make_train_handler(task_factory),
         "evaluate": make_evaluate_handler(task_factory),
     }

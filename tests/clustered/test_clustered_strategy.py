@@ -21,7 +21,7 @@ from flwr_importance.clientapps import (
     TaskFactory,
     make_train_handler,
 )
-from flwr_importance.clientapps.clustered import make_sizes_handler
+from flwr_importance.clientapps.sizes import make_sizes_handler
 from flwr_importance.sampling import (
     DISTANCES,
     Distance,
