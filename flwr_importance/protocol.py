@@ -128,6 +128,10 @@ FOLB_GRADIENT = "gradient"
 FOLB_GAMMA = "gamma"
 #: ``query.gradient``: the second set of two-set FOLB returns its gradient only.
 FOLB_GRADIENT_QUERY = "gradient"
+#: Round metric: 1 where the round fell back to the sample-weighted mean.
+FOLB_FALLBACK = "folb-fallback"
+#: Round metric: how many updates were subtracted (negative weight).
+FOLB_NEGATIVE_WEIGHTS = "folb-negative-weights"
 
 # --- FedSampling --------------------------------------------------------------
 #: The randomized-response size (``query.sizes`` reply); never the true size.

@@ -1,28 +1,43 @@
-"""FOLB's gradient-aligned aggregation weights (Nguyen et al., "Fast-convergent
-federated learning").
+"""FOLB's gradient-aligned aggregation weights.
 
-Pure NumPy. Every function works on the *distinct* devices that answered, each
-with a multiplicity: FOLB samples multisets uniformly with replacement, and a
-device drawn ``m`` times counts ``m`` times in every sum (its reply is the same
-whichever draw it answers, so it trains once; see the strategy's docstring).
+Nguyen et al., "Fast-convergent federated learning", IEEE JSAC 2021. Pure NumPy.
 
-The paper's text lost its formulas; the forms below are those recovered in
-``FOLB-EQUATIONS.md`` (parameter names as there):
+The paper optimizes the sample-weighted objective ``f = sum_k (n_k / n) F_k``
+(Sec. II-A: it replaces the factor ``1/N`` by ``n_k / n``, "the approach we take
+throughout this paper"), as FedProx, its code base, does. Every sum below
+therefore weighs device ``k`` by the sample count ``n_k`` it reports; without
+``sample_counts`` every device weighs the same (the ``1/N`` objective). The
+paper's formulas were lost in the available text; the forms below follow its
+prose and equation numbers:
 
-- eq. 13 (single set ``S``): ``gS = mean_{j in S} g_j``, ``c_k = <g_k, gS>``,
-  ``a_k = c_k / sum_{i in S} |c_i|``; a device with ``c_k < 0`` has its update
-  subtracted ("rather than discarding" it).
-- eqs. 9-10 (two sets): the same with ``gS2 = mean_{j in S2} g_j`` estimated on a
-  second, independent set; eq. 9 may drop the devices with ``c_k < 0`` instead
+- eq. 13 (single set ``S``): ``gS = sum_{j in S} n_j g_j / sum_{j in S} n_j``,
+  ``c_k = <g_k, gS>``, ``a_k = n_k c_k / sum_{i in S} n_i |c_i|``; a device with
+  ``c_k < 0`` has its update subtracted ("rather than discarding" it). With
+  identical gradients every ``c_k`` is the same and ``a_k = n_k / sum_i n_i``:
+  FedProx's sample-weighted mean.
+- eqs. 9-10 (two sets): the same with ``gS2`` (eq. 10) estimated on a second,
+  independent set; eq. 9 may drop the devices with ``c_k < 0`` instead
   (``negative="drop"``).
 - eq. 18 (heterogeneity-aware): ``d_k = c_k - psi * gamma_k * ||g_k|| * ||gS||``
-  (or ``psi * gamma_k * ||gS||^2``), ``a_k = d_k / sum_i |d_i|``; ``psi = 0`` gives
-  eq. 13 back.
+  (or ``psi * gamma_k * ||gS||^2``), ``a_k = n_k d_k / sum_i n_i |d_i|``;
+  ``psi = 0`` gives eq. 13 back.
 
-The new model is ``w^{t+1} = w^t + sum_k a_k dw_k``
-(:func:`flwr_importance.aggregation.weighted_sum` of the updates). Degenerate
-rounds (all scores zero, a single device, non-finite gradients) fall back to the
-plain mean of the valid updates, with the reason returned for the caller to log.
+``gS`` is a ratio estimator; the paper calls it an unbiased estimate of the
+global gradient. Under uniform draws the unbiased estimate is
+``(N / (K n)) sum_{j in S} n_j g_j``, which points the same way; every score is
+linear in ``gS`` and the weights divide scores by scores, so the weights are
+the same with either (the scale cancels).
+
+Every function works on the *distinct* devices that answered, each with a
+multiplicity: a device drawn ``m`` times (draws with replacement, as in the
+paper's analysis) counts ``m`` times in every sum; its reply is the same
+whichever draw it answers, so it trains once (see the strategy's docstring).
+
+The new model is ``w^{t+1} = w^t + eta sum_k a_k dw_k``
+(:func:`flwr_importance.aggregation.weighted_sum` of the updates; ``eta`` the
+strategy's ``server_lr``). Degenerate rounds (all scores zero, a single device,
+non-finite gradients) fall back to the sample-weighted mean of the valid
+updates, with the reason returned for the caller to log.
 
 The gradients are read in place, chunk by chunk, never stacked into a K x d
 matrix: per chunk, the float64 copy of every device's slice (one small block)
@@ -91,14 +106,14 @@ class FolbWeights:
     Attributes
     ----------
     weights : NDArray[np.float64]
-        ``a_k`` per distinct device (multiplicity included), for
-        ``w^{t+1} = w^t + sum_k a_k dw_k``.
+        ``a_k`` per distinct device (multiplicity and ``n_k`` included), for
+        ``w^{t+1} = w^t + eta sum_k a_k dw_k``.
     scores : NDArray[np.float64]
         ``c_k`` (eqs. 9, 13) or ``d_k`` (eq. 18) per device; NaN where the
         gradient was not finite.
     fallback_reason : str or None
-        ``None`` when the weights follow the rule; else why they are the plain
-        mean of the valid updates.
+        ``None`` when the weights follow the rule; else why they are the
+        (sample-weighted) mean of the valid updates.
     """
 
     weights: NDArray[np.float64]
@@ -107,9 +122,12 @@ class FolbWeights:
 
 
 def estimated_global_gradient(
-    gradients: Sequence[Vector], multiplicities: ArrayLike | None = None
+    gradients: Sequence[Vector],
+    multiplicities: ArrayLike | None = None,
+    *,
+    sample_counts: ArrayLike | None = None,
 ) -> NDArray[np.float64]:
-    """``gS = (1 / |S|) sum_{j in S} g_j`` over a multiset (eqs. 10, 13).
+    """``gS = sum_{j in S} n_j g_j / sum_{j in S} n_j`` over a multiset (eqs. 10, 13).
 
     Parameters
     ----------
@@ -117,13 +135,23 @@ def estimated_global_gradient(
         One full local gradient ``g_j = grad F_j(w^t)`` per distinct device.
     multiplicities : ArrayLike, optional
         How many times each device was drawn (default one each).
+    sample_counts : ArrayLike, optional
+        ``n_j`` per device (>= 0); ``None`` weighs every device the same.
 
     Returns
     -------
     NDArray[np.float64]
-        The multiset mean of the gradients.
+        The sample-weighted multiset mean of the gradients.
+
+    Examples
+    --------
+    >>> gradients = [np.array([1.0, 0.0]), np.array([0.0, 1.0])]
+    >>> estimated_global_gradient(gradients, sample_counts=[3, 1]).tolist()
+    [0.75, 0.25]
+    >>> estimated_global_gradient(gradients, [1, 3]).tolist()
+    [0.25, 0.75]
     """
-    counts = _multiplicities(multiplicities, len(gradients))
+    counts = _device_weights(multiplicities, sample_counts, len(gradients))
     if not gradients:
         raise ValueError("need at least one gradient to estimate the global one")
     pieces = [_pieces(gradient, "gradients") for gradient in gradients]
@@ -140,8 +168,10 @@ def folb_weights(
     gradients: Sequence[Vector],
     multiplicities: ArrayLike | None = None,
     *,
+    sample_counts: ArrayLike | None = None,
     reference_gradients: Sequence[Vector] | None = None,
     reference_multiplicities: ArrayLike | None = None,
+    reference_sample_counts: ArrayLike | None = None,
     inexactness: ArrayLike | None = None,
     psi: float = 0.0,
     penalty: Penalty = "norm-product",
@@ -158,6 +188,10 @@ def folb_weights(
         in any real dtype (every sum is taken in float64).
     multiplicities : ArrayLike, optional
         Times each of those devices was drawn (default one each).
+    sample_counts : ArrayLike, optional
+        ``n_k`` per device (>= 0), the weight of device ``k`` in ``gS`` and in
+        the weights (the paper's ``n_k / n`` objective); ``None`` weighs every
+        device the same (the ``1/N`` objective).
     reference_gradients : Sequence[NDArray or SplitVector], optional
         Gradients of the second set ``S2`` (eq. 10); ``None`` estimates the
         global gradient on ``gradients`` themselves (eq. 13). Non-finite ones
@@ -165,6 +199,8 @@ def folb_weights(
         not answer) falls back to the mean.
     reference_multiplicities : ArrayLike, optional
         Times each ``S2`` device was drawn (default one each).
+    reference_sample_counts : ArrayLike, optional
+        ``n_j`` per ``S2`` device; give it exactly when ``sample_counts`` is given.
     inexactness : ArrayLike, optional
         ``gamma_k`` in ``[0, 1]`` per device (eq. 18); required when ``psi > 0``.
     psi : float
@@ -186,11 +222,26 @@ def folb_weights(
     Raises
     ------
     ValueError
-        For inconsistent lengths or shapes, negative multiplicities or ``psi``,
-        ``gamma_k`` outside ``[0, 1]``, or an unknown option.
+        For inconsistent lengths or shapes, negative multiplicities, sample
+        counts or ``psi``, sample counts for one set only, ``gamma_k`` outside
+        ``[0, 1]``, or an unknown option.
+
+    Examples
+    --------
+    Identical gradients: FedProx's sample-weighted mean.
+
+    >>> same = [np.array([1.0, 2.0])] * 3
+    >>> folb_weights(same, sample_counts=[1, 2, 5]).weights.tolist()
+    [0.125, 0.25, 0.625]
     """
     check_options(penalty, negative, denominator, psi)
-    counts = _multiplicities(multiplicities, len(gradients))
+    if reference_gradients is not None and (sample_counts is None) != (
+        reference_sample_counts is None
+    ):
+        raise ValueError(
+            "give sample counts for both sets (samples weighting) or for neither"
+        )
+    counts = _device_weights(multiplicities, sample_counts, len(gradients))
     if not gradients:
         raise ValueError("need at least one device")
     gradient_pieces = [_pieces(gradient, "gradients") for gradient in gradients]
@@ -212,8 +263,8 @@ def folb_weights(
                 f"reference gradients have length {reference_size}, "
                 f"the gradients {size}"
             )
-        reference_counts = _multiplicities(
-            reference_multiplicities, len(reference_pieces)
+        reference_counts = _device_weights(
+            reference_multiplicities, reference_sample_counts, len(reference_pieces)
         )
 
     sums = _streamed_sums(gradient_pieces, reference_pieces, reference_counts, size)
@@ -236,7 +287,10 @@ def folb_weights(
         )
     if reference_counts[reference_finite].sum() == 0:
         return _mean_fallback(
-            finite, counts, scores, "no finite gradient to estimate the global one"
+            finite,
+            counts,
+            scores,
+            "no finite gradient of positive weight to estimate the global one",
         )
     if not reference_finite.all():
         # The sums above took the non-finite references into gS: again without.
@@ -284,12 +338,17 @@ def single_set_weights(
     gradients: Sequence[NDArray[np.floating]],
     multiplicities: ArrayLike | None = None,
     *,
+    sample_counts: ArrayLike | None = None,
     negative: NegativeRule = "flip",
     denominator: Denominator = "abs",
 ) -> FolbWeights:
-    """Eq. 13: ``a_k = c_k / sum_{i in S} |c_i|``, ``c_k = <g_k, gS>``, one set."""
+    """Eq. 13: ``a_k = n_k c_k / sum_{i in S} n_i |c_i|``, ``c_k = <g_k, gS>``."""
     return folb_weights(
-        gradients, multiplicities, negative=negative, denominator=denominator
+        gradients,
+        multiplicities,
+        sample_counts=sample_counts,
+        negative=negative,
+        denominator=denominator,
     )
 
 
@@ -299,6 +358,8 @@ def two_set_weights(
     multiplicities: ArrayLike | None = None,
     reference_multiplicities: ArrayLike | None = None,
     *,
+    sample_counts: ArrayLike | None = None,
+    reference_sample_counts: ArrayLike | None = None,
     negative: NegativeRule = "flip",
     denominator: Denominator = "abs",
 ) -> FolbWeights:
@@ -306,8 +367,10 @@ def two_set_weights(
     return folb_weights(
         gradients,
         multiplicities,
+        sample_counts=sample_counts,
         reference_gradients=reference_gradients,
         reference_multiplicities=reference_multiplicities,
+        reference_sample_counts=reference_sample_counts,
         negative=negative,
         denominator=denominator,
     )
@@ -319,14 +382,16 @@ def heterogeneity_aware_weights(
     psi: float,
     multiplicities: ArrayLike | None = None,
     *,
+    sample_counts: ArrayLike | None = None,
     penalty: Penalty = "norm-product",
     negative: NegativeRule = "flip",
     denominator: Denominator = "abs",
 ) -> FolbWeights:
-    """Eq. 18: ``d_k = c_k - psi gamma_k ||g_k|| ||gS||``, ``a_k = d_k / sum |d_i|``."""
+    """Eq. 18: ``d_k = c_k - psi gamma_k ||g_k|| ||gS||``, weights ``n_k d_k``."""
     return folb_weights(
         gradients,
         multiplicities,
+        sample_counts=sample_counts,
         inexactness=inexactness,
         psi=psi,
         penalty=penalty,
@@ -352,7 +417,11 @@ def _mean_fallback(
     scores: NDArray[np.float64],
     reason: str,
 ) -> FolbWeights:
-    """Plain (multiset) mean over the devices with a finite gradient."""
+    """Mean over the devices with a finite gradient, weighted by ``counts``.
+
+    ``counts`` are the devices' weights in the rule (multiplicity times
+    ``n_k``): FedProx's sample-weighted mean, or the plain multiset mean.
+    """
     valid_counts = np.where(finite, counts, 0.0)
     if valid_counts.sum() == 0:
         # Nothing trustworthy: weights of zero keep the model where it is.
@@ -377,7 +446,7 @@ def _streamed_sums(
 ) -> _Sums:
     """``||g_k||^2``, ``<g_k, gS>`` and ``||gS||^2``, one chunk at a time.
 
-    ``gS``, the multiset mean of ``references`` (eqs. 10, 13), is never held
+    ``gS``, the weighted mean of ``references`` (eqs. 10, 13), is never held
     whole: each chunk of it is complete once the references' slices are
     summed, and its share of the inner products is taken at once. Without
     reference weight (an empty ``S2``) only the squares are summed.
@@ -518,15 +587,25 @@ def _finite(
     return finite
 
 
-def _multiplicities(values: ArrayLike | None, size: int) -> NDArray[np.float64]:
+def _device_weights(
+    multiplicities: ArrayLike | None, sample_counts: ArrayLike | None, size: int
+) -> NDArray[np.float64]:
+    """Each device's weight in every sum: times drawn, times ``n_k`` if given."""
+    return _per_device("multiplicities", multiplicities, size) * _per_device(
+        "sample_counts", sample_counts, size
+    )
+
+
+def _per_device(name: str, values: ArrayLike | None, size: int) -> NDArray[np.float64]:
+    """``values`` as finite, nonnegative floats, one per device (ones if None)."""
     if values is None:
         return np.ones(size)
-    counts = np.asarray(values, dtype=np.float64)
-    if counts.shape != (size,):
-        raise ValueError(f"{size} devices but multiplicities of shape {counts.shape}")
-    if not np.all(np.isfinite(counts)) or np.any(counts < 0):
-        raise ValueError("multiplicities must be finite and >= 0")
-    return counts
+    array = np.asarray(values, dtype=np.float64)
+    if array.shape != (size,):
+        raise ValueError(f"{size} devices but {name} of shape {array.shape}")
+    if not np.all(np.isfinite(array)) or np.any(array < 0):
+        raise ValueError(f"{name} must be finite and >= 0")
+    return array
 
 
 def _inexactness(

@@ -37,6 +37,7 @@ from flwr_importance.sampling.privacy import (
     privatize_size,
     size_reply_probabilities,
 )
+from flwr_importance.sampling.schedule import uniform_client_set
 
 __all__ = [
     "DISTANCES",
@@ -64,5 +65,6 @@ __all__ = [
     "sample_from_distributions",
     "size_reply_probabilities",
     "systematic_sample",
+    "uniform_client_set",
     "update_sample_probs",
 ]

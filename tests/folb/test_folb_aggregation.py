@@ -289,3 +289,109 @@ def test_finite_gradients_too_large_to_square_are_not_called_nan() -> None:
         result = single_set_weights([np.array([1e200, 0.0]), np.array([1e200, 1.0])])
     assert result.fallback_reason is not None
     assert "NaN" not in result.fallback_reason
+
+
+# -- the sample-weighted objective (the paper's n_k / n) ---------------------------
+SAMPLE_COUNTS = np.array([1.0, 3.0, 6.0])
+
+
+def test_sample_weighted_eq13_by_hand() -> None:
+    # gS = (1 * (1, 0) + 3 * (0, -1) + 6 * (2, 2)) / 10 = (1.3, 0.9).
+    result = single_set_weights(GRADIENTS, sample_counts=SAMPLE_COUNTS)
+    scores = np.array([1.3, -0.9, 4.4])
+    np.testing.assert_allclose(result.scores, scores)
+    np.testing.assert_allclose(
+        result.weights, SAMPLE_COUNTS * scores / (SAMPLE_COUNTS @ np.abs(scores))
+    )
+    np.testing.assert_allclose(
+        estimated_global_gradient(GRADIENTS, sample_counts=SAMPLE_COUNTS), [1.3, 0.9]
+    )
+
+
+@pytest.mark.parametrize("mode", ["single-set", "two-set", "eq18"])
+def test_identical_gradients_give_fedprox_sample_weighted_mean(mode: str) -> None:
+    gradient = np.array([0.3, -1.2, 2.0])
+    counts = np.array([7.0, 1.0, 30.0, 2.0])
+    multiplicities = np.array([1.0, 2.0, 1.0, 1.0])
+    same = [gradient.copy() for _ in counts]
+    result = folb_weights(
+        same,
+        multiplicities,
+        sample_counts=counts,
+        reference_gradients=same[:2] if mode == "two-set" else None,
+        reference_sample_counts=counts[:2] if mode == "two-set" else None,
+        inexactness=np.full(4, 0.4) if mode == "eq18" else None,
+        psi=0.5 if mode == "eq18" else 0.0,
+    )
+    assert result.fallback_reason is None
+    # FedProx's aggregate: sum_k n_k w_k / sum_k n_k, a device drawn twice twice.
+    fedprox = multiplicities * counts / (multiplicities @ counts)
+    # Equal in exact arithmetic: c_k n_k / sum n_i c_i against n_k / sum n_i
+    # differ by float rounding only (a few units in the last place).
+    np.testing.assert_allclose(
+        result.weights, fedprox, rtol=4 * np.finfo(np.float64).eps, atol=0
+    )
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    vectors=arrays(np.float64, (4, 3), elements=st.floats(-10, 10)),
+    counts=st.lists(st.integers(1, 4), min_size=4, max_size=4),
+)
+def test_a_device_with_n_samples_weighs_as_n_draws(
+    vectors: np.ndarray, counts: list[int]
+) -> None:
+    by_samples = folb_weights(list(vectors), sample_counts=counts)
+    by_draws = folb_weights(list(vectors), counts)
+    assert by_samples.fallback_reason == by_draws.fallback_reason
+    np.testing.assert_allclose(by_samples.weights, by_draws.weights, atol=1e-12)
+
+
+def test_a_device_without_samples_gets_no_weight() -> None:
+    result = single_set_weights(GRADIENTS, sample_counts=[0.0, 3.0, 6.0])
+    assert result.weights[0] == 0.0
+    np.testing.assert_allclose(
+        result.weights[1:],
+        single_set_weights(GRADIENTS[1:], sample_counts=[3.0, 6.0]).weights,
+    )
+
+
+def test_degenerate_rounds_fall_back_to_the_sample_weighted_mean() -> None:
+    gradients = [np.array([1.0, np.nan]), np.array([1.0, 2.0]), np.ones(2)]
+    result = single_set_weights(gradients, sample_counts=SAMPLE_COUNTS)
+    assert result.fallback_reason is not None and "NaN" in result.fallback_reason
+    np.testing.assert_allclose(result.weights, [0.0, 3.0 / 9.0, 6.0 / 9.0])
+
+
+def test_sample_counts_for_one_set_only_are_rejected() -> None:
+    with pytest.raises(ValueError, match="both sets"):
+        two_set_weights(GRADIENTS, GRADIENTS, sample_counts=SAMPLE_COUNTS)
+    with pytest.raises(ValueError, match="sample_counts"):
+        single_set_weights(GRADIENTS, sample_counts=[1.0, -2.0, 1.0])
+
+
+@pytest.mark.parametrize("psi", [0.0, 0.4])
+def test_the_scale_of_the_global_estimate_cancels_in_the_weights(psi: float) -> None:
+    # Why a ratio estimator serves: scaling gS2 (e.g. into the unbiased
+    # (N / (K n)) sum n_j g_j) scales every score, and the weights divide
+    # scores by scores.
+    rng = np.random.default_rng(11)
+    gradients = list(rng.normal(0.5, 1.0, size=(5, 4)))
+    reference = list(rng.normal(0.5, 1.0, size=(3, 4)))
+    gammas = rng.uniform(size=5)
+    common = {"inexactness": gammas, "psi": psi, "sample_counts": np.arange(1, 6)}
+    base = folb_weights(
+        gradients,
+        reference_gradients=reference,
+        reference_sample_counts=[2, 5, 1],
+        **common,
+    )
+    scaled = folb_weights(
+        gradients,
+        reference_gradients=[3.7 * g for g in reference],
+        reference_sample_counts=[2, 5, 1],
+        **common,
+    )
+    assert base.fallback_reason is None
+    np.testing.assert_allclose(scaled.scores, 3.7 * base.scores, rtol=1e-12)
+    np.testing.assert_allclose(scaled.weights, base.weights, rtol=1e-12)

@@ -1,4 +1,8 @@
-"""FOLB on the in-process grid: crafted replies against eqs. 9, 13, 18 by hand."""
+"""FOLB on the in-process grid: crafted replies against eqs. 9, 13, 18 by hand.
+
+The hand computations weigh every device by its reported sample count ``n_k``
+(the paper's ``n_k / n`` objective) unless ``weighting="uniform"``.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ RNG = np.random.default_rng(7)
 UPDATES = RNG.normal(size=(NUM_NODES, DIMENSION))
 GRADIENTS = RNG.normal(size=(NUM_NODES, DIMENSION)) + np.array([1.0, 0.5, 0.0])
 GAMMAS = RNG.uniform(0.0, 1.0, size=NUM_NODES)
+# n_k, unequal so that a rule ignoring them cannot pass.
+SAMPLES = np.array([5, 40, 12, 3, 25, 60])
 INITIAL = np.array([0.5, -1.0, 2.0])
 
 
@@ -47,14 +53,22 @@ def crafted_app(bad_partition: int | None = None) -> ClientApp:
             {
                 "update": record(UPDATES[k]),
                 "gradient": record(gradient),
-                "metrics": MetricRecord({"gamma": GAMMAS[k], "num-examples": 10}),
+                "metrics": MetricRecord(
+                    {"gamma": GAMMAS[k], "num-examples": int(SAMPLES[k])}
+                ),
             }
         )
         return Message(content, reply_to=message)
 
     @app.query("gradient")
     def gradient(message: Message, context: Context) -> Message:
-        content = RecordDict({"gradient": record(GRADIENTS[partition(context)])})
+        k = partition(context)
+        content = RecordDict(
+            {
+                "gradient": record(GRADIENTS[k]),
+                "metrics": MetricRecord({"num-examples": int(SAMPLES[k])}),
+            }
+        )
         return Message(content, reply_to=message)
 
     return app
@@ -85,11 +99,13 @@ def expected_model(
     train: dict[int, int],
     reference: dict[int, int],
     psi: float = 0.0,
+    samples: np.ndarray = SAMPLES,
+    server_lr: float = 1.0,
 ) -> np.ndarray:
-    """The eq. 9/13/18 update written out with plain loops."""
-    global_gradient = sum(m * GRADIENTS[k] for k, m in reference.items()) / sum(
-        reference.values()
-    )
+    """The eq. 9/13/18 update written out with plain loops (``n_k = samples``)."""
+    global_gradient = sum(
+        m * samples[k] * GRADIENTS[k] for k, m in reference.items()
+    ) / sum(m * samples[k] for k, m in reference.items())
     scores = {
         k: GRADIENTS[k] @ global_gradient
         - psi
@@ -98,24 +114,48 @@ def expected_model(
         * np.linalg.norm(global_gradient)
         for k in train
     }
-    denominator = sum(m * abs(scores[k]) for k, m in train.items())
-    return INITIAL + sum(
-        m * scores[k] / denominator * UPDATES[k] for k, m in train.items()
+    denominator = sum(m * samples[k] * abs(scores[k]) for k, m in train.items())
+    return INITIAL + server_lr * sum(
+        m * samples[k] * scores[k] / denominator * UPDATES[k] for k, m in train.items()
     )
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_single_set_matches_eq13(seed: int) -> None:
+def test_single_set_matches_eq13_with_distinct_draws(seed: int) -> None:
     strategy = FOLB(clients_per_round=5, seed=seed, fraction_evaluate=0.0)
     model, grid = run_one_round(strategy)
     train, reference = strategy.last_draws
-    assert sum(train.values()) == 5 and not reference
+    assert len(train) == 5 and set(train.values()) == {1} and not reference
     partitions = by_partition(train, grid)
     np.testing.assert_allclose(model, expected_model(partitions, partitions), atol=1e-6)
 
 
+def test_uniform_weighting_ignores_the_sample_counts() -> None:
+    strategy = FOLB(
+        clients_per_round=4, weighting="uniform", seed=1, fraction_evaluate=0.0
+    )
+    model, grid = run_one_round(strategy)
+    partitions = by_partition(strategy.last_draws[0], grid)
+    ones = np.ones(NUM_NODES)
+    expected = expected_model(partitions, partitions, samples=ones)
+    np.testing.assert_allclose(model, expected, atol=1e-6)
+    # The sample-weighted rule moves elsewhere: the counts matter.
+    assert not np.allclose(expected, expected_model(partitions, partitions))
+
+
+def test_server_lr_scales_the_aggregated_step() -> None:
+    strategy = FOLB(clients_per_round=4, server_lr=2.5, seed=1, fraction_evaluate=0.0)
+    model, grid = run_one_round(strategy)
+    partitions = by_partition(strategy.last_draws[0], grid)
+    np.testing.assert_allclose(
+        model, expected_model(partitions, partitions, server_lr=2.5), atol=1e-6
+    )
+
+
 def test_heterogeneity_aware_matches_eq18() -> None:
-    strategy = FOLB(clients_per_round=5, psi=0.3, seed=4, fraction_evaluate=0.0)
+    strategy = FOLB(
+        clients_per_round=5, psi=0.3, replace=True, seed=4, fraction_evaluate=0.0
+    )
     model, grid = run_one_round(strategy)
     partitions = by_partition(strategy.last_draws[0], grid)
     np.testing.assert_allclose(
@@ -123,10 +163,14 @@ def test_heterogeneity_aware_matches_eq18() -> None:
     )
 
 
-@pytest.mark.parametrize("seed", [0, 5])
-def test_two_set_matches_eq9_and_queries_only_s2(seed: int) -> None:
+@pytest.mark.parametrize(("seed", "replace"), [(0, False), (5, True)])
+def test_two_set_matches_eq9_and_queries_only_s2(seed: int, replace: bool) -> None:
     strategy = FOLB(
-        clients_per_round=3, mode="two-set", seed=seed, fraction_evaluate=0.0
+        clients_per_round=3,
+        mode="two-set",
+        replace=replace,
+        seed=seed,
+        fraction_evaluate=0.0,
     )
     model, grid = run_one_round(strategy)
     train, reference = strategy.last_draws
@@ -146,7 +190,13 @@ def test_two_set_matches_eq9_and_queries_only_s2(seed: int) -> None:
 
 def test_a_node_drawn_twice_trains_once_and_counts_twice() -> None:
     # With 6 nodes and 8 draws some node is always drawn at least twice.
-    strategy = FOLB(clients_per_round=8, seed=0, fraction_evaluate=0.0)
+    strategy = FOLB(
+        clients_per_round=8,
+        replace=True,
+        min_available_nodes=NUM_NODES,
+        seed=0,
+        fraction_evaluate=0.0,
+    )
     model, grid = run_one_round(strategy)
     train, _ = strategy.last_draws
     assert max(train.values()) >= 2
@@ -157,7 +207,9 @@ def test_a_node_drawn_twice_trains_once_and_counts_twice() -> None:
 
 def test_nan_gradient_reply_is_excluded_and_the_round_goes_on() -> None:
     strategy = FOLB(
-        clients_per_round=NUM_NODES * 3, seed=1, fraction_evaluate=0.0
+        clients_per_round=NUM_NODES,
+        seed=1,
+        fraction_evaluate=0.0,
     )  # every node drawn
     model, grid = run_one_round(strategy, bad_partition=2)
     assert 2 in by_partition(strategy.last_draws[0], grid)
@@ -189,22 +241,42 @@ def test_all_zero_gradients_fall_back_to_the_plain_mean(
     strategy = FOLB(clients_per_round=4, seed=3, fraction_evaluate=0.0)
     model, grid = run_one_round(strategy)
     train = by_partition(strategy.last_draws[0], grid)
-    mean = sum(m * UPDATES[k] for k, m in train.items()) / 4
+    total = sum(m * SAMPLES[k] for k, m in train.items())
+    mean = sum(m * SAMPLES[k] * UPDATES[k] for k, m in train.items()) / total
     np.testing.assert_allclose(model, INITIAL + mean, atol=1e-6)
 
 
 @pytest.mark.parametrize(
-    "kwargs",
+    ("kwargs", "message"),
     [
-        {"clients_per_round": 0},
-        {"proximal_mu": -1.0},
-        {"mode": "three-set"},
-        {"psi": -0.1},
-        {"negative": "keep"},
-        {"denominator": "max"},
-        {"penalty": "cube"},
+        ({"clients_per_round": 0}, "clients_per_round"),
+        ({"proximal_mu": -1.0}, "proximal_mu"),
+        ({"mode": "three-set"}, "mode"),
+        ({"psi": -0.1}, "psi"),
+        ({"negative": "keep"}, "negative"),
+        ({"denominator": "max"}, "denominator"),
+        ({"penalty": "cube"}, "penalty"),
+        ({"weighting": "examples"}, "weighting"),
+        ({"weighting": None}, "weighting"),
+        ({"replace": "yes"}, "replace"),
+        ({"server_lr": 0.0}, "server_lr"),
+        ({"server_lr": -1.0}, "server_lr"),
+        ({"server_lr": float("nan")}, "server_lr"),
+        ({"seed": -1}, "seed"),
+        # Without replacement a round needs K distinct nodes.
+        ({"clients_per_round": 5, "min_available_nodes": 4}, "without replacement"),
     ],
 )
-def test_bad_settings_raise(kwargs: dict) -> None:
-    with pytest.raises(ValueError):
+def test_bad_settings_raise(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
         FOLB(**kwargs)
+
+
+def test_with_replacement_fewer_nodes_than_draws_are_allowed() -> None:
+    strategy = FOLB(clients_per_round=5, replace=True, min_available_nodes=2)
+    assert strategy.min_available_nodes == 2
+
+
+def test_arguments_are_keyword_only() -> None:
+    with pytest.raises(TypeError):
+        FOLB(10, 0.01)  # type: ignore[misc]
