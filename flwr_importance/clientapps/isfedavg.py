@@ -1,28 +1,60 @@
-"""ISFedAvg's ClientApp handler (Rizk, Vlaski, Sayed; METHODS.md §1).
+"""ISFedAvg on the client: importance-sampled batches, eq. 8 weights, eq. 29.
 
-The node keeps a probability ``p_n`` per local sample in its persistent
+Rizk, Vlaski, Sayed, "Optimal Importance Sampling for Federated Learning"
+(ICASSP 2021). The node keeps a probability ``p_n`` per local sample in its
 ``context.state`` across rounds, draws each of its ``E_k`` mini-batches of
-``B_k`` distinct samples with ``P(n in B) = B_k p_n``, steps with the
-importance-weighted gradient of eq. 8, moves the batch's probabilities towards
-the per-sample gradient norms (eq. 29), and reports the two statistics the
-server needs for eq. 28. Reuse it with your own model and data through a
-``TaskFactory``::
+``B_k`` distinct samples with ``P(n in B) = B_k p_n``, weighs every sample's
+loss as in eq. 8, moves the batch's probabilities towards the per-sample
+gradient norms (eq. 29) and reports the two statistics the server needs for
+eq. 28: ``sigma2_k`` (eq. 22) and ``||grad P_k||^2`` (eq. 14).
 
-    from flwr.clientapp import ClientApp
-    from flwr_importance.clientapps import make_evaluate_handler
-    from flwr_importance.clientapps.isfedavg import make_isfedavg_train_handler
+**ISFedAvg decides the number of local steps ``E_k`` and the batch size
+``B_k`` on the server**, per node: with this method they replace your epochs
+and batch size. :class:`ImportanceSampler` is the batch sampler that draws
+exactly ``E_k`` batches of ``B_k``; its ``local_steps`` and ``batch_size`` say
+what they are this round. Your learning rate, optimizer, loss and device stay.
 
-    app = ClientApp()
-    app.train()(make_isfedavg_train_handler(my_task))
-    app.evaluate()(make_evaluate_handler(my_task))
+Your own train function (Flower's quickstart-pytorch shape), lines added or
+changed marked ``# ISFedAvg``::
 
-Only ``model``, ``objective``, ``x``, ``y``, ``lr`` and ``seed`` of the
-:class:`~flwr_importance.clientapps.LocalTask` are used: ``E_k`` and ``B_k``
-come from the server.
+    from flwr_importance.clientapps.isfedavg import ImportanceSampler
+
+    @app.train()
+    def train(msg, context):
+        model = Net().to(device)
+        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        trainset = load_data(context.node_config["partition-id"])
+        sampler = ImportanceSampler.from_message(  # ISFedAvg
+            msg, context, num_samples=len(trainset)
+        )
+        loader = DataLoader(trainset, batch_sampler=sampler)  # ISFedAvg: E_k x B_k
+        criterion = torch.nn.CrossEntropyLoss(reduction="none")  # ISFedAvg
+        optimizer = torch.optim.SGD(
+            model.parameters(), lr=msg.content["config"]["lr"], momentum=0.9
+        )
+        for images, labels in loader:
+            images, labels = images.to(device), labels.to(device)
+            sampler.observe(model, images, labels, criterion)  # ISFedAvg
+            optimizer.zero_grad()
+            loss = sampler.weighted_loss(criterion(model(images), labels))  # ISFedAvg
+            loss.backward()
+            optimizer.step()
+        metrics = {**sampler.finish(context), "num-examples": len(trainset)}  # ISFedAvg
+        return Message(
+            RecordDict({"arrays": ArrayRecord(model.state_dict()),
+                        "metrics": MetricRecord(metrics)}),
+            reply_to=msg,
+        )
+
+The ready-made :func:`make_isfedavg_handlers` run the same sampler on a
+:class:`~flwr_importance.clientapps.LocalTask` with plain SGD (the paper's
+step). Only its ``model``, ``objective``, ``x``, ``y``, ``lr`` and ``seed``
+are used: ``E_k`` and ``B_k`` come from the server.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from logging import WARNING
 
@@ -30,12 +62,15 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 from flwr.common.logger import log
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
+from torch import Tensor, nn
+from torch.utils.data import Sampler
 
 from flwr_importance.aggregation.isfedavg import (
     local_gradient_variance,
     realized_normalized_probs,
 )
+from flwr_importance.clientapps._device import model_device
 from flwr_importance.clientapps.common import (
     ClientHandler,
     LocalTask,
@@ -56,13 +91,12 @@ from flwr_importance.protocol import (
     ISFEDAVG_MIN_RELATIVE_SAMPLE_PROB,
     ISFEDAVG_NUM_CLIENTS,
     ISFEDAVG_SIGMA2,
+    NUM_EXAMPLES,
+    TRAIN_LOSS,
 )
 from flwr_importance.sampling import systematic_sample, update_sample_probs
-from flwr_importance.tasks import weighted_sgd_step
-
-# --- The client contract: config keys the strategy sends ----------------------
-
-# --- ... and metric keys it expects back ---------------------------------------
+from flwr_importance.tasks import WeightedStep, _per_sample
+from flwr_importance.tasks._per_sample import SampleLoss
 
 #: Where the node keeps its per-sample state in ``context.state``: an
 #: ArrayRecord with ``probs`` (``p_n``) and ``grad-norms`` (the last
@@ -72,7 +106,23 @@ SAMPLE_STATE_KEY = "isfedavg-sample-state"
 
 @dataclass(frozen=True)
 class RoundSettings:
-    """What the server sent for this round (see the key constants above)."""
+    """What the server decided for this node and round (the train config).
+
+    Attributes
+    ----------
+    client_prob : float
+        ``p_k``, this node's realized normalized inclusion probability.
+    num_clients : int
+        ``K``, the number of connected nodes.
+    local_steps : int
+        ``E_k``: the number of local steps, in place of your epochs.
+    batch_size : int
+        ``B_k``: the mini-batch size, in place of yours.
+    adapt_sample_probs : bool
+        Whether ``p_n`` follow eq. 29 (False in the server's uniform mode).
+    min_relative_sample_prob : float
+        Floor on ``p_n`` as a fraction of ``1/N_k``.
+    """
 
     client_prob: float
     num_clients: int
@@ -159,132 +209,388 @@ class SampleState:
         )
 
 
-def importance_sampled_sgd(
-    task: LocalTask,
-    settings: RoundSettings,
-    sample_state: SampleState,
-    rng: np.random.Generator,
-) -> dict[str, float]:
-    """ISFedAvg's local steps (Algorithm 1, inner loop), in place on ``task.model``.
+def importance_loss_weights(
+    batch_inclusion: ArrayLike,
+    *,
+    client_prob: float,
+    num_clients: int,
+    local_steps: int,
+    num_samples: int,
+) -> NDArray[np.float64]:
+    """The eq. 8 weight of each batch sample's loss: ``1/(K p_k E N pi_b)``.
 
-    Each step draws a batch of ``B`` distinct samples with inclusion
-    probabilities ``pi_n = min(1, B p_n)`` capped and redistributed (Hartley–Rao
-    systematic sampling) and steps with eq. 8,
-    ``g = 1/(K p_k E B) sum_b 1/(N p_b) grad Q_b(w)``, where ``p_b = pi_b / B``
-    is the *realized* normalized inclusion probability: it equals ``p_b``
-    unless ``B p_b > 1``, and only it keeps the step unbiased under capping.
-    The batch's ``p_n`` then follow eq. 29 (when adapting); the norms are those
-    at the iterate where the step is made (**Decision**, METHODS.md §1).
+    Eq. 8 scales ``grad Q_b`` by ``1/(K p_k E B) * 1/(N p_b)``; with the
+    realized normalized inclusion probability ``p_b = pi_b / B`` (``pi_b`` the
+    probability that sample ``b`` is in the batch) this is ``1/(K p_k E N
+    pi_b)``. Summing the weighted losses gives a step that, over the draws of
+    clients and batches, is unbiased for ``1/E`` of the global gradient.
 
     Parameters
     ----------
-    task : LocalTask
-        Model (updated in place), objective, data and ``lr`` (``mu``).
+    batch_inclusion : ArrayLike
+        ``pi_b`` of the batch's samples, each in ``(0, 1]``.
+    client_prob, num_clients, local_steps, num_samples : float, int, int, int
+        ``p_k``, ``K``, ``E_k`` and the node's ``N_k``.
+
+    Returns
+    -------
+    NDArray[np.float64]
+        One weight per batch sample.
+
+    Examples
+    --------
+    Uniform sampling (``pi_b = B/N``) by a node sampled surely (``K p_k = 1``)
+    weighs each loss ``1/(E B)``, the mean over the round's samples:
+
+    >>> importance_loss_weights(
+    ...     [0.5, 0.5], client_prob=0.25, num_clients=4, local_steps=2, num_samples=4
+    ... )
+    array([0.25, 0.25])
+    """
+    inclusion = np.asarray(batch_inclusion, dtype=np.float64)
+    return 1.0 / (client_prob * num_clients * local_steps * num_samples * inclusion)
+
+
+def per_sample_grad_norms(
+    model: nn.Module, inputs: Tensor, targets: Tensor, sample_loss: SampleLoss
+) -> Tensor:
+    """``||grad_w loss(model(x_n), y_n)||`` for every sample, on the model's device.
+
+    Exact per-sample gradient norms of your model (torch.func's
+    ``vmap(grad(...))``, or layer by layer for models made of plain
+    ``nn.Linear``/``nn.Conv2d`` layers), at its current weights and in its
+    current train/eval mode. Samples must not interact (no BatchNorm in train
+    mode).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Your model (on any device; the data are moved to it).
+    inputs, targets : torch.Tensor
+        One batch.
+    sample_loss : SampleLoss
+        Your loss with ``reduction="none"``, e.g.
+        ``torch.nn.CrossEntropyLoss(reduction="none")``.
+
+    Returns
+    -------
+    torch.Tensor
+        Shape ``(B,)``.
+    """
+    return _per_sample.per_sample_grad_norms(model, inputs, targets, sample_loss, 0.0)
+
+
+class ImportanceSampler(Sampler[list[int]]):
+    """A batch sampler drawing ``E_k`` batches of ``B_k`` samples by ``p_n``.
+
+    Give it to your DataLoader as ``batch_sampler=``: iterating yields the
+    round's ``local_steps`` (``E_k``) batches of ``batch_size`` (``B_k``)
+    distinct sample indices, both decided by the server (they replace your
+    epochs and batch size). Sample ``n`` is in a batch with probability
+    ``pi_n = min(1, B p_n)``, capped and redistributed (Hartley–Rao
+    systematic sampling). For every batch, call :meth:`observe` before the
+    optimizer step (its per-sample gradient norms update ``p_n`` by eq. 29
+    before the next batch is drawn), and weigh the per-sample losses with
+    :meth:`weighted_loss` (eq. 8). :meth:`finish` stores ``p_n`` in
+    ``context.state`` and returns the reply metrics.
+
+    Batches are drawn one at a time, each after the previous one was
+    observed, so use the DataLoader with ``num_workers=0`` (workers draw
+    batches ahead; the sampler then raises).
+
+    Parameters
+    ----------
     settings : RoundSettings
-        ``p_k``, ``K``, ``E``, ``B`` and the sample-probability options. A
-        ``B`` above the number of local samples is lowered to it (logged).
+        The round's settings. A ``B_k`` above the number of samples is
+        lowered to it (logged).
     sample_state : SampleState
-        Updated in place: probabilities (eq. 29) and last norms.
+        ``p_n`` and the last norms; updated in place.
     rng : numpy.random.Generator
-        Source of the mini-batch draws.
+        Source of the batch draws.
+
+    Attributes
+    ----------
+    local_steps : int
+        ``E_k``, the number of batches.
+    batch_size : int
+        ``B_k``, the size of each batch.
+    """
+
+    def __init__(
+        self,
+        settings: RoundSettings,
+        sample_state: SampleState,
+        *,
+        rng: np.random.Generator,
+    ) -> None:
+        self.settings = settings
+        self.sample_state = sample_state
+        self._rng = rng
+        num_samples = sample_state.probs.size
+        self.local_steps = settings.local_steps
+        self.batch_size = settings.batch_size
+        if self.batch_size > num_samples:
+            log(
+                WARNING,
+                "ISFedAvg: batch size %d exceeds the node's %d samples; using %d",
+                self.batch_size,
+                num_samples,
+                num_samples,
+            )
+            self.batch_size = num_samples
+        self._steps_drawn = 0
+        self._batch: NDArray[np.intp] | None = None
+        self._weights: NDArray[np.float64] | None = None
+        self._observed = True
+        # sum_e (1/(E B)) sum_b 1/(N p_b) grad Q_b: eq. 14's gradient estimate.
+        self._round_gradient: list[Tensor] | None = None
+
+    @classmethod
+    def from_message(
+        cls,
+        message: Message,
+        context: Context,
+        *,
+        num_samples: int,
+        rng: np.random.Generator | None = None,
+    ) -> ImportanceSampler:
+        """The sampler for this train message, from the node's stored ``p_n``.
+
+        Parameters
+        ----------
+        message : Message
+            The server's train message (its config holds ``E_k``, ``B_k``...).
+        context : Context
+            The node's context; ``p_n`` live in ``context.state`` (uniform on
+            the first round, and whenever ``num_samples`` changed).
+        num_samples : int
+            ``N_k``, the size of the dataset the indices point into.
+        rng : numpy.random.Generator or None
+            Source of the batch draws; by default seeded by the node id and
+            the server round.
+        """
+        settings = RoundSettings.from_message(message)
+        if rng is None:
+            rng = np.random.default_rng([context.node_id, server_round_of(message)])
+        return cls(settings, SampleState.load(context.state, num_samples), rng=rng)
+
+    def __len__(self) -> int:
+        """``E_k``, the number of batches a DataLoader gets."""
+        return self.local_steps
+
+    def __iter__(self) -> Iterator[list[int]]:
+        """The round's batches, each drawn by the probabilities of that moment."""
+        while self._steps_drawn < self.local_steps:
+            if not self._observed:
+                raise RuntimeError(
+                    "ISFedAvg: a batch was drawn before the previous one was "
+                    "observed; call observe() for every batch before the next "
+                    "(a DataLoader with num_workers > 0 draws ahead: use 0)"
+                )
+            # The realized inclusion probabilities, not p_n: only they keep
+            # the eq. 8 weights unbiased when some B p_n > 1 is capped.
+            inclusion = self.batch_size * realized_normalized_probs(
+                self.sample_state.probs, self.batch_size
+            )
+            batch = systematic_sample(inclusion, self._rng)
+            self._batch = batch
+            self._weights = importance_loss_weights(
+                inclusion[batch],
+                client_prob=self.settings.client_prob,
+                num_clients=self.settings.num_clients,
+                local_steps=self.local_steps,
+                num_samples=inclusion.size,
+            )
+            self._observed = False
+            self._steps_drawn += 1
+            yield batch.tolist()
+
+    def loss_weights(self) -> Tensor:
+        """The eq. 8 weights of the current batch's samples (float64, CPU)."""
+        if self._weights is None:
+            raise RuntimeError("ISFedAvg: no batch drawn yet")
+        return torch.from_numpy(self._weights)
+
+    def weighted_loss(self, sample_losses: Tensor) -> Tensor:
+        """``sum_b c_b loss_b``: the eq. 8 loss of the current batch.
+
+        Parameters
+        ----------
+        sample_losses : torch.Tensor
+            Your loss of each batch sample, in batch order (``reduction="none"``),
+            on any device.
+
+        Raises
+        ------
+        ValueError
+            If there is not one loss per batch sample.
+        """
+        weights = self.loss_weights()
+        if sample_losses.shape != weights.shape:
+            raise ValueError(
+                f"need one loss per batch sample {tuple(weights.shape)}, got "
+                f"{tuple(sample_losses.shape)} (use reduction='none')"
+            )
+        return (sample_losses * weights.to(sample_losses)).sum()
+
+    def observe(
+        self,
+        model: nn.Module,
+        inputs: Tensor,
+        targets: Tensor,
+        sample_loss: SampleLoss,
+        *,
+        l2: float = 0.0,
+    ) -> WeightedStep:
+        """Per-sample gradients of the current batch at the current weights.
+
+        Call once per batch, before the optimizer step. The norms update the
+        batch's ``p_n`` (eq. 29, when the server adapts them) and feed
+        ``sigma2_k``; the weighted gradient adds to eq. 14's estimate.
+
+        Parameters
+        ----------
+        model : torch.nn.Module
+            Your model, on any device (the batch is moved to it).
+        inputs, targets : torch.Tensor
+            The batch, in the order the sampler gave its indices.
+        sample_loss : SampleLoss
+            Your loss with ``reduction="none"``.
+        l2 : float
+            Weight of ``||w||^2`` in each sample's loss, if your loss has one.
+
+        Returns
+        -------
+        WeightedStep
+            ``gradient``: ``sum_b c_b grad Q_b`` (what the backward pass of
+            :meth:`weighted_loss` gives), in ``model.parameters()`` order;
+            ``sample_grad_norms``: the ``(B,)`` norms.
+        """
+        if self._observed or self._batch is None:
+            raise RuntimeError("ISFedAvg: observe() once per drawn batch")
+        gradient, norms = _per_sample.weighted_gradient_and_norms(
+            model, inputs, targets, sample_loss, l2, self.loss_weights()
+        )
+        client_scale = self.settings.num_clients * self.settings.client_prob
+        if self._round_gradient is None:
+            self._round_gradient = [torch.zeros_like(g) for g in gradient]
+        for accumulated, step_gradient in zip(
+            self._round_gradient, gradient, strict=True
+        ):
+            accumulated += client_scale * step_gradient
+        batch_norms = norms.detach().double().cpu().numpy()
+        self.sample_state.grad_norms[self._batch] = batch_norms
+        if self.settings.adapt_sample_probs:
+            self.sample_state.probs = update_sample_probs(
+                self.sample_state.probs,
+                self._batch,
+                batch_norms,
+                self.settings.min_relative_sample_prob,
+            )
+        self._observed = True
+        return WeightedStep(gradient=gradient, sample_grad_norms=norms)
+
+    def metrics(self) -> dict[str, float]:
+        """``isfedavg-sigma2`` (eq. 22) and ``isfedavg-g2`` (eq. 14) of the round.
+
+        ``sigma2_k`` uses the updated probabilities and, per sample, the last
+        norm seen (the paper's norms at ``w^o`` are unknown; samples never
+        drawn take the mean squared norm of the others).
+
+        Raises
+        ------
+        RuntimeError
+            Before all ``E_k`` batches were drawn and observed.
+        """
+        if self._steps_drawn < self.local_steps or not self._observed:
+            raise RuntimeError(
+                f"ISFedAvg: {self._steps_drawn} of {self.local_steps} batches "
+                "drawn; observe all of them before reporting"
+            )
+        assert self._round_gradient is not None  # at least one batch observed
+        seen = ~np.isnan(self.sample_state.grad_norms)
+        sigma2 = local_gradient_variance(
+            realized_normalized_probs(self.sample_state.probs, self.batch_size),
+            self.sample_state.grad_norms,
+            seen,
+            self.local_steps,
+            self.batch_size,
+        )
+        gradient_sq_norm = float(
+            sum(g.double().pow(2).sum() for g in self._round_gradient)
+        )
+        return {ISFEDAVG_SIGMA2: sigma2, ISFEDAVG_GRADIENT_SQ_NORM: gradient_sq_norm}
+
+    def finish(self, context: Context) -> dict[str, float]:
+        """Store ``p_n`` in ``context.state``; return :meth:`metrics` for the reply."""
+        self.sample_state.save(context.state)
+        return self.metrics()
+
+
+def importance_sampled_sgd(
+    task: LocalTask, sampler: ImportanceSampler
+) -> dict[str, float]:
+    """ISFedAvg's local steps (Algorithm 1, inner loop), in place on ``task.model``.
+
+    Plain SGD, the paper's step: each of the sampler's batches moves the
+    model by ``-lr sum_b c_b grad Q_b`` (eq. 8), on the model's device, with
+    the gradient :meth:`ImportanceSampler.observe` computes together with the
+    per-sample norms (one pass, at the iterate where the step is made).
 
     Returns
     -------
     dict of str to float
         ``train-loss`` (mean over the steps of the unweighted batch loss before
-        the step), ``num-steps``, ``isfedavg-sigma2`` (eq. 22, at the updated
-        probabilities) and ``isfedavg-g2`` (``||grad P_k_hat||^2``, eq. 14).
+        the step) and ``num-steps``; the ISFedAvg statistics come from
+        :meth:`ImportanceSampler.metrics`.
     """
-    num_samples = len(task.x)
-    batch_size = settings.batch_size
-    if batch_size > num_samples:
-        log(
-            WARNING,
-            "ISFedAvg: batch size %d exceeds the node's %d samples; using %d",
-            batch_size,
-            num_samples,
-            num_samples,
-        )
-        batch_size = num_samples
-    client_scale = settings.num_clients * settings.client_prob
-    parameters = list(task.model.parameters())
-    # sum_e (1/(E B)) sum_b 1/(N p_b) grad Q_b, the eq. 14 gradient of the round.
-    local_gradient = [torch.zeros_like(p) for p in parameters]
+    device = model_device(task.model)
     loss_sum = 0.0
-    for _ in range(settings.local_steps):
-        # importance_batch would draw the same batch but not return the capped
-        # inclusion probabilities the unbiased weights divide by.
-        inclusion = batch_size * realized_normalized_probs(
-            sample_state.probs, batch_size
-        )
-        batch = systematic_sample(inclusion, rng)
-        x_batch, y_batch = task.x[batch], task.y[batch]
+    for batch in sampler:
+        x_batch, y_batch = task.x[batch].to(device), task.y[batch].to(device)
         with torch.no_grad():
             loss_sum += float(task.objective.loss(task.model, x_batch, y_batch))
-        # 1/(K p_k E B) * 1/(N pi_b / B) = 1/(K p_k E N pi_b)
-        weights = 1.0 / (
-            client_scale * settings.local_steps * num_samples * inclusion[batch]
-        )
-        step = weighted_sgd_step(
+        step = sampler.observe(
             task.model,
             x_batch,
             y_batch,
-            task.objective,
-            lr=task.lr,
-            sample_weights=torch.from_numpy(weights),
+            task.objective.sample_losses,
+            l2=task.objective.l2,
         )
-        for accumulated, step_gradient in zip(
-            local_gradient, step.gradient, strict=True
-        ):
-            accumulated += client_scale * step_gradient
-        norms = step.sample_grad_norms.detach().double().numpy()
-        sample_state.grad_norms[batch] = norms
-        if settings.adapt_sample_probs:
-            sample_state.probs = update_sample_probs(
-                sample_state.probs, batch, norms, settings.min_relative_sample_prob
-            )
-    seen = ~np.isnan(sample_state.grad_norms)
-    sigma2 = local_gradient_variance(
-        realized_normalized_probs(sample_state.probs, batch_size),
-        sample_state.grad_norms,
-        seen,
-        settings.local_steps,
-        batch_size,
-    )
-    gradient_sq_norm = float(sum(g.double().pow(2).sum() for g in local_gradient))
+        with torch.no_grad():
+            for parameter, parameter_grad in zip(
+                task.model.parameters(), step.gradient, strict=True
+            ):
+                parameter.sub_(task.lr * parameter_grad)
     return {
-        "train-loss": loss_sum / settings.local_steps,
-        "num-steps": float(settings.local_steps),
-        ISFEDAVG_SIGMA2: sigma2,
-        ISFEDAVG_GRADIENT_SQ_NORM: gradient_sq_norm,
+        TRAIN_LOSS: loss_sum / sampler.local_steps,
+        "num-steps": float(sampler.local_steps),
     }
 
 
 def make_isfedavg_train_handler(task_factory: TaskFactory) -> ClientHandler:
     """ISFedAvg local training: importance-sampled batches, eq. 8 steps.
 
-    Reads the round's settings from the ``config`` record (keys
-    ``isfedavg-client-prob``, ``isfedavg-num-clients``,
-    ``isfedavg-local-steps``, ``isfedavg-batch-size``,
-    ``isfedavg-adapt-sample-probs``, ``isfedavg-min-relative-sample-prob``,
-    and Flower's ``server-round``), trains with :func:`importance_sampled_sgd`
-    from the node's stored sample probabilities (uniform on the first round),
-    stores them back in ``context.state`` and replies with the model under
-    ``arrays`` and the metrics ``isfedavg-sigma2``, ``isfedavg-g2``,
-    ``train-loss``, ``num-steps`` and ``num-examples``. The mini-batch draws
-    are seeded by the node and the round (:func:`round_generators`).
+    Builds an :class:`ImportanceSampler` from the message and the node's
+    ``context.state`` (batch draws seeded by the task's seed and the round,
+    :func:`round_generators`), trains with :func:`importance_sampled_sgd` on
+    the model's device and replies with the model under ``arrays`` and the
+    metrics ``isfedavg-sigma2``, ``isfedavg-g2``, ``train-loss``,
+    ``num-steps`` and ``num-examples``.
     """
 
     def train(message: Message, context: Context) -> Message:
         task = task_factory(context)
         load_global_model(task, message)
-        settings = RoundSettings.from_message(message)
         numpy_rng, _ = round_generators(task, server_round_of(message))
-        sample_state = SampleState.load(context.state, len(task.x))
-        metrics = importance_sampled_sgd(task, settings, sample_state, numpy_rng)
-        sample_state.save(context.state)
+        sampler = ImportanceSampler.from_message(
+            message, context, num_samples=len(task.x), rng=numpy_rng
+        )
+        train_metrics = importance_sampled_sgd(task, sampler)
         return model_reply(
-            message, task.model, {**metrics, "num-examples": len(task.x)}
+            message,
+            task.model,
+            {**train_metrics, **sampler.finish(context), NUM_EXAMPLES: len(task.x)},
         )
 
     return train

@@ -18,6 +18,7 @@ from torch import nn
 from flwr_importance.clientapps import LocalTask
 from flwr_importance.clientapps.isfedavg import (
     SAMPLE_STATE_KEY,
+    ImportanceSampler,
     RoundSettings,
     SampleState,
     importance_sampled_sgd,
@@ -102,7 +103,7 @@ def test_batches_include_samples_with_b_p_n_and_weights_divide_by_it(
     for _ in range(draws):
         nn.init.zeros_(task.model.weight)
         state = SampleState(np.array(sample_probs), np.full(num_samples, np.nan))
-        importance_sampled_sgd(task, round_settings, state, rng)
+        importance_sampled_sgd(task, ImportanceSampler(round_settings, state, rng=rng))
         moved = task.model.weight.detach().double().numpy()[0]
         batch = np.flatnonzero(moved)
         assert batch.size == batch_size
@@ -140,14 +141,16 @@ def test_uniform_step_is_plain_sgd_scaled_by_one_over_e() -> None:
     # Uniform p_n = 1/N, K p_k = 1 and B = N (the batch is all the data in both).
     importance_sampled_sgd(
         task,
-        settings(
-            client_prob=0.1,
-            num_clients=10,
-            local_steps=local_steps,
-            batch_size=num_samples,
+        ImportanceSampler(
+            settings(
+                client_prob=0.1,
+                num_clients=10,
+                local_steps=local_steps,
+                batch_size=num_samples,
+            ),
+            SampleState.uniform(num_samples),
+            rng=np.random.default_rng(0),
         ),
-        SampleState.uniform(num_samples),
-        np.random.default_rng(0),
     )
     train_local(
         reference,
@@ -167,12 +170,13 @@ def test_reports_sigma2_and_g2_of_eq_22_and_eq_14() -> None:
     num_samples = len(task.x)
     start = copy.deepcopy(task.model)
     state = SampleState.uniform(num_samples)
-    metrics = importance_sampled_sgd(
-        task,
+    sampler = ImportanceSampler(
         settings(client_prob=0.25, num_clients=4, batch_size=num_samples),
         state,
-        np.random.default_rng(0),
+        rng=np.random.default_rng(0),
     )
+    importance_sampled_sgd(task, sampler)
+    metrics = sampler.metrics()
     # One step on all the data with K p_k = 1: grad P_hat is the full gradient.
     gradient = full_gradient(start, task.x, task.y, task.objective)
     expected_g2 = float(sum(g.double().pow(2).sum() for g in gradient))
@@ -191,9 +195,11 @@ def test_eq29_moves_the_batch_probabilities_to_the_gradient_norms() -> None:
     state = SampleState.uniform(num_samples)
     importance_sampled_sgd(
         task,
-        settings(batch_size=num_samples, adapt=True),
-        state,
-        np.random.default_rng(0),
+        ImportanceSampler(
+            settings(batch_size=num_samples, adapt=True),
+            state,
+            rng=np.random.default_rng(0),
+        ),
     )
     norms = task.objective.per_sample_grad_norms(start, task.x, task.y).double()
     # The whole data set was the batch: p_n is proportional to the norms (the
@@ -210,9 +216,11 @@ def test_oversized_batch_uses_all_samples_and_says_so(
     with caplog.at_level(logging.WARNING):
         importance_sampled_sgd(
             task,
-            settings(batch_size=50),
-            SampleState.uniform(len(task.x)),
-            np.random.default_rng(0),
+            ImportanceSampler(
+                settings(batch_size=50),
+                SampleState.uniform(len(task.x)),
+                rng=np.random.default_rng(0),
+            ),
         )
     assert "exceeds the node's 12 samples" in caplog.text
 
