@@ -333,7 +333,12 @@ def build_strategy(method: str, num_nodes: int, fleet: Fleet) -> Strategy:
     if method == "isfedavg":
         return ISFedAvg(m, fraction_evaluate=0.0, min_available_nodes=1)
     if method == "folb":
-        return FOLB(m, proximal_mu=0.01, fraction_evaluate=0.0, min_available_nodes=1)
+        return FOLB(
+            clients_per_round=m,
+            proximal_mu=0.01,
+            fraction_evaluate=0.0,
+            min_available_nodes=m,
+        )
     if method == "fedsampling":
         return FedSampling(
             int(fleet.sizes.sum() // 10),

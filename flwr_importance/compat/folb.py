@@ -9,30 +9,30 @@ from flwr_importance.strategies import folb as message_folb
 class FOLB(LegacyStrategyAdapter):
     """FOLB (Nguyen et al., IEEE JSAC 2021) as a legacy ``FedAvg`` subclass.
 
-    Runs :class:`flwr_importance.strategies.FOLB`: ``K`` uniform draws with
-    replacement, FedProx local solves, updates weighed by the alignment of
-    their gradient with the estimated global one (eq. 13, 9-10 or 18).
+    Runs :class:`flwr_importance.strategies.FOLB`: ``K`` uniform draws (``K``
+    distinct devices by default), FedProx local solves, updates weighed by the
+    alignment of their gradient with the sample-weighted estimate of the
+    global one (eq. 13, 9-10 or 18).
 
     Parameters
     ----------
-    clients_per_round : int (default: 10)
-        ``K``.
     legacy : LegacyOptions, optional
         Initial parameters and evaluation, as in the legacy ``FedAvg``.
     **options
-        The other parameters of the Message-API ``FOLB`` (``proximal_mu``,
-        ``mode``, ``psi``, ``penalty``, ``negative``, ``denominator``, ``seed``,
-        ``query_timeout``, ``min_available_nodes``).
+        The keyword arguments of the Message-API ``FOLB``
+        (``clients_per_round``, ``proximal_mu``, ``mode``, ``weighting``,
+        ``replace``, ``server_lr``, ``psi``, ``penalty``, ``negative``,
+        ``denominator``, ``seed``, ``query_timeout``, ``min_available_nodes``).
 
     Client contract
     ---------------
     ``fit`` (config ``server-round``, ``proximal-mu``) returns two ArrayRecords
     in one ``FitRes``: ``update`` then ``gradient``, their layout in the metric
-    ``compat-array-layout``, and ``gamma`` in the metrics. Two-set mode: the
-    gradients of ``S2`` are a ``ClientProxy.fit`` call made from inside
-    ``configure_fit`` with ``compat-message-type = query.gradient`` (it carries
-    the model, which ``get_properties`` cannot); the client computes
-    ``grad F_k(w^t)`` without training. Client:
+    ``compat-array-layout``, and ``gamma`` and ``num-examples`` in the
+    metrics. Two-set mode: the gradients of ``S2`` are a ``ClientProxy.fit``
+    call made from inside ``configure_fit`` with ``compat-message-type =
+    query.gradient`` (it carries the model, which ``get_properties`` cannot);
+    the client computes ``grad F_k(w^t)`` without training. Client:
     ``handler_client_fn(task, make_folb_handlers)``.
     """
 

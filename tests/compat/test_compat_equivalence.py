@@ -59,7 +59,14 @@ CASES = [
         strategies.FOLB,
         compat.FOLB,
         make_folb_handlers,
-        {"clients_per_round": 3, "mode": "two-set", "fraction_evaluate": 0.0, **SHARED},
+        # Three distinct nodes a round (FOLB draws without replacement).
+        {
+            "clients_per_round": 3,
+            "mode": "two-set",
+            "fraction_evaluate": 0.0,
+            **SHARED,
+            "min_available_nodes": 3,
+        },
     ),
     Case(
         "fedsampling",
@@ -108,12 +115,7 @@ def test_legacy_strategy_gives_the_message_api_model(case: Case) -> None:
     message_model = federation.run_message_api(
         case.message_class(**case.arguments), NUM_ROUNDS
     )
-    arguments = dict(case.arguments)
-    legacy = case.legacy_class(
-        arguments.pop(next(iter(arguments))),
-        legacy=federation.legacy_options(),
-        **arguments,
-    )
+    legacy = case.legacy_class(legacy=federation.legacy_options(), **case.arguments)
     legacy_model = run_legacy(
         legacy, federation.legacy_client_manager(case.handlers), NUM_ROUNDS
     )
