@@ -13,13 +13,10 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from datasets import Dataset
-from flwr_datasets import FederatedDataset
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 from threadpoolctl import threadpool_limits
 
 from flwr_importance.tasks.generators import (
@@ -30,6 +27,13 @@ from flwr_importance.tasks.generators import (
 )
 from flwr_importance.tasks.partitioning import PARTITIONINGS, partition_indices
 from flwr_importance.tasks.splits import ClientData, FederatedSplit
+
+# Deployment starts a ClientApp process per message, which pays every import
+# every time: scikit-learn, HF `datasets` and `flwr_datasets` (which loads
+# matplotlib and seaborn) are imported where the digits or Hub data are built,
+# not here, so a message on a generated data set loads none of them.
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 __all__ = [
     "DATASET_NAMES",
@@ -229,6 +233,9 @@ def _cached_digits(
     lognormal_sigma: float,
 ) -> FederatedSplit:
     """Scikit-learn's 8x8 digits, split over clients (memoized)."""
+    from sklearn.datasets import load_digits  # on first use, see top
+    from sklearn.model_selection import train_test_split
+
     digits = load_digits()
     # Pixel intensities are 0..16.
     images = (digits.images / 16.0).astype(np.float32)[:, np.newaxis]
@@ -370,6 +377,9 @@ def load_hub_dataset(
         raise ValueError(
             f"unknown partitioning {partitioning!r}; valid: {', '.join(PARTITIONINGS)}"
         )
+    from flwr_datasets import FederatedDataset  # on first use, see top
+    from sklearn.model_selection import train_test_split
+
     spec = _HUB_DATASETS[name]
     try:
         # The partitioner given here is unused: partition_indices splits the data.

@@ -8,17 +8,16 @@ and the Hub data sets, and the features never pass through Arrow.
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING
 
 import numpy as np
-from datasets import Dataset
-from flwr_datasets.partitioner import (
-    DirichletPartitioner,
-    IidPartitioner,
-    Partitioner,
-    PathologicalPartitioner,
-    ShardPartitioner,
-    SizePartitioner,
-)
+
+# HF `datasets` and `flwr_datasets` (whose package import loads matplotlib and
+# seaborn) are imported in partition_indices, not here: deployment starts a
+# ClientApp process per message, and one training on an already generated data
+# set, or using lognormal_partition_sizes alone, should not pay for them.
+if TYPE_CHECKING:
+    from flwr_datasets.partitioner import Partitioner
 
 PARTITIONINGS = ("iid", "pathological", "dirichlet", "lognormal", "label-sorted")
 
@@ -93,6 +92,15 @@ def partition_indices(
         raise ValueError(
             f"need 1 <= num_partitions <= {num_samples} samples, got {num_partitions}"
         )
+    from datasets import Dataset  # on first use, see top
+    from flwr_datasets.partitioner import (
+        DirichletPartitioner,
+        IidPartitioner,
+        PathologicalPartitioner,
+        ShardPartitioner,
+        SizePartitioner,
+    )
+
     table = Dataset.from_dict({_INDEX: np.arange(num_samples), _LABEL: labels})
     partitioner: Partitioner
     if partitioning == "iid":
