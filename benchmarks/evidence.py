@@ -974,6 +974,13 @@ class Evaluation:
             f"{'#' * level} {description.title}",
             f"Claim ({description.paper}): {description.claim}.",
             f"Data: {description.data}.",
+            f"Reported seeds {list(description.reported_seeds)}, the same for "
+            "every method (same data, initial model and local work). Ratios are "
+            "of medians over all reported seeds (method / baseline), with a "
+            f"paired bootstrap {LEVEL:.0%} interval ({RESAMPLES} resamples of the "
+            "seeds); a seed that never reaches the target counts as one round "
+            "past the last, and where such seeds move a median its ratio is a "
+            "bound (≤ or ≥).",
         ]
         for outcome in self.outcomes:
             parts += [
@@ -997,7 +1004,7 @@ class Evaluation:
         return "\n\n".join(parts) + "\n"
 
     def _method_text(self, outcome: ComparisonOutcome) -> str:
-        """How the numbers of one comparison were made, in a paragraph."""
+        """The rounds, the target and how steps were chosen, in a paragraph."""
         description = self.description
         comparison = outcome.comparison
         relation = "≥" if description.higher_is_better else "≤"
@@ -1006,14 +1013,8 @@ class Evaluation:
             description.metric, comparison.baseline, description.higher_is_better
         )
         text = (
-            f"Target: {description.metric} {relation} {outcome.target:.4g} "
-            f"({rule} "
-            f"{list(description.tuning_seeds)}). Reported seeds "
-            f"{list(description.reported_seeds)}, {horizon} rounds; a seed that "
-            f"never reaches the target counts as {horizon + 1} rounds (a ratio "
-            "it moves is a bound, ≤ or ≥). Ratios are of medians over the "
-            f"seeds, with a paired bootstrap {LEVEL:.0%} interval ({RESAMPLES} "
-            "resamples of the seeds)."
+            f"{horizon} rounds. Target: {description.metric} {relation} "
+            f"{outcome.target:.4g} ({rule} {list(description.tuning_seeds)})."
         )
         if comparison.tuned:
             rates = ", ".join(f"{rate:g}" for rate in description.learning_rates)
