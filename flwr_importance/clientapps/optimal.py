@@ -1,27 +1,28 @@
-"""ClientApp handlers of optimal variance-reduced sampling (OCS, AOCS and MMFL).
+"""Optimal variance-reduced sampling on the client (OCS, AOCS and MMFL).
 
 One client contract serves the single-model strategy
-(:class:`~flwr_importance.strategies.ocs.OptimalClientSampling`, which is the
-case ``S = 1``) and the multi-model one
+(:class:`~flwr_importance.strategies.ocs.OptimalClientSampling`, the case
+``S = 1``) and the multi-model one
 (:class:`~flwr_importance.strategies.mmfl.MultiModelSampling`). Models are
 numbered ``0..S-1`` and travel as ArrayRecords named ``model-<s>``; metric keys
 carry the model index (``update-norm-0``). An update ``U`` is the local model
 delta ``w_local - w_global``, sent as the ArrayRecord ``update``.
 
-Message types handled:
+Message types:
 
 ``query.norm``
-    One ArrayRecord per model to train (``model-<s>``); config ``server-round``.
-    The client trains every model it received from that model's global weights,
-    keeps each update in ``context.state`` under the round's number (an older
-    round's updates are dropped first) and replies with metrics
-    ``update-norm-<s>`` (``||U_s||``), ``num-examples-<s>`` and
-    ``train-loss-<s>``. It reveals the norm and its sample count, not the update.
-``query.loss``
+    One ArrayRecord per model to train (``model-<s>``); config
+    ``server-round`` and the strategy's train config. The client trains every
+    model it received from that model's global weights, keeps each update in
+    ``context.state`` under the round's number (an older round's updates are
+    dropped first) and replies ``update-norm-<s>`` (``||U_s||``),
+    ``num-examples-<s>`` and ``train-loss-<s>``. It reveals the norm and its
+    sample count, not the update.
+``query.loss`` (MMFL, ``variant="loss"``)
     One ArrayRecord per model; replies ``loss-<s>`` (mean loss of global model
-    ``s`` on the local data of task ``s``, a forward pass, no training) and
+    ``s`` on the local data of task ``s``, no training) and
     ``num-examples-<s>``.
-``query.sizes``
+``query.sizes`` (MMFL, ``variant="random"`` or ``"round-robin"``)
     Config ``num-models``; replies ``num-examples-<s>`` for every model.
 ``train``
     Config ``server-round``, ``model-index`` and ``kept-update``. With
@@ -31,24 +32,50 @@ Message types handled:
     the strategy skips. Otherwise the message carries ``model-<s>`` and the
     client trains it now. Either way the reply holds the ArrayRecord ``update``
     and metrics ``num-examples``, ``train-loss`` and ``model-index``.
-``evaluate`` (single model, from :func:`make_ocs_handlers` only)
-    Flower's usual local evaluation of the ArrayRecord it receives.
+
+Your own ``@app.train()`` meets this contract unchanged: the query handlers
+run it once per model on a message shaped like Flower's FedAvg train message
+(the model under ``"arrays"``, the server's config, ``lr`` included, under
+``"config"``, plus ``model-index``), and :class:`KeptUpdateMod` turns its
+reply (the trained model, ``num-examples`` and a train loss) into the update
+reply. With Flower's quickstart::
+
+     app = ClientApp()
+
+    -@app.train()
+    +@app.train(mods=[KeptUpdateMod(train_loss_key="train_loss")])
+     def train(msg, context):
+         ...  # unchanged: load the model, train with your optimizer, reply
+
+    +add_norm_query(app, train, train_loss_key="train_loss")
+
+For MMFL, ``train`` picks its model and data by
+``msg.content["config"]["model-index"]``; the loss variant adds
+``add_loss_query(app, evaluate, loss_key="eval_loss")`` (your
+``@app.evaluate()`` function), the baselines
+``add_model_sizes_query(app, num_examples=...)``. The helpers only read and
+write ArrayRecords, so they work for a model of any framework.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Callable, Mapping
+import copy
+from collections.abc import Callable
 
-import torch
+import numpy as np
 from flwr.app import (
+    Array,
     ArrayRecord,
     ConfigRecord,
     Context,
     Message,
+    MessageType,
     MetricRecord,
     RecordDict,
 )
+from flwr.app.message import make_message
+from flwr.clientapp import ClientApp
+from flwr.clientapp.typing import ClientAppCallable
 
 from flwr_importance.clientapps.common import (
     ClientHandler,
@@ -56,23 +83,45 @@ from flwr_importance.clientapps.common import (
     TaskFactory,
     config_number,
     make_evaluate_handler,
+    make_train_handler,
     server_round_of,
-    train_round,
 )
+from flwr_importance.clientapps.sizes import checked_sample_count
 from flwr_importance.protocol import (
+    KEPT_UPDATE,
+    LOSS,
+    LOSS_QUERY,
+    MODEL_INDEX,
     MODEL_RECORD_PREFIX,
+    NORM_QUERY,
+    NUM_EXAMPLES,
+    NUM_MODELS,
+    SIZES_QUERY,
+    TRAIN_LOSS,
+    UPDATE_NORM,
     UPDATE_RECORD,
     model_record_name,
+    per_model_key,
+    query_message_type,
 )
-from flwr_importance.tasks import evaluate
 
 #: ``(context, model_index) -> LocalTask``: a node's task for each model.
 ModelTaskFactory = Callable[[Context, int], LocalTask]
 
+#: ``(context, model_index) -> n``: the node's sample count for each model.
+ModelSampleCount = Callable[[Context, int], int]
+
+#: Where the user's handlers find the model and the config, as in the messages
+#: of Flower's ``FedAvg`` (its default ``arrayrecord_key``/``configrecord_key``).
+USER_ARRAYS_KEY = "arrays"
+USER_CONFIG_KEY = "config"
+
 #: ``context.state`` key of the ConfigRecord saying which round the kept
-#: updates belong to; the updates themselves are under ``KEPT_UPDATE_PREFIX<s>``.
+#: updates belong to; update ``s`` is under ``KEPT_UPDATE_PREFIX<s>``, the
+#: metrics of its train reply under ``KEPT_METRICS_PREFIX<s>``.
 KEPT_ROUND_KEY = "optimal-kept-round"
 KEPT_UPDATE_PREFIX = "optimal-kept-update-"
+KEPT_METRICS_PREFIX = "optimal-kept-metrics-"
 
 
 def received_models(message: Message) -> dict[int, ArrayRecord]:
@@ -94,54 +143,166 @@ def received_models(message: Message) -> dict[int, ArrayRecord]:
     return models
 
 
-def local_update(
-    task: LocalTask, global_model: ArrayRecord, server_round: int
-) -> tuple[ArrayRecord, dict[str, float]]:
-    """Train ``task.model`` from ``global_model``; return ``U = w_local - w_global``.
+def model_update(global_model: ArrayRecord, local_model: ArrayRecord) -> ArrayRecord:
+    """``U = w_local - w_global``, array by array, in float64.
 
-    The local randomness comes from :func:`train_round`, so the update does
-    not depend on whether it is computed in the query or in the train message.
+    The difference is taken in the models' own dtype, then widened, so the
+    update is exactly what the local training moved.
 
-    Returns
-    -------
-    tuple
-        The update as an ArrayRecord with the model's keys, and the metrics
-        ``train-loss``, ``num-steps`` and ``update-norm`` (``||U||``).
+    Raises
+    ------
+    ValueError
+        If the two records do not have the same keys (in order) and shapes.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> start = ArrayRecord([np.array([1.0, 2.0], dtype=np.float32)])
+    >>> trained = ArrayRecord([np.array([1.5, 1.0], dtype=np.float32)])
+    >>> model_update(start, trained).to_numpy_ndarrays()[0]
+    array([ 0.5, -1. ])
     """
-    start = global_model.to_torch_state_dict()
-    task.model.load_state_dict(start)
-    result = train_round(task, server_round)
-    trained = task.model.state_dict()
-    delta = OrderedDict(
-        (key, (trained[key].detach() - start[key]).to(torch.float64)) for key in start
+    if list(global_model) != list(local_model):
+        raise ValueError(
+            f"the trained model's arrays {list(local_model)} are not the received "
+            f"model's {list(global_model)}"
+        )
+    update: dict[str, Array] = {}
+    for key, start in global_model.items():
+        start_values, local_values = start.numpy(), local_model[key].numpy()
+        if start_values.shape != local_values.shape:
+            raise ValueError(
+                f"'{key}': trained shape {local_values.shape}, received "
+                f"{start_values.shape}"
+            )
+        update[key] = Array((local_values - start_values).astype(np.float64))
+    return ArrayRecord(update)
+
+
+def update_norm(update: ArrayRecord) -> float:
+    """``||U||``: the Euclidean norm over all arrays of the update.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> update_norm(ArrayRecord([np.array([3.0]), np.array([[4.0]])]))
+    5.0
+    """
+    squared = sum(float(np.sum(np.square(array.numpy()))) for array in update.values())
+    return squared**0.5
+
+
+def _message_for_user(
+    message: Message, message_type: str, model: ArrayRecord, model_index: int
+) -> Message:
+    """``message`` reshaped as a FedAvg message of ``message_type`` for model ``s``.
+
+    The model goes under ``"arrays"``, the server's config (``lr`` and the
+    like, plus ``model-index``) under ``"config"``. Built from the incoming
+    message's metadata: a ClientApp cannot create a new message, only reply.
+    """
+    config = message.content.config_records.get(USER_CONFIG_KEY, ConfigRecord())
+    metadata = copy.copy(message.metadata)
+    metadata.message_type = message_type
+    content = RecordDict(
+        {
+            USER_ARRAYS_KEY: model,
+            USER_CONFIG_KEY: ConfigRecord({**config, MODEL_INDEX: model_index}),
+        }
     )
-    squared = sum(float(torch.sum(value**2)) for value in delta.values())
-    return ArrayRecord(delta), {**result, "update-norm": squared**0.5}
+    return make_message(metadata=metadata, content=content)
+
+
+def _reply_metrics(reply: Message, keys: list[str], handler: str) -> MetricRecord:
+    """The single MetricRecord of the user's ``reply``, checked to hold ``keys``.
+
+    Raises
+    ------
+    RuntimeError
+        If the user's handler replied with an error.
+    ValueError
+        If the reply does not carry one MetricRecord with every key.
+    """
+    if reply.has_error():
+        raise RuntimeError(f"the {handler} function failed: {reply.error.reason}")
+    records = list(reply.content.metric_records.values())
+    if len(records) != 1:
+        raise ValueError(f"the {handler} reply has {len(records)} MetricRecords, not 1")
+    (metrics,) = records
+    missing = [key for key in keys if key not in metrics]
+    if missing:
+        raise ValueError(
+            f"the {handler} reply lacks {missing} (it has {sorted(metrics)}); "
+            "a train reply needs the train loss under the key given as "
+            "train_loss_key, an evaluate reply the loss under loss_key"
+        )
+    return metrics
+
+
+def _number(metrics: MetricRecord, key: str) -> float:
+    """The metric ``key`` as a number (a list-valued metric is refused)."""
+    value = metrics[key]
+    if not isinstance(value, (int, float)):
+        raise ValueError(f"metric '{key}' must be a number, got {value!r}")
+    return value
+
+
+def _train_update(
+    train_fn: ClientAppCallable,
+    message: Message,
+    context: Context,
+    model_index: int,
+    global_model: ArrayRecord,
+    train_loss_key: str,
+) -> tuple[ArrayRecord, MetricRecord]:
+    """Run the user's train on model ``s``: the update and the reply's metrics.
+
+    The metrics are the user's, plus ``train-loss`` (copied from
+    ``train_loss_key``) and ``model-index``, as the strategy expects them.
+    """
+    reply = train_fn(
+        _message_for_user(message, MessageType.TRAIN, global_model, model_index),
+        context,
+    )
+    metrics = _reply_metrics(reply, [NUM_EXAMPLES, train_loss_key], "train")
+    local_models = list(reply.content.array_records.values())
+    if len(local_models) != 1:
+        raise ValueError(
+            f"the train reply has {len(local_models)} ArrayRecords, not 1 (the model)"
+        )
+    strategy_metrics = MetricRecord(
+        {
+            **metrics,
+            TRAIN_LOSS: _number(metrics, train_loss_key),
+            MODEL_INDEX: model_index,
+        }
+    )
+    return model_update(global_model, local_models[0]), strategy_metrics
 
 
 def _keep_updates(
     context: Context,
     server_round: int,
-    updates: dict[int, ArrayRecord],
-    train_losses: dict[int, float],
+    kept: dict[int, tuple[ArrayRecord, MetricRecord]],
 ) -> None:
-    """Replace the node's kept updates (and their training losses) with this round's."""
-    for key in [key for key in context.state if key.startswith(KEPT_UPDATE_PREFIX)]:
+    """Replace the node's kept updates (and their reply metrics) with this round's."""
+    stale = [
+        key
+        for key in context.state
+        if key.startswith((KEPT_UPDATE_PREFIX, KEPT_METRICS_PREFIX))
+    ]
+    for key in stale:
         del context.state[key]
-    for model_index, update in updates.items():
+    for model_index, (update, metrics) in kept.items():
         context.state[f"{KEPT_UPDATE_PREFIX}{model_index}"] = update
-    context.state[KEPT_ROUND_KEY] = ConfigRecord(
-        {
-            "server-round": server_round,
-            **{f"train-loss-{index}": loss for index, loss in train_losses.items()},
-        }
-    )
+        context.state[f"{KEPT_METRICS_PREFIX}{model_index}"] = metrics
+    context.state[KEPT_ROUND_KEY] = ConfigRecord({"server-round": server_round})
 
 
 def _kept_update(
     context: Context, server_round: int, model_index: int
-) -> tuple[ArrayRecord, float]:
-    """This round's kept update of ``model_index`` and its training loss.
+) -> tuple[ArrayRecord, MetricRecord]:
+    """This round's kept update of ``model_index`` and its reply metrics.
 
     Raises
     ------
@@ -151,7 +312,12 @@ def _kept_update(
     """
     kept_round = context.state.get(KEPT_ROUND_KEY)
     update = context.state.get(f"{KEPT_UPDATE_PREFIX}{model_index}")
-    if not isinstance(kept_round, ConfigRecord) or not isinstance(update, ArrayRecord):
+    metrics = context.state.get(f"{KEPT_METRICS_PREFIX}{model_index}")
+    if not (
+        isinstance(kept_round, ConfigRecord)
+        and isinstance(update, ArrayRecord)
+        and isinstance(metrics, MetricRecord)
+    ):
         raise ValueError(
             f"no kept update of model {model_index} for round {server_round} "
             "(node state lost, e.g. the node restarted)"
@@ -162,102 +328,247 @@ def _kept_update(
             f"kept update is from round {kept_server_round}, not "
             f"{server_round}; a stale update is never sent"
         )
-    return update, float(kept_round[f"train-loss-{model_index}"])  # type: ignore[arg-type]
+    return update, metrics
 
 
-def _reply(message: Message, metrics: Mapping[str, float]) -> Message:
+def _metrics_reply(message: Message, metrics: dict[str, float]) -> Message:
     return Message(
         RecordDict({"metrics": MetricRecord(dict(metrics))}), reply_to=message
     )
 
 
-def make_norm_handler(task_factory: ModelTaskFactory) -> ClientHandler:
-    """``query.norm``: train every received model, keep the updates, send norms."""
+class KeptUpdateMod:
+    """Mod around the user's ``@app.train()`` for OCS, AOCS and MMFL train messages.
 
-    def query_norm(message: Message, context: Context) -> Message:
+    A train message of these strategies either asks for the update kept at
+    this round's ``query.norm`` (``kept-update = true``, no model attached):
+    the mod replies it without calling the train function; or carries
+    ``model-<s>`` to train now (MMFL's loss variant and baselines): the mod
+    hands the train function a FedAvg-shaped message (the model under
+    ``"arrays"``, the config with ``model-index``) and turns its reply into
+    the update ``w_local - w_s``. Other messages (no ``kept-update`` in the
+    config, or not ``train``) pass through untouched.
+
+    Parameters
+    ----------
+    train_loss_key : str (default: ``"train-loss"``)
+        The metric of the train function's reply holding its training loss
+        (Flower's quickstart replies ``"train_loss"``); the reply must also
+        carry ``num-examples``.
+
+    Examples
+    --------
+    Put the mod on the train function only (or on the whole app)::
+
+        app = ClientApp()
+
+        @app.train(mods=[KeptUpdateMod(train_loss_key="train_loss")])
+        def train(msg, context): ...
+
+        add_norm_query(app, train, train_loss_key="train_loss")
+    """
+
+    def __init__(self, *, train_loss_key: str = TRAIN_LOSS) -> None:
+        self.train_loss_key = train_loss_key
+
+    def __call__(
+        self, message: Message, context: Context, call_next: ClientAppCallable
+    ) -> Message:
+        """Serve an OCS/MMFL train message; pass anything else to ``call_next``."""
+        config = message.content.config_records.get(USER_CONFIG_KEY)
+        if (
+            message.metadata.message_type != MessageType.TRAIN
+            or config is None
+            or KEPT_UPDATE not in config
+        ):
+            return call_next(message, context)
         server_round = server_round_of(message)
-        updates: dict[int, ArrayRecord] = {}
-        train_losses: dict[int, float] = {}
-        metrics: dict[str, float] = {}
-        for model_index, global_model in received_models(message).items():
-            task = task_factory(context, model_index)
-            updates[model_index], result = local_update(
-                task, global_model, server_round
-            )
-            metrics[f"update-norm-{model_index}"] = result["update-norm"]
-            train_losses[model_index] = result["train-loss"]
-            metrics[f"train-loss-{model_index}"] = result["train-loss"]
-            metrics[f"num-examples-{model_index}"] = len(task.x)
-        _keep_updates(context, server_round, updates, train_losses)
-        return _reply(message, metrics)
-
-    return query_norm
-
-
-def make_loss_handler(task_factory: ModelTaskFactory) -> ClientHandler:
-    """``query.loss``: each received model's mean loss on its local data."""
-
-    def query_loss(message: Message, context: Context) -> Message:
-        metrics: dict[str, float] = {}
-        for model_index, global_model in received_models(message).items():
-            task = task_factory(context, model_index)
-            task.model.load_state_dict(global_model.to_torch_state_dict())
-            loss = evaluate(task.model, task.x, task.y, task.objective)["loss"]
-            metrics[f"loss-{model_index}"] = loss
-            metrics[f"num-examples-{model_index}"] = len(task.x)
-        return _reply(message, metrics)
-
-    return query_loss
-
-
-def make_sizes_handler(task_factory: ModelTaskFactory) -> ClientHandler:
-    """``query.sizes``: the local sample count of each of ``num-models`` tasks."""
-
-    def query_sizes(message: Message, context: Context) -> Message:
-        num_models = int(config_number(message, "num-models"))
-        metrics: dict[str, float] = {
-            f"num-examples-{model_index}": len(task_factory(context, model_index).x)
-            for model_index in range(num_models)
-        }
-        return _reply(message, metrics)
-
-    return query_sizes
-
-
-def make_update_train_handler(task_factory: ModelTaskFactory) -> ClientHandler:
-    """``train``: send the kept update of ``model-index``, or train it now."""
-
-    def train(message: Message, context: Context) -> Message:
-        server_round = server_round_of(message)
-        model_index = int(config_number(message, "model-index"))
-        task = task_factory(context, model_index)
-        config = message.content.config_records.get("config", ConfigRecord())
-        if config.get("kept-update", False):
-            update, train_loss = _kept_update(context, server_round, model_index)
+        model_index = int(config_number(message, MODEL_INDEX))
+        if config[KEPT_UPDATE]:
+            update, metrics = _kept_update(context, server_round, model_index)
         else:
             global_model = received_models(message).get(model_index)
             if global_model is None:
                 raise ValueError(f"the message lacks {model_record_name(model_index)}")
-            update, result = local_update(task, global_model, server_round)
-            train_loss = result["train-loss"]
-        metrics: dict[str, int | float | list[int] | list[float]] = {
-            "num-examples": len(task.x),
-            "train-loss": train_loss,
-            "model-index": model_index,
-        }
-        content = RecordDict({UPDATE_RECORD: update, "metrics": MetricRecord(metrics)})
+            update, metrics = _train_update(
+                call_next,
+                message,
+                context,
+                model_index,
+                global_model,
+                self.train_loss_key,
+            )
+        content = RecordDict({UPDATE_RECORD: update, "metrics": metrics})
         return Message(content, reply_to=message)
 
-    return train
+
+def norm_query_handler(
+    train_fn: ClientAppCallable, *, train_loss_key: str = TRAIN_LOSS
+) -> ClientHandler:
+    """The ``query.norm`` handler: run ``train_fn`` per model, keep, reply norms.
+
+    Parameters
+    ----------
+    train_fn : callable
+        The user's train function, ``(msg, context) -> reply`` with the trained
+        model as its one ArrayRecord and ``num-examples`` and the train loss
+        in its one MetricRecord.
+    train_loss_key : str (default: ``"train-loss"``)
+        The reply metric holding the training loss.
+    """
+
+    def query_norm(message: Message, context: Context) -> Message:
+        kept: dict[int, tuple[ArrayRecord, MetricRecord]] = {}
+        reply: dict[str, float] = {}
+        for model_index, global_model in received_models(message).items():
+            update, metrics = _train_update(
+                train_fn, message, context, model_index, global_model, train_loss_key
+            )
+            kept[model_index] = (update, metrics)
+            reply[per_model_key(UPDATE_NORM, model_index)] = update_norm(update)
+            for key in (NUM_EXAMPLES, TRAIN_LOSS):
+                reply[per_model_key(key, model_index)] = _number(metrics, key)
+        _keep_updates(context, server_round_of(message), kept)
+        return _metrics_reply(message, reply)
+
+    return query_norm
+
+
+def add_norm_query(
+    app: ClientApp, train_fn: ClientAppCallable, *, train_loss_key: str = TRAIN_LOSS
+) -> None:
+    """Register ``@app.query("norm")``, answered by running ``train_fn``.
+
+    Pair it with :class:`KeptUpdateMod` on the train function, which sends the
+    kept update when the node is sampled. Every node trains once per round in
+    the query (sampled or not); the sampled ones then upload what they kept.
+
+    Parameters
+    ----------
+    app : ClientApp
+        The user's app.
+    train_fn : callable
+        The user's train function (what ``@app.train()`` decorated).
+    train_loss_key : str (default: ``"train-loss"``)
+        The metric of its reply holding the training loss (quickstart:
+        ``"train_loss"``).
+    """
+    app.query(NORM_QUERY)(norm_query_handler(train_fn, train_loss_key=train_loss_key))
+
+
+def loss_query_handler(
+    evaluate_fn: ClientAppCallable, *, loss_key: str = LOSS
+) -> ClientHandler:
+    """The ``query.loss`` handler: the user's evaluate function on each model.
+
+    Parameters
+    ----------
+    evaluate_fn : callable
+        The user's evaluate function; its reply's one MetricRecord holds the
+        mean loss under ``loss_key`` and ``num-examples``.
+    loss_key : str (default: ``"loss"``)
+        The reply metric holding the loss (quickstart: ``"eval_loss"``).
+    """
+
+    def query_loss(message: Message, context: Context) -> Message:
+        reply: dict[str, float] = {}
+        for model_index, global_model in received_models(message).items():
+            user_reply = evaluate_fn(
+                _message_for_user(
+                    message, MessageType.EVALUATE, global_model, model_index
+                ),
+                context,
+            )
+            metrics = _reply_metrics(user_reply, [NUM_EXAMPLES, loss_key], "evaluate")
+            reply[per_model_key(LOSS, model_index)] = _number(metrics, loss_key)
+            reply[per_model_key(NUM_EXAMPLES, model_index)] = _number(
+                metrics, NUM_EXAMPLES
+            )
+        return _metrics_reply(message, reply)
+
+    return query_loss
+
+
+def add_loss_query(
+    app: ClientApp, evaluate_fn: ClientAppCallable, *, loss_key: str = LOSS
+) -> None:
+    """Register ``@app.query("loss")`` (MMFL's loss variant) on ``evaluate_fn``.
+
+    Each received model is evaluated on the node's data of that model's task
+    (``model-index`` in the config); no training.
+    """
+    app.query(LOSS_QUERY)(loss_query_handler(evaluate_fn, loss_key=loss_key))
+
+
+def model_sizes_query_handler(num_examples: ModelSampleCount) -> ClientHandler:
+    """The ``query.sizes`` handler of MMFL: ``num-examples-<s>`` per model.
+
+    Parameters
+    ----------
+    num_examples : callable
+        ``(context, model_index) -> n``, the node's sample count for task ``s``.
+    """
+
+    def query_sizes(message: Message, context: Context) -> Message:
+        num_models = int(config_number(message, NUM_MODELS))
+        reply: dict[str, float] = {
+            per_model_key(NUM_EXAMPLES, model_index): checked_sample_count(
+                num_examples(context, model_index), source="num_examples"
+            )
+            for model_index in range(num_models)
+        }
+        return _metrics_reply(message, reply)
+
+    return query_sizes
+
+
+def add_model_sizes_query(app: ClientApp, *, num_examples: ModelSampleCount) -> None:
+    """Register MMFL's ``@app.query("sizes")`` (its random and round-robin baselines).
+
+    Examples
+    --------
+    >>> from flwr.clientapp import ClientApp
+    >>> app = ClientApp()
+    >>> add_model_sizes_query(app, num_examples=lambda context, model_index: 600)
+    """
+    app.query(SIZES_QUERY)(model_sizes_query_handler(num_examples))
+
+
+def _for_model(
+    make_handler: Callable[[TaskFactory], ClientHandler],
+    task_factory: ModelTaskFactory,
+) -> ClientHandler:
+    """A ready-made FedAvg handler on the task of the message's ``model-index``."""
+
+    def handler(message: Message, context: Context) -> Message:
+        model_index = int(config_number(message, MODEL_INDEX, 0))
+        return make_handler(lambda ctx: task_factory(ctx, model_index))(
+            message, context
+        )
+
+    return handler
+
+
+def _with_mod(mod: KeptUpdateMod, handler: ClientHandler) -> ClientHandler:
+    """``handler`` behind ``mod``, as ``@app.train(mods=[mod])`` would register it."""
+    return lambda message, context: mod(message, context, handler)
 
 
 def make_mmfl_handlers(task_factory: ModelTaskFactory) -> dict[str, ClientHandler]:
-    """All handlers of the multi-model contract, keyed by message type."""
+    """All handlers of the multi-model contract, keyed by message type.
+
+    Built on the helpers above: FedAvg's ready-made train and evaluate handlers
+    on task ``s`` play the user's functions.
+    """
+    train = _for_model(make_train_handler, task_factory)
+    evaluate = _for_model(make_evaluate_handler, task_factory)
     return {
-        "query.norm": make_norm_handler(task_factory),
-        "query.loss": make_loss_handler(task_factory),
-        "query.sizes": make_sizes_handler(task_factory),
-        "train": make_update_train_handler(task_factory),
+        query_message_type(NORM_QUERY): norm_query_handler(train),
+        query_message_type(LOSS_QUERY): loss_query_handler(evaluate),
+        query_message_type(SIZES_QUERY): model_sizes_query_handler(
+            lambda context, model_index: len(task_factory(context, model_index).x)
+        ),
+        MessageType.TRAIN: _with_mod(KeptUpdateMod(), train),
     }
 
 
@@ -269,8 +580,9 @@ def make_ocs_handlers(task_factory: TaskFactory) -> dict[str, ClientHandler]:
             raise ValueError(f"single-model task asked for model {model_index}")
         return task_factory(context)
 
+    handlers = make_mmfl_handlers(single_task)
     return {
-        "query.norm": make_norm_handler(single_task),
-        "train": make_update_train_handler(single_task),
-        "evaluate": make_evaluate_handler(task_factory),
+        query_message_type(NORM_QUERY): handlers[query_message_type(NORM_QUERY)],
+        MessageType.TRAIN: handlers[MessageType.TRAIN],
+        MessageType.EVALUATE: make_evaluate_handler(task_factory),
     }
