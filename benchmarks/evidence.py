@@ -779,6 +779,31 @@ def run_comparisons(
     )
 
 
+def _tuned_rate(
+    description: PaperComparison,
+    overrides: Overrides,
+    runner: _Runner,
+) -> tuple[float, dict[float, float]]:
+    """The grid's best learning rate on the tuning seeds, and each rate's score.
+
+    Returns
+    -------
+    tuple[float, dict[float, float]]
+        The chosen rate (:func:`choose_learning_rate`) and, per rate, the
+        median :func:`curve_score` over the tuning seeds.
+    """
+    key = description.learning_rate_key
+    scores = {
+        rate: [
+            curve_score(runner({**overrides, key: rate}, seed).curve)
+            for seed in description.tuning_seeds
+        ]
+        for rate in description.learning_rates
+    }
+    chosen = choose_learning_rate(scores, higher_is_better=description.higher_is_better)
+    return chosen, {rate: float(np.median(values)) for rate, values in scores.items()}
+
+
 def _run_comparison(
     description: PaperComparison, comparison: Comparison, runner: _Runner
 ) -> ComparisonOutcome:
@@ -788,26 +813,8 @@ def _run_comparison(
     for method, overrides in comparison.methods.items():
         settings[method] = {**comparison.shared, **overrides}
         if comparison.tuned:
-            scores = {
-                rate: [
-                    curve_score(
-                        runner(
-                            {**settings[method], description.learning_rate_key: rate},
-                            seed,
-                        ).curve
-                    )
-                    for seed in description.tuning_seeds
-                ]
-                for rate in description.learning_rates
-            }
-            rate = choose_learning_rate(
-                scores, higher_is_better=description.higher_is_better
-            )
+            rate, tuning[method] = _tuned_rate(description, settings[method], runner)
             settings[method][description.learning_rate_key] = rate
-            tuning[method] = {
-                grid_rate: float(np.median(values))
-                for grid_rate, values in scores.items()
-            }
     baseline_finals = [
         runner(settings[comparison.baseline], seed).curve[-1]
         for seed in description.tuning_seeds
