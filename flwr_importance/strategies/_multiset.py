@@ -26,7 +26,9 @@ from numpy.typing import NDArray
 from flwr_importance.aggregation import weighted_sum
 from flwr_importance.protocol import (
     NUM_EXAMPLES,
+    SERVER_ROUND,
     SIZES_QUERY,
+    query_message_type,
 )
 from flwr_importance.strategies.common import (
     CheckedFedAvg,
@@ -37,6 +39,7 @@ from flwr_importance.strategies.common import (
     flatten,
     node_messages,
     send_query,
+    warn_if_fewer_nodes,
 )
 
 
@@ -62,6 +65,9 @@ class MultisetSampling(CheckedFedAvg, ABC):
     arrayrecord_key, configrecord_key
         Keys of the model and the config in the messages sent.
     """
+
+    #: What a round does when fewer nodes are connected than ``m`` (logged).
+    fewer_nodes_effect = "the m draws repeat nodes"
 
     def __init__(
         self,
@@ -149,6 +155,9 @@ class MultisetSampling(CheckedFedAvg, ABC):
     ) -> Iterable[Message]:
         """Draw ``m`` clients with repeats; one train message per distinct client."""
         connected = connected_nodes(grid, self.min_available_nodes)
+        warn_if_fewer_nodes(
+            len(connected), self.clients_per_round, self.fewer_nodes_effect
+        )
         self._refresh_sizes(server_round, sorted(connected), grid)
         node_ids = sorted(self._sizes)
         self.track_nodes(node_ids)
@@ -167,7 +176,7 @@ class MultisetSampling(CheckedFedAvg, ABC):
             len(self._drawn),
             len(node_ids),
         )
-        config["server-round"] = server_round
+        config[SERVER_ROUND] = server_round
         return node_messages(
             dict.fromkeys(sorted(self._drawn), config),
             MessageType.TRAIN,
@@ -221,17 +230,18 @@ class MultisetSampling(CheckedFedAvg, ABC):
         unknown = [node_id for node_id in connected if node_id not in self._sizes]
         if not unknown:
             return
-        query_config = ConfigRecord({"server-round": server_round})
+        query_config = ConfigRecord({SERVER_ROUND: server_round})
         replies = send_query(
             grid,
             dict.fromkeys(unknown, query_config),
             SIZES_QUERY,
             timeout=self.query_timeout,
         )
+        context = query_message_type(SIZES_QUERY)
         for reply in check_replies(
-            replies.values(), nonnegative_keys=[NUM_EXAMPLES], context="query.sizes"
+            replies.values(), nonnegative_keys=[NUM_EXAMPLES], context=context
         ):
-            self._store_size(reply, "query.sizes")
+            self._store_size(reply, context)
 
     def _store_size(self, reply: CheckedReply, context: str) -> None:
         """Keep a reply's ``num-examples`` if it is a whole number (logged if not)."""

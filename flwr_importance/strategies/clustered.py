@@ -99,6 +99,10 @@ class ClusteredSampling(MultisetSampling):
     ``d``-sized buffer.
     """
 
+    fewer_nodes_effect = (
+        "m is capped at the number of nodes: nearly every node is drawn"
+    )
+
     def __init__(
         self,
         clients_per_round: int,

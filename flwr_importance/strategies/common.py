@@ -33,6 +33,8 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from numpy.typing import NDArray
 
+from flwr_importance.protocol import query_message_type
+
 #: The first bytes of every ``.npy`` serialization.
 NPY_MAGIC = b"\x93NUMPY"
 
@@ -167,6 +169,24 @@ def connected_nodes(grid: Grid, min_available_nodes: int) -> list[int]:
     return sorted(connected)
 
 
+def warn_if_fewer_nodes(num_nodes: int, clients_per_round: int, effect: str) -> None:
+    """Warn, every round it happens, that fewer nodes are connected than sampled.
+
+    A method configured for more clients than the federation has does not
+    sample at all (every node takes part, or draws repeat): the run looks like
+    the method's but is not. ``effect`` says what the method does instead.
+    """
+    if num_nodes < clients_per_round:
+        log(
+            WARNING,
+            "configure_train: %d nodes connected, fewer than clients_per_round=%d: "
+            "%s; start more nodes or lower clients_per_round",
+            num_nodes,
+            clients_per_round,
+            effect,
+        )
+
+
 def node_messages(
     node_configs: Mapping[int, ConfigRecord],
     message_type: str,
@@ -205,7 +225,7 @@ def send_query(
     mapping of named ArrayRecords. Nodes that fail or do not answer within
     ``timeout`` are logged and left out: the caller works with whoever answered.
     """
-    messages = node_messages(node_configs, f"query.{action}", arrays)
+    messages = node_messages(node_configs, query_message_type(action), arrays)
     replies = grid.send_and_receive(messages, timeout=timeout)
     answered: dict[int, Message] = {}
     for reply in replies:
@@ -441,7 +461,15 @@ class CheckedFedAvg(FedAvg):
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
-        """Weighted mean of the checked replies' metrics (None if none is usable)."""
+        """Weighted mean of the checked replies' metrics (None if none is usable).
+
+        With federated evaluation off on purpose (``fraction_evaluate = 0``)
+        nothing was asked and nothing is logged; a warning means evaluation
+        was asked for and no reply could be used.
+        """
+        replies = list(replies)
+        if not replies and self.fraction_evaluate == 0.0:
+            return None
         checked = check_replies(
             replies,
             nonnegative_keys=[self.weighted_by_key],

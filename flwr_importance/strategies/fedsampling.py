@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from logging import INFO, WARNING
@@ -19,7 +20,15 @@ from flwr.serverapp import Grid
 
 from flwr_importance.aggregation.fedsampling import server_update
 from flwr_importance.protocol import (
+    FEDSAMPLING_EPSILON,
+    FEDSAMPLING_ESTIMATED_TOTAL_SIZE,
+    FEDSAMPLING_MAX_SIZE,
+    FEDSAMPLING_SAMPLES_PER_ROUND,
     FEDSAMPLING_SIZE_RESPONSE,
+    LOCAL_STEPS,
+    SERVER_ROUND,
+    SIZES_QUERY,
+    query_message_type,
 )
 from flwr_importance.sampling import estimate_total_size, ldp_alpha
 from flwr_importance.strategies.common import (
@@ -29,6 +38,95 @@ from flwr_importance.strategies.common import (
     connected_nodes,
     send_query,
 )
+
+#: The size estimate is usable when its noise is at most this fraction of the
+#: largest total its replies can stand for, ``C (M - 1)``: three standard
+#: deviations then stay above zero.
+USABLE_NOISE_FRACTION = 1 / 3
+
+#: How unlikely the round's count of top-of-range size replies must be, were
+#: every node below ``M - 1`` samples, before the server warns that
+#: ``max_size`` clips the sizes (about one false warning in 1,000 rounds).
+CLIPPING_SIGNIFICANCE = 1e-3
+
+#: Why FedSampling refuses federated evaluation (also the legacy API's reason).
+NO_FEDERATED_EVALUATION = (
+    "FedSampling has no federated evaluation by design: Flower weights evaluate "
+    "replies by num-examples, which reveals each node's size, the very thing its "
+    "randomized size replies keep private; evaluate on the server instead "
+    "(strategy.start(..., evaluate_fn=...) on the Message API, evaluate_fn=... on "
+    "the legacy API) and leave fraction_evaluate at 0"
+)
+
+
+def size_estimate_noise(num_replies: int, max_size: int, alpha: float) -> float:
+    """A bound on the standard deviation of ``N_tilde`` (eq. 2 of the paper).
+
+    A reply is the true clipped size ``n`` with probability ``alpha``, else
+    uniform on ``{1..M-1}`` (variance below ``M^2 / 12``); with ``|n - M/2| <=
+    M/2`` its variance is at most ``(1 - alpha) M^2 (1/12 + alpha/4)``, and
+    ``N_tilde`` divides the sum of ``C`` replies by ``alpha``::
+
+        sd(N_tilde) <= M / alpha * sqrt(C (1 - alpha) (1/12 + alpha/4))
+
+    which grows like ``sqrt(C) M / alpha``.
+    """
+    spread = (1 - alpha) * (1 / 12 + alpha / 4)
+    return max_size / alpha * math.sqrt(num_replies * spread)
+
+
+def nodes_for_usable_estimate(max_size: int, alpha: float) -> int:
+    """The fewest nodes whose estimate's noise is :data:`USABLE_NOISE_FRACTION`
+    of ``C (M - 1)``, the total when every node holds ``M - 1`` samples or more.
+
+    The noise grows like ``sqrt(C)`` and that total like ``C``; fewer samples
+    per node need more nodes than this (the server cannot know how many).
+    """
+    spread = (1 - alpha) * (1 / 12 + alpha / 4)
+    ratio = max_size / (alpha * USABLE_NOISE_FRACTION * (max_size - 1))
+    return math.ceil(spread * ratio**2)
+
+
+def epsilon_for_usable_estimate(num_replies: int, max_size: int) -> float:
+    """The smallest epsilon whose estimate from ``num_replies`` nodes is usable.
+
+    Usable as in :func:`nodes_for_usable_estimate`: ``spread(alpha) / alpha^2``
+    decreases in ``alpha`` (bisected), and ``alpha = (e^eps - 1) / (e^eps + M - 2)``
+    gives ``e^eps = (1 + alpha (M - 2)) / (1 - alpha)``.
+    """
+    bound = num_replies * (USABLE_NOISE_FRACTION * (max_size - 1) / max_size) ** 2
+    low, high = 1e-9, 1.0 - 1e-12
+    for _ in range(100):
+        alpha = (low + high) / 2
+        if (1 - alpha) * (1 / 12 + alpha / 4) / alpha**2 > bound:
+            low = alpha
+        else:
+            high = alpha
+    return math.log((1 + high * (max_size - 2)) / (1 - high))
+
+
+def binomial_upper_tail(successes: int, trials: int, probability: float) -> float:
+    """``P(X >= successes)`` for ``X ~ Binomial(trials, probability)``, in log space.
+
+    ``probability`` must lie in ``(0, 1)``.
+    """
+    if successes <= 0:
+        return 1.0
+    log_p, log_q = math.log(probability), math.log1p(-probability)
+    log_trials = math.lgamma(trials + 1)
+    return min(
+        1.0,
+        sum(
+            math.exp(
+                log_trials
+                - math.lgamma(count + 1)
+                - math.lgamma(trials - count + 1)
+                + count * log_p
+                + (trials - count) * log_q
+            )
+            for count in range(successes, trials + 1)
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -85,10 +183,11 @@ class FedSampling(CheckedFedAvg):
     min_available_nodes : int (default: 2)
         Nodes to wait for before a round.
     fraction_evaluate : float (default: 0.0)
-        Federated evaluation is off by default: Flower's ``FedAvg`` weights
-        evaluation replies by ``num-examples``, which reveals the sizes.
+        Must stay 0: there is no federated evaluation by design (Flower's
+        ``FedAvg`` weights evaluation replies by ``num-examples``, which
+        reveals the sizes); evaluate on the server with ``evaluate_fn``.
     min_evaluate_nodes : int (default: 2)
-        As in ``FedAvg``.
+        As in ``FedAvg`` (unused).
     query_timeout : float (default: 600.0)
         Seconds to wait for the size replies.
     arrayrecord_key, configrecord_key : str
@@ -105,6 +204,18 @@ class FedSampling(CheckedFedAvg):
       model's keys and shapes holding ``G_c = (1/K) sum_{s in S_c} g_s``
       (zeros if nothing was kept). No metrics are needed; the reply must not
       carry ``num-examples`` or any count of kept samples.
+    - No ``evaluate`` message: evaluate centrally (``evaluate_fn``).
+
+    Requirements (checked and logged each round, since only the randomized
+    replies reach the server): ``max_size`` above the largest partition,
+    else those nodes count as ``M - 1`` and rounds keep more than ``K``
+    samples (warned when too many replies sit at ``M - 1``); enough nodes
+    for the epsilon, since the noise of ``N_tilde`` is about
+    ``sqrt(C) M / alpha`` (:func:`size_estimate_noise`) against a total of
+    at most ``C (M - 1)``: at ``M = 100``, ``epsilon = 3`` about 37 nodes
+    holding at least ``M - 1`` samples each (:func:`nodes_for_usable_estimate`).
+    An estimate below ``K`` is logged with the nodes and the epsilon that
+    would make it usable.
     - Round metrics (``aggregate_train``): ``estimated-total-size`` (the
       clamped ``N_tilde`` used), ``raw-size-estimate``, ``ldp-alpha``,
       ``num-size-replies``, ``num-updates``.
@@ -134,6 +245,10 @@ class FedSampling(CheckedFedAvg):
             raise ValueError(f"server_lr must be > 0, got {server_lr}")
         if local_steps < 1:
             raise ValueError(f"local_steps must be >= 1, got {local_steps}")
+        if fraction_evaluate != 0:
+            raise ValueError(
+                f"fraction_evaluate={fraction_evaluate}: {NO_FEDERATED_EVALUATION}"
+            )
         super().__init__(
             fraction_train=1.0,
             fraction_evaluate=fraction_evaluate,
@@ -186,14 +301,9 @@ class FedSampling(CheckedFedAvg):
             list(responses.values()), self.max_size, self.epsilon
         )
         estimate = max(raw_estimate, float(self.samples_per_round))
+        self._warn_if_clipped(list(responses.values()))
         if raw_estimate < self.samples_per_round:
-            log(
-                WARNING,
-                "configure_train: N_tilde=%.1f below K=%d (too few nodes or a small "
-                "epsilon); using N_tilde=K, every sample is kept",
-                raw_estimate,
-                self.samples_per_round,
-            )
+            self._warn_estimate_below_k(raw_estimate, len(responses))
         log(
             INFO,
             "configure_train: %d size replies, N_tilde=%.1f (alpha=%.4f)",
@@ -202,34 +312,90 @@ class FedSampling(CheckedFedAvg):
             self.alpha,
         )
         self._plan = _RoundPlan(arrays, estimate, raw_estimate, len(responses))
-        config["server-round"] = server_round
-        config["samples-per-round"] = self.samples_per_round
-        config["estimated-total-size"] = estimate
-        config["local-steps"] = self.local_steps
+        config[SERVER_ROUND] = server_round
+        config[FEDSAMPLING_SAMPLES_PER_ROUND] = self.samples_per_round
+        config[FEDSAMPLING_ESTIMATED_TOTAL_SIZE] = estimate
+        config[LOCAL_STEPS] = self.local_steps
         record = RecordDict(
             {self.arrayrecord_key: arrays, self.configrecord_key: config}
         )
         return self._construct_messages(record, list(responses), MessageType.TRAIN)
+
+    def _warn_estimate_below_k(self, raw_estimate: float, num_replies: int) -> None:
+        """Say why ``N_tilde`` fell below ``K`` and what would make it usable."""
+        noise = size_estimate_noise(num_replies, self.max_size, self.alpha)
+        log(
+            WARNING,
+            "configure_train: N_tilde=%.1f below K=%d; using N_tilde=K, every sample "
+            "is kept this round. With %d size replies, max_size M=%d and epsilon=%g "
+            "(alpha=%.3f) the estimate's noise is sd ~ M/alpha * sqrt(C (1-alpha) "
+            "(1/12 + alpha/4)) = %.0f samples, against at most C (M-1) = %d samples "
+            "in all: it becomes usable (noise below a third of the total, with "
+            "every node holding M-1 samples or more) from about %d nodes at this "
+            "epsilon, or from epsilon=%.1f with %d nodes",
+            raw_estimate,
+            self.samples_per_round,
+            num_replies,
+            self.max_size,
+            self.epsilon,
+            self.alpha,
+            noise,
+            num_replies * (self.max_size - 1),
+            nodes_for_usable_estimate(self.max_size, self.alpha),
+            epsilon_for_usable_estimate(num_replies, self.max_size),
+            num_replies,
+        )
+
+    def _warn_if_clipped(self, responses: list[int]) -> None:
+        """Warn when too many replies sit at ``M - 1`` for sizes below ``M - 1``.
+
+        A node below ``M - 1`` samples answers ``M - 1`` only by the random
+        branch, with probability ``(1 - alpha) / (M - 1)``; a node at or
+        above it also when truthful (``alpha`` more). The true sizes never
+        reach the server, so this count is its only sign of a ``max_size``
+        below the largest partition.
+        """
+        top = self.max_size - 1
+        at_top = sum(response == top for response in responses)
+        chance = (1 - self.alpha) / top
+        if binomial_upper_tail(at_top, len(responses), chance) >= CLIPPING_SIGNIFICANCE:
+            return
+        clipped_fraction = min(1.0, (at_top / len(responses) - chance) / self.alpha)
+        log(
+            WARNING,
+            "configure_train: %d of %d size replies are M-1=%d (%.1f expected if no "
+            "node held %d samples or more): about %.0f%% of the nodes hold more "
+            "than max_size=%d allows and count as M-1 in N_tilde, so N_tilde "
+            "undercounts, rounds keep more than K samples and take larger steps; "
+            "set max_size above the largest partition",
+            at_top,
+            len(responses),
+            top,
+            chance * len(responses),
+            top,
+            100 * clipped_fraction,
+            self.max_size,
+        )
 
     def _size_responses(
         self, server_round: int, node_ids: Iterable[int], grid: Grid
     ) -> dict[int, int]:
         """The valid randomized size replies, by node id."""
         query = {
-            "max-size": self.max_size,
-            "epsilon": self.epsilon,
-            "server-round": server_round,
+            FEDSAMPLING_MAX_SIZE: self.max_size,
+            FEDSAMPLING_EPSILON: self.epsilon,
+            SERVER_ROUND: server_round,
         }
         replies = send_query(
             grid,
             {node_id: ConfigRecord(dict(query)) for node_id in node_ids},
-            "sizes",
+            SIZES_QUERY,
             timeout=self.query_timeout,
         )
         checked = check_replies(
             replies.values(),
             metric_keys=[FEDSAMPLING_SIZE_RESPONSE],
-            context="configure_train: query.sizes",
+            context=f"configure_train: {query_message_type(SIZES_QUERY)}",
         )
         responses: dict[int, int] = {}
         for reply in checked:

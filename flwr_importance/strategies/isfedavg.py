@@ -33,6 +33,8 @@ from flwr_importance.protocol import (
     ISFEDAVG_MIN_RELATIVE_SAMPLE_PROB,
     ISFEDAVG_NUM_CLIENTS,
     ISFEDAVG_SIGMA2,
+    NUM_EXAMPLES,
+    SERVER_ROUND,
 )
 from flwr_importance.sampling import systematic_sample
 from flwr_importance.strategies.common import (
@@ -42,6 +44,7 @@ from flwr_importance.strategies.common import (
     combine_arrays,
     connected_nodes,
     node_messages,
+    warn_if_fewer_nodes,
 )
 
 #: Default floor on a sample's probability ``p_n``, as a fraction of ``1/N_k``.
@@ -147,7 +150,7 @@ class ISFedAvg(CheckedFedAvg):
         fraction_evaluate: float = 1.0,
         min_evaluate_nodes: int = 2,
         min_available_nodes: int = 2,
-        weighted_by_key: str = "num-examples",
+        weighted_by_key: str = NUM_EXAMPLES,
         arrayrecord_key: str = "arrays",
         configrecord_key: str = "config",
         train_metrics_aggr_fn: (
@@ -263,6 +266,11 @@ class ISFedAvg(CheckedFedAvg):
         # Waits for min_available_nodes; the sample itself is drawn below.
         available = connected_nodes(grid, self.min_available_nodes)
         node_ids = self.sync_nodes(available)
+        warn_if_fewer_nodes(
+            len(node_ids),
+            self.clients_per_round,
+            "every node is selected every round (no importance sampling of clients)",
+        )
         if not node_ids:
             log(WARNING, "configure_train: no node connected, round skipped")
             return []
@@ -305,7 +313,7 @@ class ISFedAvg(CheckedFedAvg):
     ) -> ConfigRecord:
         """The shared ``config`` plus this node's ISFedAvg settings."""
         node_config = ConfigRecord(dict(config))
-        node_config["server-round"] = server_round
+        node_config[SERVER_ROUND] = server_round
         node_config[ISFEDAVG_CLIENT_PROB] = float(client_prob)
         node_config[ISFEDAVG_NUM_CLIENTS] = num_clients
         node_config[ISFEDAVG_LOCAL_STEPS] = self.local_steps[node_id]

@@ -19,11 +19,23 @@ from numpy.typing import NDArray
 
 from flwr_importance.aggregation.optimal import size_fractions, uniform_assignment_prob
 from flwr_importance.protocol import (
+    LOSS,
+    LOSS_QUERY,
     MODEL_RECORD_PREFIX,
+    NORM_QUERY,
+    NUM_EXAMPLES,
+    NUM_MODELS,
+    SERVER_ROUND,
+    SIZES_QUERY,
+    UPDATE_NORM,
     model_record_name,
 )
 from flwr_importance.sampling import assign_models, estimator_variance, mmfl_probs
-from flwr_importance.strategies.common import CheckedFedAvg, connected_nodes
+from flwr_importance.strategies.common import (
+    CheckedFedAvg,
+    connected_nodes,
+    warn_if_fewer_nodes,
+)
 from flwr_importance.strategies.ocs import (
     RoundPlan,
     query_matrix,
@@ -208,7 +220,12 @@ class MultiModelSampling(CheckedFedAvg):
                 f"{self.num_models}"
             )
         node_ids = connected_nodes(grid, self.min_available_nodes)
-        query_config = ConfigRecord({**dict(config), "server-round": server_round})
+        warn_if_fewer_nodes(
+            len(node_ids),
+            self.clients_per_round,
+            "every node trains every round (only which model it trains is sampled)",
+        )
+        query_config = ConfigRecord({**dict(config), SERVER_ROUND: server_round})
         if self.variant in ("gradnorm", "loss"):
             self._plan = self._optimal_plan(server_round, node_ids, query_config, grid)
         else:
@@ -228,7 +245,9 @@ class MultiModelSampling(CheckedFedAvg):
     ) -> RoundPlan:
         """``p = mmfl_probs(d * score, m)`` from a norm or loss query."""
         action, score_key = (
-            ("norm", "update-norm") if self.variant == "gradnorm" else ("loss", "loss")
+            (NORM_QUERY, UPDATE_NORM)
+            if self.variant == "gradnorm"
+            else (LOSS_QUERY, LOSS)
         )
         models = {model_record_name(s): model for s, model in enumerate(self._models)}
         answered, (scores, sizes) = query_matrix(
@@ -236,7 +255,7 @@ class MultiModelSampling(CheckedFedAvg):
             node_ids,
             action,
             config,
-            [score_key, "num-examples"],
+            [score_key, NUM_EXAMPLES],
             self.num_models,
             models,
             self.query_timeout,
@@ -270,9 +289,9 @@ class MultiModelSampling(CheckedFedAvg):
             answered, (sizes,) = query_matrix(
                 grid,
                 unknown,
-                "sizes",
-                ConfigRecord({"num-models": self.num_models}),
-                ["num-examples"],
+                SIZES_QUERY,
+                ConfigRecord({NUM_MODELS: self.num_models}),
+                [NUM_EXAMPLES],
                 self.num_models,
                 timeout=self.query_timeout,
             )

@@ -15,15 +15,31 @@ from dataclasses import dataclass
 from logging import INFO, WARNING
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
 from flwr_importance.aggregation.optimal import size_fractions, unbiased_update
 from flwr_importance.protocol import (
+    KEPT_UPDATE,
+    MODEL_INDEX,
+    NORM_QUERY,
+    NUM_EXAMPLES,
+    SERVER_ROUND,
+    TRAIN_LOSS,
+    UPDATE_NORM,
     UPDATE_RECORD,
     model_record_name,
+    per_model_key,
+    query_message_type,
 )
 from flwr_importance.sampling import (
     aocs_probs,
@@ -39,6 +55,7 @@ from flwr_importance.strategies.common import (
     combine_arrays,
     connected_nodes,
     send_query,
+    warn_if_fewer_nodes,
 )
 
 
@@ -84,7 +101,8 @@ def query_matrix(
 ) -> tuple[list[int], list[NDArray[np.float64]]]:
     """Send ``query.<action>``; return the good repliers and their metrics.
 
-    Every reply must carry ``<prefix>-<s>`` for each prefix and model ``s`` as
+    Every reply must carry ``<prefix>-<s>`` (:func:`per_model_key`) for each
+    prefix and model ``s`` as
     a finite nonnegative number; a reply that does not is logged and left out.
 
     Returns
@@ -100,17 +118,21 @@ def query_matrix(
         models,
         timeout,
     )
-    keys = [f"{prefix}-{s}" for prefix in metric_prefixes for s in range(num_models)]
+    keys = [
+        per_model_key(prefix, s)
+        for prefix in metric_prefixes
+        for s in range(num_models)
+    ]
     checked = sorted(
         check_replies(
-            replies.values(), nonnegative_keys=keys, context=f"query.{action}"
+            replies.values(), nonnegative_keys=keys, context=query_message_type(action)
         ),
         key=lambda reply: reply.node_id,
     )
     matrices = [
         np.array(
             [
-                [reply.metrics[f"{prefix}-{s}"] for s in range(num_models)]
+                [reply.metrics[per_model_key(prefix, s)] for s in range(num_models)]
                 for reply in checked
             ],
             dtype=np.float64,
@@ -136,15 +158,15 @@ def train_messages(
         node_config = ConfigRecord(
             {
                 **dict(config),
-                "server-round": plan.server_round,
-                "model-index": model_index,
-                "kept-update": models is None,
+                SERVER_ROUND: plan.server_round,
+                MODEL_INDEX: model_index,
+                KEPT_UPDATE: models is None,
             }
         )
         content = RecordDict({"config": node_config})
         if models is not None:
             content[model_record_name(model_index)] = models[model_index]
-        messages.append(Message(content, node_id, "train"))
+        messages.append(Message(content, node_id, MessageType.TRAIN))
     return messages
 
 
@@ -171,17 +193,17 @@ def unbiased_step(
     usable: list[CheckedReply] = []
     for reply in check_replies(
         replies,
-        metric_keys=["train-loss", "model-index"],
-        nonnegative_keys=["num-examples"],
+        metric_keys=[TRAIN_LOSS, MODEL_INDEX],
+        nonnegative_keys=[NUM_EXAMPLES],
     ):
         model_index = plan.assigned.get(reply.node_id)
-        if model_index is None or reply.metrics["model-index"] != model_index:
+        if model_index is None or reply.metrics[MODEL_INDEX] != model_index:
             log(
                 WARNING,
                 "aggregate_train: reply from node %d excluded: not sampled for "
                 "model %s this round",
                 reply.node_id,
-                reply.metrics["model-index"],
+                reply.metrics[MODEL_INDEX],
             )
             continue
         problem = _update_problem(reply, models[model_index])
@@ -216,9 +238,7 @@ def unbiased_step(
             server_lr,
         )
     if usable:
-        metrics["train-loss"] = float(
-            np.mean([r.metrics["train-loss"] for r in usable])
-        )
+        metrics[TRAIN_LOSS] = float(np.mean([r.metrics[TRAIN_LOSS] for r in usable]))
     return new_models, metrics
 
 
@@ -371,13 +391,18 @@ class OptimalClientSampling(CheckedFedAvg):
         """Query every node's update norm, compute ``p``, sample independently."""
         self._plan, self._global = None, arrays
         node_ids = connected_nodes(grid, self.min_available_nodes)
-        query_config = ConfigRecord({**dict(config), "server-round": server_round})
+        warn_if_fewer_nodes(
+            len(node_ids),
+            self.clients_per_round,
+            "every node takes part with probability 1 (no sampling, variance 0)",
+        )
+        query_config = ConfigRecord({**dict(config), SERVER_ROUND: server_round})
         answered, (norms, sizes) = query_matrix(
             grid,
             node_ids,
-            "norm",
+            NORM_QUERY,
             query_config,
-            ["update-norm", "num-examples"],
+            [UPDATE_NORM, NUM_EXAMPLES],
             1,
             {model_record_name(0): arrays},
             self.query_timeout,

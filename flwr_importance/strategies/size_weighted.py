@@ -21,6 +21,9 @@ from flwr_importance.aggregation import weighted_sum
 from flwr_importance.aggregation.fedsampling import size_weighted_draws
 from flwr_importance.protocol import (
     NUM_EXAMPLES,
+    SERVER_ROUND,
+    SIZES_QUERY,
+    query_message_type,
 )
 from flwr_importance.strategies.common import (
     CheckedFedAvg,
@@ -28,6 +31,7 @@ from flwr_importance.strategies.common import (
     combine_arrays,
     connected_nodes,
     send_query,
+    warn_if_fewer_nodes,
 )
 
 
@@ -122,6 +126,9 @@ class SizeWeightedSampling(CheckedFedAvg):
         """Learn new nodes' sizes, draw ``m`` clients by size, send them the model."""
         self._draw_counts, self._arrays = {}, arrays
         available = connected_nodes(grid, self.min_available_nodes)
+        warn_if_fewer_nodes(
+            len(available), self.clients_per_round, "the draws repeat nodes"
+        )
         self._update_sizes(server_round, available, grid)
         candidates = [node_id for node_id in available if self._sizes.get(node_id)]
         if not candidates:
@@ -144,7 +151,7 @@ class SizeWeightedSampling(CheckedFedAvg):
             len(self._draw_counts),
             len(available),
         )
-        config["server-round"] = server_round
+        config[SERVER_ROUND] = server_round
         record = RecordDict(
             {self.arrayrecord_key: arrays, self.configrecord_key: config}
         )
@@ -168,14 +175,14 @@ class SizeWeightedSampling(CheckedFedAvg):
         replies = send_query(
             grid,
             # The round lets a client (and fault injection) tell retries apart.
-            dict.fromkeys(unknown, ConfigRecord({"server-round": server_round})),
-            "sizes",
+            dict.fromkeys(unknown, ConfigRecord({SERVER_ROUND: server_round})),
+            SIZES_QUERY,
             timeout=self.query_timeout,
         )
         for reply in check_replies(
             replies.values(),
             nonnegative_keys=[NUM_EXAMPLES],
-            context="configure_train: query.sizes",
+            context=f"configure_train: {query_message_type(SIZES_QUERY)}",
         ):
             size = reply.metrics[NUM_EXAMPLES]
             if size != int(size):
