@@ -6,6 +6,7 @@ crosses the (simulated) wire as protobuf.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field, replace
 
@@ -16,7 +17,9 @@ from flwr.app import (
     ArrayRecord,
     ConfigRecord,
     Context,
+    Message,
     MetricRecord,
+    RecordDict,
 )
 from flwr.clientapp import ClientApp
 
@@ -25,8 +28,19 @@ from flwr_importance.clientapps.fedsampling import (
     make_fedsampling_train_handler,
     make_size_query_handler,
 )
-from flwr_importance.sampling import size_reply_probabilities
-from flwr_importance.strategies.fedsampling import FedSampling
+from flwr_importance.sampling import (
+    estimate_total_size,
+    ldp_alpha,
+    privatize_size,
+    size_reply_probabilities,
+)
+from flwr_importance.strategies.fedsampling import (
+    FedSampling,
+    binomial_upper_tail,
+    epsilon_for_usable_estimate,
+    nodes_for_usable_estimate,
+    size_estimate_noise,
+)
 from flwr_importance.tasks import Objective
 from flwr_importance.testing import InProcessGrid
 from simulations.client_app import app as simulation_client_app
@@ -168,3 +182,116 @@ def test_a_round_uses_k_samples_in_expectation() -> None:
     relative_variance = np.var(samples_per_round / probabilities) / total**2
     jensen_bias = 2 * samples_per_round * relative_variance
     assert abs(kept.mean() - samples_per_round) < 4 * standard_error + jensen_bias
+
+
+def fixed_size_reply_app(response: int) -> ClientApp:
+    """Every node answers the size query with ``response``."""
+    app = ClientApp()
+
+    @app.query("sizes")
+    def answer(message: Message, context: Context) -> Message:
+        content = RecordDict({"metrics": MetricRecord({"size-response": response})})
+        return Message(content, reply_to=message)
+
+    return app
+
+
+def test_federated_evaluation_is_refused_with_the_reason_and_the_way_out() -> None:
+    with pytest.raises(ValueError, match=r"fraction_evaluate=0\.5") as raised:
+        FedSampling(16, fraction_evaluate=0.5)
+    assert "reveals each node's size" in str(raised.value)
+    assert "evaluate_fn" in str(raised.value)
+
+
+def test_estimate_below_k_says_its_noise_and_what_makes_it_usable(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Every reply 1: the estimate (sum - (1 - alpha) M C / 2) / alpha < 0 < K.
+    num_nodes, max_size, epsilon = 10, 100, 3.0
+    grid = InProcessGrid(fixed_size_reply_app(1), num_nodes)
+    strategy = FedSampling(64, max_size, epsilon, min_available_nodes=1)
+    with caplog.at_level(logging.WARNING):
+        (metrics,) = estimate_only(strategy, grid, 1)
+    assert metrics["raw-size-estimate"] < 64 == metrics["estimated-total-size"]
+    noise = size_estimate_noise(num_nodes, max_size, strategy.alpha)
+    nodes = nodes_for_usable_estimate(max_size, strategy.alpha)
+    needed_epsilon = epsilon_for_usable_estimate(num_nodes, max_size)
+    assert "below K=64" in caplog.text
+    assert "M/alpha * sqrt(C (1-alpha) (1/12 + alpha/4))" in caplog.text
+    assert f"= {noise:.0f} samples" in caplog.text
+    assert f"from about {nodes} nodes" in caplog.text
+    assert f"epsilon={needed_epsilon:.1f} with {num_nodes} nodes" in caplog.text
+    # At M = 100, epsilon = 3, ten nodes are far too few (the README's numbers).
+    assert nodes == 37 and 3.8 < needed_epsilon < 3.9
+
+
+def test_usable_thresholds_agree_with_each_other() -> None:
+    for num_nodes, max_size in ((10, 100), (50, 1000), (400, 30)):
+        epsilon = epsilon_for_usable_estimate(num_nodes, max_size)
+        alpha = ldp_alpha(epsilon, max_size)
+        assert nodes_for_usable_estimate(max_size, alpha) == num_nodes
+        # A slightly smaller epsilon needs more nodes.
+        assert (
+            nodes_for_usable_estimate(max_size, ldp_alpha(0.95 * epsilon, max_size))
+            > num_nodes
+        )
+
+
+@pytest.mark.parametrize(("epsilon", "size"), [(0.5, 1), (3.0, 40), (8.0, 99)])
+def test_size_estimate_noise_bounds_the_estimates_spread(
+    epsilon: float, size: int
+) -> None:
+    num_nodes, max_size, trials = 20, 100, 4000
+    rng = np.random.default_rng(0)
+    estimates = [
+        estimate_total_size(
+            [privatize_size(size, max_size, epsilon, rng) for _ in range(num_nodes)],
+            max_size,
+            epsilon,
+        )
+        for _ in range(trials)
+    ]
+    bound = size_estimate_noise(num_nodes, max_size, ldp_alpha(epsilon, max_size))
+    spread = float(np.std(estimates))
+    # A bound, and a tight one: the worst case |n - M/2| = M/2 is near size 1.
+    assert spread <= 1.05 * bound
+    assert spread >= 0.5 * bound
+
+
+def test_replies_piling_at_the_top_warn_that_max_size_clips(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    max_size = 50
+    grid = InProcessGrid(fixed_size_reply_app(max_size - 1), 8)
+    strategy = FedSampling(16, max_size, 3.0, min_available_nodes=1)
+    with caplog.at_level(logging.WARNING):
+        estimate_only(strategy, grid, 1)
+    assert f"8 of 8 size replies are M-1={max_size - 1}" in caplog.text
+    assert "about 100% of the nodes hold more than max_size=50" in caplog.text
+    assert "set max_size above the largest partition" in caplog.text
+
+
+def test_sizes_below_max_size_do_not_warn_of_clipping(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    num_nodes = 15
+    grid = InProcessGrid(simulation_client_app, num_nodes, RUN_CONFIG, seed=1)
+    max_size = max(true_sizes(grid, num_nodes).values()) + 2
+    strategy = FedSampling(16, max_size, 3.0, min_available_nodes=1)
+    with caplog.at_level(logging.WARNING):
+        estimate_only(strategy, grid, 20)
+    assert "size replies are M-1" not in caplog.text
+
+
+def test_binomial_upper_tail_matches_the_sum_of_the_pmf() -> None:
+    trials, probability = 12, 0.2
+    pmf = [
+        math.comb(trials, count)
+        * probability**count
+        * (1 - probability) ** (trials - count)
+        for count in range(trials + 1)
+    ]
+    for successes in (0, 1, 3, 12):
+        assert binomial_upper_tail(successes, trials, probability) == pytest.approx(
+            sum(pmf[successes:])
+        )
