@@ -1,0 +1,156 @@
+"""A user's ClientApp code in the shape of Flower's quickstart-pytorch.
+
+Its own ``Net``, a DataLoader over the node's partition, momentum SGD with
+the learning rate the server sends, ``CrossEntropyLoss`` and a device chosen
+by the user (here the run config's ``device``, so a test can put it on CUDA).
+Every call of the user's training loop is recorded in ``TRAIN_CALLS``, so a
+test can check that the method's helpers ran the user's own code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+NUM_CLASSES = 4
+BATCH_SIZE = 8
+
+
+class Net(nn.Module):
+    """A small CNN on 3x8x8 images."""
+
+    def __init__(self, width: int = 4) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, width, 3)
+        self.pool = nn.MaxPool2d(2)
+        self.fc = nn.Linear(width * 3 * 3, NUM_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of shape ``(B, NUM_CLASSES)``."""
+        return self.fc(torch.flatten(self.pool(torch.relu(self.conv(x))), 1))
+
+
+def partition_size(partition_id: int) -> int:
+    """Unequal partitions: 12, 19, 26, ... samples."""
+    return 12 + 7 * partition_id
+
+
+def load_trainset(partition_id: int) -> TensorDataset:
+    """The partition's images and labels (seeded by the partition)."""
+    generator = torch.Generator().manual_seed(100 + partition_id)
+    size = partition_size(partition_id)
+    images = torch.randn(size, 3, 8, 8, generator=generator)
+    labels = torch.randint(NUM_CLASSES, (size,), generator=generator)
+    return TensorDataset(images, labels)
+
+
+@dataclass(frozen=True)
+class TrainCall:
+    """What one run of the user's training loop used."""
+
+    optimizer: str
+    momentum: float
+    lr: float
+    device: str
+    criterion: str
+
+
+TRAIN_CALLS: list[TrainCall] = []
+
+
+def train(
+    net: nn.Module, trainloader: DataLoader, epochs: int, lr: float, device: str
+) -> float:
+    """The quickstart's loop: momentum SGD on CrossEntropyLoss."""
+    net.to(device)
+    criterion = nn.CrossEntropyLoss().to(device)
+    optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
+    TRAIN_CALLS.append(
+        TrainCall("SGD", 0.9, lr, str(next(net.parameters()).device), "CrossEntropy")
+    )
+    net.train()
+    running_loss = 0.0
+    for _ in range(epochs):
+        for images, labels in trainloader:
+            optimizer.zero_grad()
+            loss = criterion(net(images.to(device)), labels.to(device))
+            loss.backward()
+            optimizer.step()
+            running_loss += loss.item()
+    return running_loss / (epochs * len(trainloader))
+
+
+def test(net: nn.Module, testloader: DataLoader, device: str) -> tuple[float, float]:
+    """Mean loss and accuracy."""
+    net.to(device)
+    criterion = nn.CrossEntropyLoss()
+    correct, loss = 0, 0.0
+    with torch.no_grad():
+        for images, labels in testloader:
+            outputs = net(images.to(device))
+            loss += criterion(outputs, labels.to(device)).item() * len(labels)
+            correct += int((outputs.argmax(1) == labels.to(device)).sum())
+    size = len(testloader.dataset)  # type: ignore[arg-type]
+    return loss / size, correct / size
+
+
+def device_of(context: Context) -> str:
+    """The user's device choice (the run config's ``device``, CPU by default)."""
+    return str(context.run_config.get("device", "cpu"))
+
+
+def model_width(msg: Message) -> int:
+    """MMFL users pick their model by ``model-index``; OCS sends 0 or nothing."""
+    model_index = msg.content.config_records["config"].get("model-index", 0)
+    assert isinstance(model_index, int)
+    return 4 + 2 * model_index
+
+
+def user_train(msg: Message, context: Context) -> Message:
+    """The quickstart's ``@app.train()`` function, unchanged."""
+    model = Net(model_width(msg))
+    model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
+    trainset = load_trainset(int(context.node_config["partition-id"]))
+    trainloader = DataLoader(trainset, batch_size=BATCH_SIZE)
+    train_loss = train(
+        model,
+        trainloader,
+        1,
+        float(msg.content.config_records["config"]["lr"]),  # type: ignore[arg-type]
+        device_of(context),
+    )
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord(model.state_dict()),
+            "metrics": MetricRecord(
+                {"train_loss": train_loss, "num-examples": len(trainset)}
+            ),
+        }
+    )
+    return Message(content=content, reply_to=msg)
+
+
+def user_evaluate(msg: Message, context: Context) -> Message:
+    """The quickstart's ``@app.evaluate()`` function, unchanged."""
+    model = Net(model_width(msg))
+    model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
+    testset = load_trainset(int(context.node_config["partition-id"]))
+    eval_loss, eval_acc = test(
+        model, DataLoader(testset, batch_size=BATCH_SIZE), device_of(context)
+    )
+    metrics: dict[str, int | float | list[int] | list[float]] = {
+        "eval_loss": eval_loss,
+        "eval_acc": eval_acc,
+        "num-examples": len(testset),
+    }
+    return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+
+
+def initial_arrays(width: int = 4) -> ArrayRecord:
+    """The server's initial model."""
+    torch.manual_seed(0)
+    return ArrayRecord(Net(width).state_dict())

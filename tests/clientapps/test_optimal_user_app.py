@@ -1,0 +1,243 @@
+"""OCS, AOCS and MMFL with the user's own quickstart-shaped train function.
+
+The user's ``@app.train()`` gets ``KeptUpdateMod`` and the app
+``add_norm_query`` (MMFL: also ``add_loss_query`` and
+``add_model_sizes_query``); the real strategies run through the in-process
+grid, every message crossing the wire as protobuf.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from torch.utils.data import DataLoader
+
+from flwr_importance.clientapps.optimal import (
+    KeptUpdateMod,
+    add_loss_query,
+    add_model_sizes_query,
+    add_norm_query,
+)
+from flwr_importance.protocol import UPDATE_RECORD, model_record_name
+from flwr_importance.strategies.common import flatten
+from flwr_importance.strategies.mmfl import (
+    MultiModelSampling,
+    pack_models,
+    unpack_models,
+)
+from flwr_importance.strategies.ocs import OptimalClientSampling
+from flwr_importance.testing import InProcessGrid
+from tests.clientapps import quickstart_user
+from tests.clientapps.quickstart_user import (
+    BATCH_SIZE,
+    TRAIN_CALLS,
+    Net,
+    initial_arrays,
+    load_trainset,
+    partition_size,
+    user_evaluate,
+    user_train,
+)
+
+NUM_NODES = 5
+LR = 0.05
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def optimal_app() -> ClientApp:
+    """The quickstart app plus the OCS/MMFL lines."""
+    app = ClientApp()
+    app.train(mods=[KeptUpdateMod(train_loss_key="train_loss")])(user_train)
+    app.evaluate()(user_evaluate)
+    add_norm_query(app, user_train, train_loss_key="train_loss")
+    add_loss_query(app, user_evaluate, loss_key="eval_loss")
+    add_model_sizes_query(
+        app,
+        num_examples=lambda context, model_index: partition_size(
+            int(context.node_config["partition-id"])
+        ),
+    )
+    return app
+
+
+def make_grid(device: str = "cpu") -> InProcessGrid:
+    return InProcessGrid(optimal_app(), NUM_NODES, {"device": device}, seed=4)
+
+
+def user_update(partition_id: int, arrays: ArrayRecord, device: str) -> np.ndarray:
+    """What the user's own loop moves the model by, run here directly."""
+    model = Net()
+    model.load_state_dict(arrays.to_torch_state_dict())
+    loader = DataLoader(load_trainset(partition_id), batch_size=BATCH_SIZE)
+    quickstart_user.train(model, loader, 1, LR, device)
+    trained = ArrayRecord(model.state_dict())
+    return flatten(trained) - flatten(arrays)
+
+
+def run_ocs(device: str) -> None:
+    TRAIN_CALLS.clear()
+    grid = make_grid(device)
+    strategy = OptimalClientSampling(2, seed=0)
+    arrays = initial_arrays()
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=arrays,
+        num_rounds=2,
+        train_config=ConfigRecord({"lr": LR}),
+    )
+    for server_round in (1, 2):
+        metrics = result.train_metrics_clientapp[server_round]
+        assert metrics["num-received"] == metrics["num-sampled"]
+        assert metrics["num-sampled"] > 0  # type: ignore[operator]
+    step = flatten(result.arrays) - flatten(arrays)
+    assert np.all(np.isfinite(step)) and np.linalg.norm(step) > 0
+    # Each node trained once per round, in the norm query, with the user's
+    # optimizer, the server's lr, on the user's device; sampled nodes did not
+    # train again to send their kept update.
+    assert len(TRAIN_CALLS) == 2 * NUM_NODES
+    assert {call.lr for call in TRAIN_CALLS} == {LR}
+    assert {(call.optimizer, call.momentum) for call in TRAIN_CALLS} == {("SGD", 0.9)}
+    assert {call.device.split(":")[0] for call in TRAIN_CALLS} == {device}
+
+
+def test_ocs_runs_on_the_users_train_function() -> None:
+    run_ocs("cpu")
+
+
+@CUDA
+def test_ocs_runs_on_the_users_train_function_on_cuda() -> None:
+    run_ocs("cuda")
+
+
+def test_the_kept_update_is_the_users_training_step() -> None:
+    grid = make_grid()
+    node_id = next(iter(grid.get_node_ids()))
+    arrays = initial_arrays()
+    query = Message(
+        RecordDict(
+            {
+                "config": ConfigRecord({"server-round": 1, "lr": LR}),
+                model_record_name(0): arrays,
+            }
+        ),
+        node_id,
+        "query.norm",
+    )
+    (norm_reply,) = grid.send_and_receive([query])
+    norm_metrics = norm_reply.content.metric_records["metrics"]
+    partition_id = grid.partition_of(node_id)
+    assert norm_metrics["num-examples-0"] == partition_size(partition_id)
+    assert np.isfinite(norm_metrics["train-loss-0"])
+    train = Message(
+        RecordDict(
+            {
+                "config": ConfigRecord(
+                    {"server-round": 1, "model-index": 0, "kept-update": True}
+                )
+            }
+        ),
+        node_id,
+        "train",
+    )
+    (train_reply,) = grid.send_and_receive([train])
+    assert not train_reply.has_error()
+    update = flatten(train_reply.content.array_records[UPDATE_RECORD])
+    expected = user_update(partition_id, arrays, "cpu")
+    assert np.linalg.norm(expected) > 0
+    # Momentum SGD from the same start on the same batches: the same step.
+    np.testing.assert_allclose(update, expected, rtol=1e-5, atol=1e-7)
+    assert np.linalg.norm(update) == pytest.approx(norm_metrics["update-norm-0"])
+    metrics = train_reply.content.metric_records["metrics"]
+    assert (
+        metrics["train-loss"] == metrics["train_loss"] == norm_metrics["train-loss-0"]
+    )
+    assert metrics["model-index"] == 0
+    assert metrics["num-examples"] == partition_size(partition_id)
+
+
+@pytest.mark.parametrize("variant", ["gradnorm", "loss", "random"])
+def test_mmfl_trains_each_model_with_the_users_functions(variant: str) -> None:
+    widths = [4, 6]  # model s is Net(4 + 2 s), as the user's code picks it
+    grid = make_grid()
+    strategy = MultiModelSampling(len(widths), 3, variant=variant, seed=1)  # type: ignore[arg-type]
+    start = [initial_arrays(width) for width in widths]
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=pack_models(start),
+        num_rounds=2,
+        train_config=ConfigRecord({"lr": LR}),
+    )
+    for server_round in (1, 2):
+        metrics = result.train_metrics_clientapp[server_round]
+        assert metrics["num-received"] == metrics["num-sampled"]
+        assert metrics["num-sampled"] > 0  # type: ignore[operator]
+    final = unpack_models(result.arrays)
+    moved = [
+        np.linalg.norm(flatten(after) - flatten(before))
+        for before, after in zip(start, final, strict=True)
+    ]
+    assert all(np.isfinite(moved)) and max(moved) > 0
+
+
+def test_plain_train_messages_pass_through_the_mod() -> None:
+    """A FedAvg train message (no kept-update) reaches the user's function as is."""
+    grid = make_grid()
+    node_id = next(iter(grid.get_node_ids()))
+    message = Message(
+        RecordDict({"arrays": initial_arrays(), "config": ConfigRecord({"lr": LR})}),
+        node_id,
+        "train",
+    )
+    (reply,) = grid.send_and_receive([message])
+    assert not reply.has_error()
+    assert set(reply.content.array_records) == {"arrays"}
+    assert set(reply.content.metric_records["metrics"]) == {
+        "train_loss",
+        "num-examples",
+    }
+
+
+def test_a_reply_without_the_train_loss_fails_with_the_reason() -> None:
+    app = ClientApp()
+    add_norm_query(app, user_train)  # the quickstart replies train_loss, not train-loss
+    grid = InProcessGrid(app, 1, {}, seed=0)
+    (node_id,) = grid.get_node_ids()
+    query = Message(
+        RecordDict(
+            {
+                "config": ConfigRecord({"server-round": 1, "lr": LR}),
+                model_record_name(0): initial_arrays(),
+            }
+        ),
+        node_id,
+        "query.norm",
+    )
+    (reply,) = grid.send_and_receive([query])
+    assert reply.has_error()
+    reason = str(reply.error.reason)
+    assert "lacks ['train-loss']" in reason and "train_loss_key" in reason
+
+
+def test_a_lost_kept_update_is_refused() -> None:
+    mod = KeptUpdateMod(train_loss_key="train_loss")
+    context = Context(0, 1, {"partition-id": 0}, RecordDict(), {})
+    grid = make_grid()
+    node_id = next(iter(grid.get_node_ids()))
+    message = Message(
+        RecordDict(
+            {
+                "config": ConfigRecord(
+                    {"server-round": 3, "model-index": 0, "kept-update": True}
+                )
+            }
+        ),
+        node_id,
+        "train",
+    )
+    (reply,) = grid.send_and_receive([message])
+    assert reply.has_error() and "no kept update" in str(reply.error.reason)
+    with pytest.raises(ValueError, match="no kept update"):
+        mod(message, context, user_train)
