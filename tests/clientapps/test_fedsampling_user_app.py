@@ -1,0 +1,272 @@
+"""FedSampling with the user's own model, DataLoader, loss and device.
+
+The quickstart-shaped app answers the size query with
+``add_private_size_query`` and, in its train function, keeps this round's
+samples (``fedsampling_round``), takes ``G_c`` over a DataLoader of them with
+its own loss (``fedsampling_gradient``) and replies it alone
+(``fedsampling_reply``). The real strategy runs through the in-process grid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    Metadata,
+    RecordDict,
+)
+from flwr.app.message import make_message
+from flwr.clientapp import ClientApp
+from torch import nn
+from torch.utils.data import DataLoader, Subset
+
+from flwr_importance.aggregation.fedsampling import bernoulli_keep
+from flwr_importance.clientapps.fedsampling import (
+    FedSamplingRound,
+    add_private_size_query,
+    fedsampling_gradient,
+    fedsampling_reply,
+    fedsampling_round,
+)
+from flwr_importance.strategies.common import flatten
+from flwr_importance.strategies.fedsampling import FedSampling
+from flwr_importance.testing import InProcessGrid
+from tests.clientapps.quickstart_user import (
+    BATCH_SIZE,
+    Net,
+    device_of,
+    initial_arrays,
+    load_trainset,
+    partition_size,
+)
+
+NUM_NODES = 6
+LR = 0.05
+MAX_SIZE = partition_size(NUM_NODES - 1) + 10  # above every partition's size
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def fedsampling_train(msg: Message, context: Context) -> Message:
+    """The quickstart's train function with FedSampling's lines."""
+    model = Net()
+    model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
+    model.to(device_of(context))
+    trainset = load_trainset(int(context.node_config["partition-id"]))
+    plan = fedsampling_round(msg, num_examples=len(trainset))
+    loader = DataLoader(Subset(trainset, plan.indices), batch_size=BATCH_SIZE)
+    lr = msg.content.config_records["config"]["lr"]
+    assert isinstance(lr, float)
+    gradient = fedsampling_gradient(
+        model, loader, nn.CrossEntropyLoss(), plan=plan, lr=lr
+    )
+    return fedsampling_reply(msg, gradient)
+
+
+def user_app(max_epsilon: float | None = None) -> ClientApp:
+    app = ClientApp()
+    add_private_size_query(
+        app,
+        num_examples=lambda context: partition_size(
+            int(context.node_config["partition-id"])
+        ),
+        max_epsilon=max_epsilon,
+    )
+    app.train()(fedsampling_train)
+    return app
+
+
+def train_message(config: Mapping[str, int | float], arrays: ArrayRecord) -> Message:
+    """A train message as a node receives it."""
+    metadata = Metadata(0, "m", 0, 1, "", "1", 0.0, 3600.0, "train")
+    content = RecordDict({"arrays": arrays, "config": ConfigRecord(dict(config))})
+    return make_message(metadata=metadata, content=content)
+
+
+def run_fedsampling(device: str, local_steps: int) -> InProcessGrid:
+    grid = InProcessGrid(user_app(), NUM_NODES, {"device": device}, seed=7)
+    strategy = FedSampling(
+        16,
+        max_size=MAX_SIZE,
+        epsilon=8.0,
+        server_lr=0.5,
+        local_steps=local_steps,
+        min_available_nodes=1,
+    )
+    arrays = initial_arrays()
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=arrays,
+        num_rounds=2,
+        train_config=ConfigRecord({"lr": LR}),
+    )
+    for server_round in (1, 2):
+        assert result.train_metrics_clientapp[server_round]["num-updates"] == NUM_NODES
+    step = flatten(result.arrays) - flatten(arrays)
+    assert np.all(np.isfinite(step)) and np.linalg.norm(step) > 0
+    return grid
+
+
+@pytest.mark.parametrize("local_steps", [1, 3])
+def test_fedsampling_runs_on_the_users_code_and_sends_no_count(
+    local_steps: int,
+) -> None:
+    grid = run_fedsampling("cpu", local_steps)
+    replies = [
+        record.message() for record in grid.wire_log if record.direction == "to-server"
+    ]
+    train_replies = [r for r in replies if r.metadata.message_type == "train"]
+    size_replies = [r for r in replies if r.metadata.message_type == "query.sizes"]
+    assert len(train_replies) == len(size_replies) == 2 * NUM_NODES
+    for reply in train_replies:
+        assert not reply.has_error()
+        assert list(reply.content.metric_records) == []
+        assert list(reply.content.array_records) == ["arrays"]
+    for reply in size_replies:
+        assert list(reply.content.metric_records["metrics"]) == ["size-response"]
+
+
+@CUDA
+def test_fedsampling_runs_on_the_users_code_on_cuda() -> None:
+    run_fedsampling("cuda", 1)
+
+
+def per_sample_sum(
+    model: nn.Module, trainset: Subset, samples_per_round: int
+) -> np.ndarray:
+    """``(1/K) sum_s grad Q_s``, one sample at a time."""
+    parameters = list(model.parameters())
+    device = parameters[0].device
+    total = [torch.zeros_like(p) for p in parameters]
+    for index in range(len(trainset)):
+        image, label = trainset[index]
+        loss = nn.CrossEntropyLoss()(
+            model(image[None].to(device)), label[None].to(device)
+        )
+        for accumulated, gradient in zip(
+            total, torch.autograd.grad(loss, parameters), strict=True
+        ):
+            accumulated += gradient / samples_per_round
+    return np.concatenate([t.detach().cpu().numpy().ravel() for t in total])
+
+
+def keep_plan(num_examples: int, seed: int) -> FedSamplingRound:
+    message = train_message(
+        {"samples-per-round": 10, "estimated-total-size": 25.0, "lr": LR},
+        initial_arrays(),
+    )
+    return fedsampling_round(
+        message, num_examples=num_examples, rng=np.random.default_rng(seed)
+    )
+
+
+def gradient_vector(gradient: dict[str, torch.Tensor]) -> np.ndarray:
+    return np.concatenate([g.detach().cpu().numpy().ravel() for g in gradient.values()])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+def test_g_c_is_the_kept_gradient_sum_over_k_whatever_the_batches(
+    device: str,
+) -> None:
+    trainset = load_trainset(3)
+    plan = keep_plan(len(trainset), seed=1)
+    assert 0 < len(plan.indices) < len(trainset)
+    kept = Subset(trainset, plan.indices)
+    model = Net().to(device)
+    model.load_state_dict(initial_arrays().to_torch_state_dict())
+    expected = per_sample_sum(model, kept, plan.samples_per_round)
+    assert np.linalg.norm(expected) > 0
+    for batch_size in (1, 5, len(trainset)):
+        gradient = fedsampling_gradient(
+            model,
+            DataLoader(kept, batch_size=batch_size),
+            nn.CrossEntropyLoss(),
+            plan=plan,
+        )
+        assert {t.device.type for t in gradient.values()} == {device}
+        np.testing.assert_allclose(
+            gradient_vector(gradient), expected, rtol=1e-4, atol=1e-7
+        )
+
+
+def test_local_steps_move_the_model_and_average_the_gradients() -> None:
+    trainset = load_trainset(2)
+    plan = keep_plan(len(trainset), seed=2)
+    steps = FedSamplingRound(
+        plan.indices, plan.keep_probability, plan.samples_per_round, local_steps=3
+    )
+    model = Net()
+    model.load_state_dict(initial_arrays().to_torch_state_dict())
+    start = flatten(ArrayRecord(model.state_dict()))
+    loader = DataLoader(Subset(trainset, steps.indices), batch_size=BATCH_SIZE)
+    with pytest.raises(ValueError, match="needs a positive lr"):
+        fedsampling_gradient(model, loader, nn.CrossEntropyLoss(), plan=steps)
+    gradient = fedsampling_gradient(
+        model, loader, nn.CrossEntropyLoss(), plan=steps, lr=LR
+    )
+    moved = flatten(ArrayRecord(model.state_dict())) - start
+    # Two steps taken; the reply is the mean of the three gradients, so the
+    # third (not applied) is what separates them.
+    assert np.linalg.norm(moved) > 0
+    third = 3 * gradient_vector(gradient) + moved / LR
+    np.testing.assert_allclose(
+        third,
+        gradient_vector(
+            fedsampling_gradient(model, loader, nn.CrossEntropyLoss(), plan=plan)
+        ),
+        rtol=1e-4,
+        atol=1e-6,
+    )
+
+
+def test_nothing_kept_gives_zeros_for_every_array() -> None:
+    model = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
+    plan = FedSamplingRound((), 0.1, 10, 1)
+    gradient = fedsampling_gradient(
+        model,
+        DataLoader(Subset(load_trainset(0), ())),
+        nn.CrossEntropyLoss(),
+        plan=plan,
+    )
+    assert list(gradient) == list(model.state_dict())
+    assert all(not value.any() for value in gradient.values())
+
+
+def test_the_plan_reads_the_servers_config_and_draws_bernoulli() -> None:
+    plan = keep_plan(40, seed=3)
+    expected = np.flatnonzero(bernoulli_keep(40, 10 / 25, np.random.default_rng(3)))
+    assert plan.indices == tuple(expected)
+    assert (plan.samples_per_round, plan.local_steps) == (10, 1)
+    assert plan.keep_probability == pytest.approx(0.4)
+    message = train_message(
+        {"samples-per-round": 10, "estimated-total-size": 25.0, "local-steps": 0},
+        initial_arrays(),
+    )
+    with pytest.raises(ValueError, match="local-steps must be >= 1"):
+        fedsampling_round(message, num_examples=40)
+
+
+def test_the_reply_carries_g_c_alone_under_the_models_name() -> None:
+    message = train_message({"lr": LR}, initial_arrays())
+    gradient = {key: torch.ones(3) for key in ("a", "b")}
+    reply = fedsampling_reply(message, gradient)
+    assert list(reply.content.array_records) == ["arrays"]
+    assert list(reply.content.metric_records) == []
+
+
+def test_a_node_refuses_an_epsilon_above_its_cap() -> None:
+    grid = InProcessGrid(user_app(max_epsilon=2.0), 2, {}, seed=8)
+    strategy = FedSampling(16, max_size=MAX_SIZE, epsilon=3.0, min_available_nodes=1)
+    messages = strategy.configure_train(1, initial_arrays(), ConfigRecord(), grid)
+    assert list(messages) == []  # no usable size reply: the round is skipped
+    errors = [
+        record.message() for record in grid.wire_log if record.direction == "to-server"
+    ]
+    assert len(errors) == 2 and all(reply.has_error() for reply in errors)
+    assert "allows at most 2" in str(errors[0].error.reason)
