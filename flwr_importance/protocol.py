@@ -44,8 +44,9 @@ reply metric :data:`FEDSAMPLING_SIZE_RESPONSE` (the randomized-response size,
 never the true one). train config: :data:`FEDSAMPLING_SAMPLES_PER_ROUND`
 (``K``), :data:`FEDSAMPLING_ESTIMATED_TOTAL_SIZE` (``N_tilde``),
 :data:`LOCAL_STEPS`. The client keeps each sample with probability
-``K / N_tilde`` and replies with the model ``w - G_c`` where ``G_c`` sums the
-kept samples' gradients over ``K``; its metrics carry no count.
+``K / N_tilde`` and replies with ``G_c``, the kept samples' gradients at the
+received model summed and divided by ``K``, as one ArrayRecord with the
+model's keys; the reply has no MetricRecord (no size, no count).
 
 Clustered, MD and size-weighted sampling
 ----------------------------------------
