@@ -74,8 +74,10 @@ class SizeWeightedSampling(CheckedFedAvg):
       the model's keys and shapes); metrics are not used.
     - Round metrics: ``num-distinct-clients``, ``num-updates``.
 
-    Handlers: :func:`~flwr_importance.clientapps.fedsampling.make_true_size_handler`
-    and :func:`~flwr_importance.clientapps.make_train_handler`.
+    Handlers: :func:`~flwr_importance.clientapps.sizes.add_size_query` beside
+    your own train function, or the ready-made
+    :func:`~flwr_importance.clientapps.sizes.make_sizes_handler` and
+    :func:`~flwr_importance.clientapps.make_train_handler`.
     """
 
     # pylint: disable=too-many-arguments
