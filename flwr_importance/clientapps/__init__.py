@@ -1,14 +1,21 @@
-"""Ready ClientApp handlers per method, and the pieces to write your own.
+"""Client side of every method: helpers around your own ClientApp, and ready handlers.
 
-Handler factories take a ``TaskFactory`` (``Context -> LocalTask``) and return
-``(Message, Context) -> Message`` callables to register on a ``ClientApp``:
+Each method's module has the mods, query registrations and helper functions
+that meet its contract (:mod:`flwr_importance.protocol`) from your own
+``@app.train()`` function, keeping your model, DataLoader, optimizer, loss and
+device; and ``make_<method>_handlers(task_factory)``, ready-made handlers built
+on the same pieces for a ``TaskFactory`` (``Context -> LocalTask``):
 
 - :mod:`.common`: FedAvg/FedProx training and evaluation, shared helpers;
 - :mod:`.isfedavg`: importance-sampled mini-batches, eq. 8 steps, eq. 29;
 - :mod:`.folb`: FedProx solve plus the local gradient and inexactness;
-- :mod:`.fedsampling`: randomized-response sizes, Bernoulli data sampling;
-- :mod:`.clustered`: the size query of clustered sampling;
-- :mod:`.optimal`: OCS/MMFL norm and loss queries, kept updates.
+- :mod:`.fedsampling`: randomized-response sizes, the round's kept samples,
+  ``G_c`` over your DataLoader and loss;
+- :mod:`.sizes`: the true-size query of clustered, MD and size-weighted
+  sampling (:func:`~.sizes.add_size_query`);
+- :mod:`.clustered`: clustered and MD sampling's handler set;
+- :mod:`.optimal`: OCS/AOCS/MMFL: :class:`~.optimal.KeptUpdateMod` on your
+  train function and the norm, loss and size queries run on your functions.
 """
 
 from flwr_importance.clientapps.common import (

@@ -53,8 +53,8 @@ For MMFL, ``train`` picks its model and data by
 ``msg.content["config"]["model-index"]``; the loss variant adds
 ``add_loss_query(app, evaluate, loss_key="eval_loss")`` (your
 ``@app.evaluate()`` function), the baselines
-``add_model_sizes_query(app, num_examples=...)``. The helpers only read and
-write ArrayRecords, so they work for a model of any framework.
+``add_model_sizes_query(app, num_examples=...)``. The helpers never touch
+the model: they read and write ArrayRecords, and the user's functions train.
 """
 
 from __future__ import annotations
