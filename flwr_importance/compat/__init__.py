@@ -9,6 +9,24 @@ trips over ``ClientProxy.get_properties``/``ClientProxy.fit`` and
 :func:`handler_client_fn` serves them on the client with the Message-API
 handlers of :mod:`flwr_importance.clientapps`.
 
+Each class takes Flower's legacy ``FedAvg`` arguments that can apply to its
+method, as ``FedAvg`` does (:class:`LegacyOptions` lists them and what each
+becomes; they may also be bundled as ``legacy=LegacyOptions(...)``)::
+
+    strategy = compat.ISFedAvg(
+        clients_per_round=5,  # replaces fraction_fit / min_fit_clients
+        min_available_clients=10,
+        initial_parameters=ndarrays_to_parameters(initial_weights),
+        evaluate_fn=evaluate_fn,
+        on_fit_config_fn=lambda server_round: {"lr": 0.05},
+        fraction_evaluate=0.5,
+        evaluate_metrics_aggregation_fn=weighted_average,
+    )
+
+An argument that cannot apply (``fraction_fit``, ``min_fit_clients``,
+``inplace``; FedSampling's federated evaluation) raises at construction,
+naming what replaces it.
+
 The server side imports no ML framework; the client side (:mod:`.clients`,
 torch) loads only when :class:`HandlerClient` or :func:`handler_client_fn` is
 first used, so a TensorFlow, JAX or scikit-learn project can run these

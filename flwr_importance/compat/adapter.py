@@ -9,10 +9,11 @@ APIs (and give the same models, see ``tests/compat``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, replace
 from logging import INFO, WARNING
-from typing import Any
+from typing import Any, ClassVar
 
 from flwr.app import ConfigRecord, Message
 from flwr.common import FitIns, FitRes, MetricsAggregationFn, NDArrays, Parameters
@@ -23,6 +24,7 @@ from flwr.server.strategy import FedAvg
 from flwr.serverapp.strategy import Strategy
 
 from flwr_importance.compat.transport import (
+    ARRAY_LAYOUT_KEY,
     ProxyGrid,
     ScalarDict,
     fit_ins,
@@ -39,12 +41,35 @@ EvaluateFn = Callable[[int, NDArrays, ScalarDict], tuple[float, ScalarDict] | No
 
 @dataclass
 class LegacyOptions:
-    """The legacy ``FedAvg`` options a legacy strategy of this library takes.
+    """Flower's legacy ``FedAvg`` arguments that a legacy strategy honours.
 
-    Federated evaluation is the legacy ``FedAvg``'s (uniform sampling, loss
-    weighted by ``num_examples``), as the Message-API strategies use
-    ``FedAvg``'s; it is off by default because the evaluate replies carry
-    ``num-examples``, which FedSampling keeps private.
+    Each legacy class takes these either as keyword arguments, as
+    ``FedAvg(...)`` does (``compat.ISFedAvg(clients_per_round=5,
+    initial_parameters=..., evaluate_fn=...)``), or bundled here
+    (``legacy=LegacyOptions(...)``). What each becomes:
+
+    ============================== =============================================
+    ``initial_parameters``         the initial global model
+    ``evaluate_fn``                called on the server every round, as in
+                                   ``FedAvg``
+    ``on_fit_config_fn``           its config is merged into the train config
+                                   the method sends (the method's own keys win)
+    ``fraction_evaluate``,         federated evaluation, as in ``FedAvg``
+    ``min_evaluate_clients``,      (uniform sampling, loss weighted by
+    ``on_evaluate_config_fn``,     ``num_examples``); the method's strategy is
+    ``evaluate_metrics_            told the same fraction, and FedSampling
+    aggregation_fn``               refuses any (it would reveal the sizes)
+    ``fit_metrics_aggregation_fn`` applied to the fit results' metrics and
+                                   merged into the round's metrics
+    ``accept_failures``            False: a round with a failed fit keeps the
+                                   model, as in ``FedAvg``
+    ``min_available_clients``      the method's ``min_available_nodes``
+    ============================== =============================================
+
+    ``fraction_fit``, ``min_fit_clients`` and ``inplace`` cannot apply (the
+    method chooses its clients and aggregates its own way): passing one raises
+    a ``TypeError`` naming the parameter that replaces it
+    (:data:`NOT_APPLICABLE`).
 
     Parameters
     ----------
@@ -53,14 +78,19 @@ class LegacyOptions:
     evaluate_fn : callable, optional
         Centralized evaluation, as in ``FedAvg``.
     on_fit_config_fn, on_evaluate_config_fn : callable, optional
-        Round number -> config, as in ``FedAvg``; the fit config is what the
-        Message-API strategy receives as its ``config``.
+        Round number -> config, as in ``FedAvg``.
     fraction_evaluate : float (default: 0.0)
-        Fraction of the clients asked to evaluate.
+        Fraction of the clients asked to evaluate; 0 (no federated
+        evaluation) unlike ``FedAvg``'s 1.0, since FedSampling cannot.
     min_evaluate_clients : int (default: 2)
         As in ``FedAvg``.
-    evaluate_metrics_aggregation_fn : callable, optional
+    evaluate_metrics_aggregation_fn, fit_metrics_aggregation_fn : callable, optional
         As in ``FedAvg``.
+    accept_failures : bool (default: True)
+        As in ``FedAvg``.
+    min_available_clients : int, optional
+        Clients to wait for before a round (the method's
+        ``min_available_nodes``; its own default when None).
     max_workers : int, optional
         Threads for the extra round trips sent from ``configure_fit``.
     """
@@ -72,7 +102,26 @@ class LegacyOptions:
     fraction_evaluate: float = 0.0
     min_evaluate_clients: int = 2
     evaluate_metrics_aggregation_fn: MetricsAggregationFn | None = None
+    fit_metrics_aggregation_fn: MetricsAggregationFn | None = None
+    accept_failures: bool = True
+    min_available_clients: int | None = None
     max_workers: int | None = None
+
+
+#: Flower's legacy ``FedAvg`` arguments that cannot apply, and why; ``{method}``
+#: is the class, ``{clients}`` the parameter that sets how many clients train.
+NOT_APPLICABLE: Mapping[str, str] = {
+    "fraction_fit": "{method} chooses its own clients each round; set {clients}",
+    "min_fit_clients": "{method} chooses its own clients each round; set {clients}",
+    "inplace": "{method} aggregates with its own weights, never FedAvg's average",
+}
+
+#: The legacy evaluation options that only matter with federated evaluation.
+_EVALUATION_OPTIONS = (
+    "min_evaluate_clients",
+    "on_evaluate_config_fn",
+    "evaluate_metrics_aggregation_fn",
+)
 
 
 class LegacyStrategyAdapter(FedAvg):
@@ -88,22 +137,41 @@ class LegacyStrategyAdapter(FedAvg):
     this library handles.
 
     Subclasses name the Message-API class in ``message_strategy_class``; the
-    constructor passes its arguments (but ``legacy``) on to it.
+    constructor takes Flower's legacy ``FedAvg`` arguments it can honour
+    (:class:`LegacyOptions`, directly or as ``legacy``), refuses those it
+    cannot (:data:`NOT_APPLICABLE`), and passes the rest on to the
+    Message-API strategy, with ``min_available_clients`` as its
+    ``min_available_nodes`` and the evaluation fraction where it takes one.
 
     Parameters
     ----------
     *args, **options
-        The Message-API strategy's arguments.
+        The Message-API strategy's arguments, and Flower's legacy ``FedAvg``
+        arguments (:class:`LegacyOptions`).
     legacy : LegacyOptions, optional
-        Legacy ``FedAvg`` options (initial model, evaluation).
+        The legacy ``FedAvg`` arguments, bundled (keyword arguments win).
+
+    Raises
+    ------
+    TypeError
+        A ``FedAvg`` argument that cannot apply to the method, or an
+        evaluation option while federated evaluation is off.
     """
 
     message_strategy_class: Callable[..., Strategy]
+    #: The parameter that sets how many clients a round uses (error messages).
+    clients_parameter: ClassVar[str] = "clients_per_round"
+    #: Legacy options this method refuses, with the reason.
+    refused_options: ClassVar[Mapping[str, str]] = {}
 
     def __init__(
         self, *args: Any, legacy: LegacyOptions | None = None, **options: Any
     ) -> None:
-        legacy_options = legacy or LegacyOptions()
+        legacy_options = self._legacy_options(legacy, options)
+        self._forward_to_method(legacy_options, options)
+        # The method first: its own checks (e.g. FedSampling refusing
+        # federated evaluation) explain a refusal better than FedAvg's would.
+        self.strategy = self.message_strategy_class(*args, **options)
         super().__init__(
             fraction_fit=1.0,
             fraction_evaluate=legacy_options.fraction_evaluate,
@@ -114,14 +182,76 @@ class LegacyStrategyAdapter(FedAvg):
             evaluate_fn=legacy_options.evaluate_fn,
             on_fit_config_fn=legacy_options.on_fit_config_fn,
             on_evaluate_config_fn=legacy_options.on_evaluate_config_fn,
+            accept_failures=legacy_options.accept_failures,
             initial_parameters=legacy_options.initial_parameters,
+            fit_metrics_aggregation_fn=legacy_options.fit_metrics_aggregation_fn,
             evaluate_metrics_aggregation_fn=(
                 legacy_options.evaluate_metrics_aggregation_fn
             ),
         )
-        self.strategy = self.message_strategy_class(*args, **options)
         self.max_workers = legacy_options.max_workers
         self._sent: dict[int, Message] = {}
+
+    @classmethod
+    def _legacy_options(
+        cls, legacy: LegacyOptions | None, options: dict[str, Any]
+    ) -> LegacyOptions:
+        """Take the legacy ``FedAvg`` arguments out of ``options``; refuse some."""
+        method = cls.message_strategy_class.__name__
+        for name, reason in NOT_APPLICABLE.items():
+            if name in options:
+                raise TypeError(
+                    f"{cls.__name__}: `{name}` does not apply: "
+                    + reason.format(method=method, clients=cls.clients_parameter)
+                )
+        given = {
+            field.name: options.pop(field.name)
+            for field in fields(LegacyOptions)
+            if field.name in options
+        }
+        legacy_options = replace(legacy or LegacyOptions(), **given)
+        defaults = LegacyOptions()
+        for name, reason in cls.refused_options.items():
+            if getattr(legacy_options, name) != getattr(defaults, name):
+                raise TypeError(f"{cls.__name__}: `{name}` does not apply: {reason}")
+        if legacy_options.fraction_evaluate == 0:
+            for name in _EVALUATION_OPTIONS:
+                if getattr(legacy_options, name) != getattr(defaults, name):
+                    raise TypeError(
+                        f"{cls.__name__}: `{name}` has no effect with "
+                        "fraction_evaluate=0 (no federated evaluation): set "
+                        "fraction_evaluate > 0 or leave it out"
+                    )
+        return legacy_options
+
+    @classmethod
+    def _forward_to_method(
+        cls, legacy_options: LegacyOptions, options: dict[str, Any]
+    ) -> None:
+        """Put the legacy options the Message-API strategy takes into ``options``.
+
+        Its ``fraction_evaluate`` is the legacy one, so that what it logs
+        about federated evaluation is what the legacy server does.
+        """
+        accepted = inspect.signature(cls.message_strategy_class).parameters
+        forwarded = {
+            "min_available_nodes": legacy_options.min_available_clients,
+            "fraction_evaluate": legacy_options.fraction_evaluate,
+            "min_evaluate_nodes": legacy_options.min_evaluate_clients,
+        }
+        if (
+            legacy_options.min_available_clients is not None
+            and "min_available_nodes" in options
+            and options["min_available_nodes"] != legacy_options.min_available_clients
+        ):
+            raise TypeError(
+                f"{cls.__name__}: min_available_clients="
+                f"{legacy_options.min_available_clients} and min_available_nodes="
+                f"{options['min_available_nodes']} name the same setting: give one"
+            )
+        for name, value in forwarded.items():
+            if value is not None and name in accepted and name not in options:
+                options[name] = value
 
     def __repr__(self) -> str:
         """The class and the Message-API strategy it runs."""
@@ -165,7 +295,20 @@ class LegacyStrategyAdapter(FedAvg):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, ScalarDict]:
-        """The strategy's aggregation of the replies the FitRes carry."""
+        """The strategy's aggregation of the replies the FitRes carry.
+
+        With ``accept_failures=False`` a round with a failure keeps the model,
+        as in ``FedAvg``; ``fit_metrics_aggregation_fn``'s metrics (over the
+        fit results, as in ``FedAvg``) join the strategy's.
+        """
+        if not self.accept_failures and failures:
+            log(
+                WARNING,
+                "aggregate_fit: %d failures and accept_failures=False: the model "
+                "is unchanged",
+                len(failures),
+            )
+            return None, {}
         received = {int(proxy.cid): fit_res for proxy, fit_res in results}
         for node_id in sorted(self._sent.keys() - received.keys()):
             log(WARNING, "aggregate_fit: node %d returned no fit result", node_id)
@@ -175,7 +318,19 @@ class LegacyStrategyAdapter(FedAvg):
             if node_id in received
         ]
         arrays, metrics = self.strategy.aggregate_train(server_round, replies)
-        return (
-            parameters_of(arrays) if arrays is not None else None,
-            legacy_scalars(metrics or {}, "metric"),
-        )
+        round_metrics = legacy_scalars(metrics or {}, "metric")
+        if self.fit_metrics_aggregation_fn is not None:
+            round_metrics.update(
+                self.fit_metrics_aggregation_fn(
+                    [
+                        (fit_res.num_examples, _without_layout(fit_res.metrics))
+                        for _, fit_res in results
+                    ]
+                )
+            )
+        return parameters_of(arrays) if arrays is not None else None, round_metrics
+
+
+def _without_layout(metrics: ScalarDict) -> ScalarDict:
+    """A fit result's metrics without the transport's array layout."""
+    return {key: value for key, value in metrics.items() if key != ARRAY_LAYOUT_KEY}

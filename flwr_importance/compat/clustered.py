@@ -21,7 +21,11 @@ class ClusteredSampling(LegacyStrategyAdapter):
     clients_per_round : int
         ``m``.
     legacy : LegacyOptions, optional
-        Initial parameters and evaluation, as in the legacy ``FedAvg``.
+        Flower's legacy ``FedAvg`` arguments this class honours; they may also
+        be given directly (``initial_parameters=...``, ``evaluate_fn=...``),
+        see :class:`~flwr_importance.compat.LegacyOptions`. ``fraction_fit``
+        and ``min_fit_clients`` raise a ``TypeError``: ``clients_per_round``
+        replaces them.
     **options
         The other parameters of the Message-API ``ClusteredSampling``
         (``method``, ``distance``, ``projection_dim``, ``seed``,

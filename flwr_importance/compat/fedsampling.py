@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import ClassVar
+
 from flwr_importance.compat.adapter import LegacyStrategyAdapter
 from flwr_importance.strategies.fedsampling import FedSampling as MessageFedSampling
 
@@ -18,8 +21,14 @@ class FedSampling(LegacyStrategyAdapter):
     samples_per_round : int
         ``K``.
     legacy : LegacyOptions, optional
-        Initial parameters and evaluation (off by default: evaluate replies
-        reveal ``num-examples``).
+        Flower's legacy ``FedAvg`` arguments this class honours; they may also
+        be given directly (``initial_parameters=...``, ``evaluate_fn=...``),
+        see :class:`~flwr_importance.compat.LegacyOptions`. Refused, with the
+        reason: ``fraction_fit`` and ``min_fit_clients`` (every node trains on
+        the samples it keeps; ``samples_per_round`` sets the round's size),
+        ``fraction_evaluate > 0`` (evaluate replies would reveal the sizes:
+        use ``evaluate_fn``) and ``fit_metrics_aggregation_fn`` (the fit
+        replies carry no metrics).
     **options
         The other parameters of the Message-API ``FedSampling`` (``max_size``,
         ``epsilon``, ``server_lr``, ``local_steps``, ``min_available_nodes``,
@@ -37,3 +46,10 @@ class FedSampling(LegacyStrategyAdapter):
     """
 
     message_strategy_class = MessageFedSampling
+    clients_parameter = (
+        "samples_per_round (K): every node trains, on the samples it keeps"
+    )
+    refused_options: ClassVar[Mapping[str, str]] = {
+        "fit_metrics_aggregation_fn": "FedSampling's fit replies carry no metrics "
+        "and num_examples = 0: a count would reveal the node's size",
+    }

@@ -18,7 +18,11 @@ class ISFedAvg(LegacyStrategyAdapter):
     clients_per_round : int (default: 10)
         ``L``.
     legacy : LegacyOptions, optional
-        Initial parameters and evaluation, as in the legacy ``FedAvg``.
+        Flower's legacy ``FedAvg`` arguments this class honours; they may also
+        be given directly (``initial_parameters=...``, ``evaluate_fn=...``),
+        see :class:`~flwr_importance.compat.LegacyOptions`. ``fraction_fit``
+        and ``min_fit_clients`` raise a ``TypeError``: ``clients_per_round``
+        replaces them.
     **options
         The other parameters of the Message-API ``ISFedAvg``
         (``local_steps_range``, ``batch_size_range``, ``uniform``,
