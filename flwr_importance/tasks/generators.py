@@ -1,4 +1,5 @@
-"""Generated federated data sets: FedProx Synthetic(alpha, beta) and ISFedAvg's two.
+"""Generated federated data sets: FedProx Synthetic(alpha, beta), ISFedAvg's two,
+and a Gaussian mixture over clients of log-normal sizes (FedSampling's scale).
 
 Each client (device, agent) has its own generating model, so the split over
 clients is part of the generator. All draws come from one
@@ -40,6 +41,12 @@ LOGISTIC_DIMENSION = 2
 LOGISTIC_MEAN_STD = 1.5
 LOGISTIC_STD_RANGE = (0.5, 1.5)
 LOGISTIC_MODEL_DRIFT_STD = 0.1
+
+# Gaussian mixture: class means ~ N(0, MIXTURE_SEPARATION^2 I) in MIXTURE_DIMENSION
+# dimensions, unit-variance features around them (about 70% accuracy for the
+# best linear classifier at 10 classes: room to see a method fall short).
+MIXTURE_DIMENSION = 20
+MIXTURE_SEPARATION = 0.6
 
 
 def synthetic_fedprox(
@@ -264,6 +271,92 @@ def isfedavg_logistic(
             )
         )
     return _assemble(devices, "classification", 2)
+
+
+def lognormal_mixture(
+    num_clients: int,
+    *,
+    mean_size: float,
+    sigma: float,
+    num_classes: int = 10,
+    label_concentration: float = 0.5,
+    seed: int,
+) -> FederatedSplit:
+    """A Gaussian-mixture classification over clients of log-normal sizes.
+
+    The setting of FedSampling (Qi et al., "FedSampling: a better sampling
+    strategy for federated learning", IJCAI 2023, Section 4.1), generated:
+    client ``k`` holds ``n_k = max(1, round(exp(m + sigma z)))`` training
+    samples, ``z ~ N(0, 1)``, with ``m = ln(mean_size) - sigma^2 / 2`` so that
+    ``E[n_k] = mean_size`` before rounding. Its labels follow its own class
+    proportions ``~ Dirichlet(label_concentration)`` (non-IID: a few large
+    clients hold a large share of some classes), and a sample of class ``c``
+    is ``x ~ N(mu_c, I)`` in dimension 20 with shared class means
+    ``mu_c ~ N(0, 0.6^2 I)``. Each client also draws ``ceil(0.2 n_k)`` test
+    samples the same way; the pooled test set therefore follows the pooled
+    training distribution, the one centralized training fits.
+
+    Parameters
+    ----------
+    num_clients : int
+        Number of clients ``|C| >= 1``.
+    mean_size : float
+        Mean client size (> 0); the pooled training set holds about
+        ``num_clients * mean_size`` samples.
+    sigma : float
+        Standard deviation of the log sizes (>= 0; the paper's imbalance knob,
+        4 in its main setting).
+    num_classes : int (default: 10)
+        Number of classes (>= 2).
+    label_concentration : float (default: 0.5)
+        Dirichlet concentration of each client's class proportions (> 0);
+        smaller is more skewed.
+    seed : int
+        Generator seed.
+
+    Returns
+    -------
+    FederatedSplit
+        Classification, input shape ``(20,)``, ``num_classes`` outputs.
+
+    Raises
+    ------
+    ValueError
+        For a parameter out of range.
+    """
+    if num_clients < 1 or not mean_size > 0 or not sigma >= 0:
+        raise ValueError(
+            f"need num_clients >= 1, mean_size > 0, sigma >= 0; got {num_clients}, "
+            f"{mean_size}, {sigma}"
+        )
+    if num_classes < 2 or not label_concentration > 0:
+        raise ValueError(
+            f"need num_classes >= 2 and label_concentration > 0; got {num_classes}, "
+            f"{label_concentration}"
+        )
+    rng = np.random.default_rng(seed)
+    log_mean = math.log(mean_size) - sigma**2 / 2
+    sizes = np.maximum(1, np.rint(rng.lognormal(log_mean, sigma, num_clients)))
+    class_means = rng.normal(
+        0, MIXTURE_SEPARATION, (num_classes, MIXTURE_DIMENSION)
+    ).astype(np.float32)
+    proportions = rng.dirichlet(np.full(num_classes, label_concentration), num_clients)
+    devices = []
+    for size, client_proportions in zip(
+        sizes.astype(np.int64), proportions, strict=True
+    ):
+        total = size + _num_test(size)
+        labels = rng.choice(num_classes, size=total, p=client_proportions)
+        features = class_means[labels] + rng.standard_normal(
+            (total, MIXTURE_DIMENSION), dtype=np.float32
+        )
+        devices.append(
+            (
+                (features[:size], labels[:size]),
+                (features[size:], labels[size:]),
+            )
+        )
+    return _assemble(devices, "classification", num_classes)
 
 
 DeviceArrays = tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
