@@ -364,10 +364,10 @@ class FedSampling(CheckedFedAvg):
         log(
             WARNING,
             "configure_train: %d of %d size replies are M-1=%d (%.1f expected if no "
-            "node held %d samples or more): about %.0f%% of the nodes hold more "
-            "than max_size=%d allows and count as M-1 in N_tilde, so N_tilde "
+            "node held %d samples or more): about %.0f%% of the nodes hold M-1 "
+            "samples or more; any above count as M-1 in N_tilde, so N_tilde "
             "undercounts, rounds keep more than K samples and take larger steps; "
-            "set max_size above the largest partition",
+            "set max_size (%d) above the largest partition",
             at_top,
             len(responses),
             top,

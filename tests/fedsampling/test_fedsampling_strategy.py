@@ -267,8 +267,8 @@ def test_replies_piling_at_the_top_warn_that_max_size_clips(
     with caplog.at_level(logging.WARNING):
         estimate_only(strategy, grid, 1)
     assert f"8 of 8 size replies are M-1={max_size - 1}" in caplog.text
-    assert "about 100% of the nodes hold more than max_size=50" in caplog.text
-    assert "set max_size above the largest partition" in caplog.text
+    assert "about 100% of the nodes hold M-1 samples or more" in caplog.text
+    assert "set max_size (50) above the largest partition" in caplog.text
 
 
 def test_sizes_below_max_size_do_not_warn_of_clipping(
