@@ -49,6 +49,14 @@ DEVICES = [
         marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU"),
     ),
 ]
+
+
+@pytest.fixture(autouse=True)
+def float32_convolutions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuDNN convolutions in full float32, not TF32, so CUDA matches the CPU."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+
+
 MU = 0.3
 
 

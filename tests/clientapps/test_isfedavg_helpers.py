@@ -60,6 +60,12 @@ DEVICES = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def float32_convolutions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuDNN convolutions in full float32, not TF32, so CUDA matches the CPU."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+
+
 @dataclass(frozen=True)
 class Round:
     """What one run of the user's train function saw and did."""

@@ -511,8 +511,10 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA G
 
 
 @needs_cuda
-def test_cuda_training_functions_match_the_cpu() -> None:
+def test_cuda_training_functions_match_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """A model on CUDA is served on CUDA from CPU data, with the CPU's results."""
+    # Full float32 convolutions: cuDNN's default TF32 keeps 10 mantissa bits.
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     cpu_model, x, y, task = tiny_case("cnn")
     cuda_model = build_model("cnn", TINY["cnn"][0], 3, seed=1, hidden=(6, 5)).cuda()
     objective = Objective(task, l2=0.01)  # type: ignore[arg-type]
