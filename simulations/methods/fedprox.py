@@ -1,18 +1,46 @@
-"""``strategy = "fedprox"``: Flower's own FedProx, ``mu`` from ``proximal-mu``."""
+"""``strategy = "fedprox"``: FedProx, ``mu`` from ``proximal-mu``, on shared draws.
+
+Like the simulation's FedAvg (:mod:`simulations.methods.fedavg`), the
+benchmark's common-random-numbers baseline: Flower's ``FedProx`` choosing its
+nodes with :func:`flwr_importance.sampling.uniform_client_set`.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 from flwr.serverapp.strategy import FedProx
 
 from simulations.config import ExperimentConfig
 from simulations.methods import uniform_sampling
-from simulations.methods.fedavg import client_handlers
+from simulations.methods.fedavg import ScheduledFedAvg, client_handlers
 
-__all__ = ["build_strategy", "client_handlers"]
+__all__ = ["ScheduledFedProx", "build_strategy", "client_handlers"]
 
 
-def build_strategy(config: ExperimentConfig, num_clients: int) -> FedProx:
-    """Flower's ``FedProx``; its clients add ``(mu/2)||w - w_global||^2``."""
-    return FedProx(
-        proximal_mu=config.proximal_mu, **uniform_sampling(config, num_clients)
+class ScheduledFedProx(FedProx, ScheduledFedAvg):
+    """Flower's ``FedProx`` choosing its nodes as :class:`ScheduledFedAvg` does.
+
+    ``FedProx.configure_train`` adds ``proximal-mu`` to the config and hands
+    over to :meth:`ScheduledFedAvg.configure_train`, next in the method order.
+
+    Parameters
+    ----------
+    seed : int
+        Seeds the node draws (>= 0), with the round.
+    **kwargs
+        Flower's ``FedProx`` arguments.
+    """
+
+    def __init__(self, *, seed: int = 0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.seed = seed
+
+
+def build_strategy(config: ExperimentConfig, num_clients: int) -> ScheduledFedProx:
+    """``FedProx``; its clients add ``(mu/2)||w - w_global||^2``."""
+    return ScheduledFedProx(
+        seed=config.seed,
+        proximal_mu=config.proximal_mu,
+        **uniform_sampling(config, num_clients),
     )

@@ -43,8 +43,10 @@ def seeded_runs(work_dir: Path) -> dict[str, Any]:
             }
         )
         numbers[f"in-process {preset}"] = rows
-    folb_eq13 = next(item for item in folb.variants([]) if item.label == "FOLB")
-    numbers["folb run_once"] = folb.run_once("digits", folb_eq13, ROUNDS, 0)
+    folb_run = folb.run_once(
+        {**load_preset("folb-digits"), "num-server-rounds": ROUNDS, "seed": 0}
+    )
+    numbers["folb run_once"] = [folb_run.accuracy, folb_run.train_loss]
     numbers["clustered run_once"] = clustered.run_once(
         {
             **load_preset("clustered-digits"),

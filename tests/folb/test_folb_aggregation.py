@@ -379,19 +379,19 @@ def test_the_scale_of_the_global_estimate_cancels_in_the_weights(psi: float) -> 
     gradients = list(rng.normal(0.5, 1.0, size=(5, 4)))
     reference = list(rng.normal(0.5, 1.0, size=(3, 4)))
     gammas = rng.uniform(size=5)
-    common = {"inexactness": gammas, "psi": psi, "sample_counts": np.arange(1, 6)}
-    base = folb_weights(
-        gradients,
-        reference_gradients=reference,
-        reference_sample_counts=[2, 5, 1],
-        **common,
-    )
-    scaled = folb_weights(
-        gradients,
-        reference_gradients=[3.7 * g for g in reference],
-        reference_sample_counts=[2, 5, 1],
-        **common,
-    )
+
+    def weights(references: list[np.ndarray]) -> folb.FolbWeights:
+        return folb_weights(
+            gradients,
+            sample_counts=np.arange(1, 6),
+            reference_gradients=references,
+            reference_sample_counts=[2, 5, 1],
+            inexactness=gammas,
+            psi=psi,
+        )
+
+    base = weights(reference)
+    scaled = weights([3.7 * g for g in reference])
     assert base.fallback_reason is None
     np.testing.assert_allclose(scaled.scores, 3.7 * base.scores, rtol=1e-12)
     np.testing.assert_allclose(scaled.weights, base.weights, rtol=1e-12)

@@ -279,4 +279,4 @@ def test_with_replacement_fewer_nodes_than_draws_are_allowed() -> None:
 
 def test_arguments_are_keyword_only() -> None:
     with pytest.raises(TypeError):
-        FOLB(10, 0.01)  # type: ignore[misc]
+        FOLB(10, 0.01)  # type: ignore[call-arg]
