@@ -11,7 +11,8 @@ that is a multi-GB CUDA build). This module runs it the way this project needs:
   current environment;
 - the managed SuperLink listens on free ports chosen here, so a SuperLink that
   is already running (someone else's) is never reused, and it is stopped, with
-  everything it started, when the run ends or fails;
+  everything it started, when the run ends, fails or is interrupted (Ctrl-C,
+  SIGTERM);
 - that SuperLink is started here, with the command line ``flwr run`` would use,
   and given minutes to come up instead of ``flwr run``'s fixed 15 s.
 
@@ -50,6 +51,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -75,6 +77,11 @@ SCRIPTS_DIR = Path(sys.executable).parent
 #: leaves a single Ray actor on a 2-core machine, whose two torch threads mostly
 #: wait on each other; with one CPU each, as many actors run as there are cores.
 ONE_CPU_PER_CLIENTAPP: Mapping[str, object] = {"client-resources-num-cpus": 1}
+
+#: Environment variable :func:`flwr_run` sets, to a value unique to the run, for
+#: ``flwr run`` and the SuperLink: every process of the run inherits it, so
+#: those still running when the run is over are found and stopped.
+RUN_MARKER = "FLWR_IMPORTANCE_RUN"
 
 # Seconds :func:`flwr_run` waits for the SuperLink it starts before ``flwr run``.
 MANAGED_SUPERLINK_STARTUP_TIMEOUT = 180.0
@@ -123,6 +130,27 @@ def processes_mentioning(marker: str) -> list[int]:
     return pids
 
 
+def processes_with_environment(variable: str, value: str) -> list[int]:
+    """PIDs whose environment has ``variable=value`` (Linux ``/proc``).
+
+    Children inherit their parent's environment, so a variable set for a
+    process started here also marks everything it starts (Ray's raylet and
+    workers too, whose command lines name nothing of ours), orphans included.
+    """
+    entry = f"{variable}={value}".encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environment = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if entry in environment:
+            pids.append(int(proc.name))
+    return pids
+
+
 def _descendants(pid: int) -> list[int]:
     """All descendant PIDs of ``pid`` (children first level, then deeper)."""
     children: dict[int, list[int]] = {}
@@ -167,6 +195,11 @@ def _terminate(pids: Sequence[int], grace_seconds: float = 10.0) -> None:
     for pid in alive:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    # A killed process takes a moment to go; the caller's "stopped" must hold.
+    deadline = time.monotonic() + 5.0
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [pid for pid in alive if _is_running(pid)]
 
 
 def stop_local_superlink(flwr_home: Path) -> list[int]:
@@ -393,6 +426,7 @@ def flwr_run(
     env.update(
         FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(free_port()),
         FLWR_LOCAL_CONTROL_API_PORT=str(free_port()),
+        **{RUN_MARKER: uuid.uuid4().hex},
     )
     if extra_env:
         env.update(extra_env)
@@ -423,6 +457,9 @@ def flwr_run(
         )
     finally:
         stop_local_superlink(flwr_home)
+        # What the SuperLink's children left behind (Ray's processes outlive a
+        # killed simulation) or started while being stopped carries the marker.
+        _terminate(processes_with_environment(RUN_MARKER, env[RUN_MARKER]))
 
 
 # The name of a deployment's SuperLink connection in its FLWR_HOME config.toml.
@@ -843,6 +880,7 @@ def compare_strategies(
             f"{num_supernodes} SuperNodes, output in {output_dirs[strategy]}",
             flush=True,
         )
+        started = time.monotonic()
         completed = flwr_run(
             app_dir,
             num_supernodes=num_supernodes,
@@ -869,6 +907,10 @@ def compare_strategies(
                 "output-dir run-config value"
             )
         histories[strategy] = json.loads(history_path.read_text())
+        print(
+            f"=== strategy={strategy} done in {time.monotonic() - started:.0f} s",
+            flush=True,
+        )
     comparison = compare_histories(histories)
     seed = shared.get("seed", app_defaults.get("seed", "?"))
     source = run_config.name if isinstance(run_config, Path) else "run config"
