@@ -314,6 +314,10 @@ class ImportanceSampler(Sampler[list[int]]):
         ``E_k``, the number of batches.
     batch_size : int
         ``B_k``, the size of each batch.
+    settings : RoundSettings
+        Everything the server sent for the round.
+    sample_state : SampleState
+        ``p_n`` and the last norms, as updated so far.
     """
 
     def __init__(
@@ -536,6 +540,13 @@ def importance_sampled_sgd(
     model by ``-lr sum_b c_b grad Q_b`` (eq. 8), on the model's device, with
     the gradient :meth:`ImportanceSampler.observe` computes together with the
     per-sample norms (one pass, at the iterate where the step is made).
+
+    Parameters
+    ----------
+    task : LocalTask
+        Model (updated in place), objective, data (on any device) and ``lr``.
+    sampler : ImportanceSampler
+        This round's sampler over ``task.x``; consumed.
 
     Returns
     -------
