@@ -40,8 +40,9 @@ functions over a :class:`~flwr_importance.clientapps.LocalTask`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -49,6 +50,13 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from flwr_importance.aggregation.fedsampling import bernoulli_keep, keep_probability
+from flwr_importance.clientapps._device import (
+    Criterion,
+    Unpack,
+    criterion_batch_loss,
+    inputs_and_targets,
+    unpacked,
+)
 from flwr_importance.clientapps.common import (
     ClientHandler,
     TaskFactory,
@@ -71,10 +79,7 @@ from flwr_importance.protocol import (
     query_message_type,
 )
 from flwr_importance.sampling import privatize_size
-
-#: ``criterion(outputs, targets)``: the mean loss over a batch, as PyTorch's
-#: losses compute it by default (``reduction="mean"``).
-Criterion = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+from flwr_importance.tasks.training import mean_gradient
 
 
 def private_size_reply(
@@ -248,40 +253,46 @@ def fedsampling_round(
 
 def fedsampling_gradient(
     model: torch.nn.Module,
-    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    batches: Iterable[Any],
     criterion: Criterion,
     *,
     plan: FedSamplingRound,
     lr: float | None = None,
+    unpack: Unpack = inputs_and_targets,
 ) -> dict[str, torch.Tensor]:
     """``G_c = (1/K) sum_{s in S_c} g_s`` at the model, over the kept samples.
 
-    Each batch's mean loss is weighted by its size over ``K``, so the sum over
-    the batches is ``(1/K) sum_s grad Q_s``, however the kept samples are cut
-    into batches. Batches move to the model's device; the model's mode
-    (train/eval) is left as the caller set it, and its ``.grad`` fields are not
-    touched.
+    The mean gradient of your loss over the samples the batches hold, times
+    their number over ``K``: however the kept samples are cut into batches,
+    the result is ``(1/K) sum_s grad Q_s``. Batches move to the model's
+    device; the model's mode (train/eval) is left as you set it, its
+    BatchNorm statistics and ``.grad`` fields are not touched.
 
     With ``plan.local_steps = E > 1`` (an extension, not in the paper) the
-    model takes ``E`` steps ``w <- w - lr G_c(w)`` on the kept samples, in
-    place, and the result is the mean of the ``E`` normalized gradients,
-    ``(w_0 - w_E) / (E lr)``: still normalized by the public ``K``, never by
-    ``|S_c|``. Your optimizer is not used: the server takes the step.
+    model takes ``E - 1`` steps ``w <- w - lr G_c(w)`` on the kept samples,
+    in place, and the result is the mean of the ``E`` normalized gradients
+    (each step's, and the last one at ``w_{E-1}``): still normalized by the
+    public ``K``, never by ``|S_c|``. Your optimizer is not used: the server
+    takes the step.
 
     Parameters
     ----------
     model : torch.nn.Module
         The received global model, on its device.
-    batches : iterable of (inputs, targets)
-        The kept samples, e.g. a ``DataLoader`` over ``Subset(trainset,
-        plan.indices)``; iterated ``E`` times, so re-iterable when ``E > 1``.
-    criterion : callable
-        ``criterion(outputs, targets)``, the batch's mean loss (PyTorch's
-        default ``reduction="mean"``), e.g. ``torch.nn.CrossEntropyLoss()``.
+    batches : iterable
+        The kept samples, each once, e.g. a ``DataLoader`` over
+        ``Subset(trainset, plan.indices)``; iterated ``E`` times, so
+        re-iterable when ``E > 1``.
+    criterion : Criterion
+        Your loss, the batch's mean (PyTorch's default ``reduction="mean"``),
+        e.g. ``torch.nn.CrossEntropyLoss()``.
     plan : FedSamplingRound
         This round's sample (:func:`fedsampling_round`).
     lr : float, optional
         Step size of the local steps; needed only when ``E > 1``.
+    unpack : Unpack
+        Splits a batch into ``(inputs, targets)`` (e.g. for the dictionaries
+        of Flower's quickstart, ``lambda batch: (batch["img"], batch["label"])``).
 
     Returns
     -------
@@ -292,57 +303,62 @@ def fedsampling_gradient(
     Raises
     ------
     ValueError
-        If ``E > 1`` without a positive ``lr``.
+        If ``E > 1`` without a positive ``lr``, or samples were kept but the
+        batches hold none.
     """
     if plan.local_steps > 1 and (lr is None or not lr > 0):
         raise ValueError(
             f"{LOCAL_STEPS}={plan.local_steps} needs a positive lr, got {lr!r}"
         )
-    device = next(model.parameters()).device
-    parameters = dict(model.named_parameters())
-    total = {name: torch.zeros_like(value) for name, value in parameters.items()}
-    for step in range(plan.local_steps):
-        step_gradient = _normalized_gradient(
-            model, batches, criterion, plan.samples_per_round, device
-        )
-        with torch.no_grad():
-            for name, parameter in parameters.items():
-                total[name] += step_gradient[name]
-                if step < plan.local_steps - 1:
-                    assert lr is not None
-                    parameter.sub_(lr * step_gradient[name])
+    parameters = list(model.parameters())
+    total = [torch.zeros_like(parameter) for parameter in parameters]
+    if plan.indices:
+        for step in range(plan.local_steps):
+            step_gradient = _normalized_gradient(
+                model, batches, criterion, unpack, plan.samples_per_round
+            )
+            with torch.no_grad():
+                for parameter, accumulated, gradient in zip(
+                    parameters, total, step_gradient, strict=True
+                ):
+                    accumulated += gradient / plan.local_steps
+                    if step < plan.local_steps - 1:
+                        assert lr is not None
+                        parameter.sub_(lr * gradient)
+    names = [name for name, _ in model.named_parameters()]
+    by_name = dict(zip(names, total, strict=True))
     return {
-        name: total[name] / plan.local_steps
-        if name in total
-        else torch.zeros_like(value)
-        for name, value in model.state_dict().items()
+        key: by_name.get(key, torch.zeros_like(value))
+        for key, value in model.state_dict().items()
     }
+
+
+class _Counted:
+    """Batches as ``(inputs, targets)``, counting the samples they held."""
+
+    def __init__(self, batches: Iterable[Any], unpack: Unpack) -> None:
+        self.batches = batches
+        self.unpack = unpack
+        self.num_samples = 0
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for inputs, targets in unpacked(self.batches, self.unpack):
+            self.num_samples += len(targets)
+            yield inputs, targets
 
 
 def _normalized_gradient(
     model: torch.nn.Module,
-    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    batches: Iterable[Any],
     criterion: Criterion,
+    unpack: Unpack,
     samples_per_round: int,
-    device: torch.device,
-) -> dict[str, torch.Tensor]:
-    """``(1/K) sum_s grad Q_s(w)`` at the model's current weights."""
-    names, parameters = zip(*model.named_parameters(), strict=True)
-    total = [torch.zeros_like(parameter) for parameter in parameters]
-    with torch.enable_grad():
-        for inputs, targets in batches:
-            if len(targets) == 0:
-                continue
-            inputs, targets = inputs.to(device), targets.to(device)
-            loss = criterion(model(inputs), targets) * (
-                len(targets) / samples_per_round
-            )
-            batch_gradient = torch.autograd.grad(
-                loss, parameters, allow_unused=True, materialize_grads=True
-            )
-            for accumulated, gradient in zip(total, batch_gradient, strict=True):
-                accumulated += gradient
-    return dict(zip(names, total, strict=True))
+) -> list[torch.Tensor]:
+    """``(1/K) sum_s grad Q_s(w)``: the mean gradient times ``|S_c| / K``."""
+    counted = _Counted(batches, unpack)
+    mean = mean_gradient(model, counted, criterion_batch_loss(criterion))
+    scale = counted.num_samples / samples_per_round
+    return [gradient * scale for gradient in mean]
 
 
 def fedsampling_reply(message: Message, gradient: dict[str, torch.Tensor]) -> Message:

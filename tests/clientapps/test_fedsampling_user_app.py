@@ -195,6 +195,30 @@ def test_g_c_is_the_kept_gradient_sum_over_k_whatever_the_batches(
         )
 
 
+def test_dictionary_batches_as_flowers_quickstart_yields_them() -> None:
+    trainset = load_trainset(1)
+    plan = keep_plan(len(trainset), seed=4)
+    kept = Subset(trainset, plan.indices)
+    as_dicts = [
+        {"img": kept[index][0], "label": kept[index][1]} for index in range(len(kept))
+    ]
+    model = Net()
+    model.load_state_dict(initial_arrays().to_torch_state_dict())
+    gradient = fedsampling_gradient(
+        model,
+        DataLoader(as_dicts, batch_size=BATCH_SIZE),  # type: ignore[arg-type]
+        nn.CrossEntropyLoss(),
+        plan=plan,
+        unpack=lambda batch: (batch["img"], batch["label"]),
+    )
+    np.testing.assert_allclose(
+        gradient_vector(gradient),
+        per_sample_sum(model, kept, plan.samples_per_round),
+        rtol=1e-4,
+        atol=1e-7,
+    )
+
+
 def test_local_steps_move_the_model_and_average_the_gradients() -> None:
     trainset = load_trainset(2)
     plan = keep_plan(len(trainset), seed=2)
