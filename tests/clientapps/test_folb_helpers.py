@@ -17,12 +17,14 @@ from flwr.clientapp import ClientApp
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
+from flwr_importance.clientapps import LocalTask, register_handlers
 from flwr_importance.clientapps.folb import (
     ProximalTerm,
     folb_reply,
     gradient_reply,
     inexactness,
     local_gradient,
+    make_folb_handlers,
 )
 from flwr_importance.protocol import (
     FOLB_GAMMA,
@@ -32,6 +34,7 @@ from flwr_importance.protocol import (
     PROXIMAL_MU,
 )
 from flwr_importance.strategies.folb import FOLB
+from flwr_importance.tasks import Objective
 from flwr_importance.testing import InProcessGrid
 from tests.clientapps.quickstart_user import (
     BATCH_SIZE,
@@ -338,3 +341,44 @@ def test_local_gradient_over_dictionary_batches_needs_unpack(device: str) -> Non
     torch.testing.assert_close(
         flat([gradient[name] for name in names]), flat(expected), rtol=1e-4, atol=1e-6
     )
+
+
+def ready_made_app(device: str) -> ClientApp:
+    """The library's FOLB handlers on a task whose model is on ``device``."""
+
+    def task(context: Context) -> LocalTask:
+        partition_id = int(context.node_config["partition-id"])
+        images, labels = load_trainset(partition_id).tensors
+        return LocalTask(
+            model=Net().to(device),
+            objective=Objective("classification"),
+            x=images,
+            y=labels,
+            lr=0.05,
+            batch_size=BATCH_SIZE,
+            local_steps=4,
+            heterogeneous_steps=True,
+            seed=partition_id,
+        )
+
+    return register_handlers(ClientApp(), make_folb_handlers(task))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+@pytest.mark.parametrize("mode", ["single-set", "two-set"])
+def test_cuda_ready_made_handlers_match_the_cpu(mode: str) -> None:
+    results = []
+    for device in ("cpu", "cuda"):
+        strategy = FOLB(
+            clients_per_round=3,
+            proximal_mu=MU,
+            mode=mode,  # type: ignore[arg-type]
+            seed=0,
+            fraction_evaluate=0.0,
+        )
+        grid = InProcessGrid(ready_made_app(device), 5, seed=0)
+        result = strategy.start(grid, initial_arrays(), num_rounds=2)
+        results.append(result.arrays.to_torch_state_dict())
+    cpu_arrays, cuda_arrays = results
+    for key, value in cpu_arrays.items():
+        torch.testing.assert_close(cuda_arrays[key], value, rtol=1e-4, atol=1e-6)

@@ -25,13 +25,14 @@ from flwr.clientapp import ClientApp
 from torch import nn
 from torch.utils.data import DataLoader
 
-from flwr_importance.clientapps import LocalTask
+from flwr_importance.clientapps import LocalTask, register_handlers
 from flwr_importance.clientapps.isfedavg import (
     SAMPLE_STATE_KEY,
     ImportanceSampler,
     RoundSettings,
     SampleState,
     importance_sampled_sgd,
+    make_isfedavg_handlers,
     per_sample_grad_norms,
 )
 from flwr_importance.protocol import (
@@ -372,3 +373,44 @@ def test_the_server_batch_size_is_capped_at_the_dataset_and_said(
     )
     assert sampler.batch_size == len(trainset)
     assert f"exceeds the node's {len(trainset)} samples" in caplog.text
+
+
+def ready_made_app(device: str) -> ClientApp:
+    """The library's ISFedAvg handlers on a task whose model is on ``device``."""
+
+    def task(context: Context) -> LocalTask:
+        partition_id = int(context.node_config["partition-id"])
+        images, labels = load_trainset(partition_id).tensors
+        return LocalTask(
+            model=Net().to(device),
+            objective=Objective("classification"),
+            x=images,
+            y=labels,
+            lr=0.05,
+            batch_size=1,  # ISFedAvg's B_k comes from the server
+            seed=partition_id,
+        )
+
+    return register_handlers(ClientApp(), make_isfedavg_handlers(task))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+def test_cuda_ready_made_handlers_match_the_cpu() -> None:
+    results = []
+    for device in ("cpu", "cuda"):
+        strategy = ISFedAvg(
+            clients_per_round=3,
+            local_steps_range=(2, 4),
+            batch_size_range=(3, 6),
+            seed=0,
+            fraction_evaluate=0.0,
+        )
+        grid = InProcessGrid(ready_made_app(device), 5, seed=0)
+        result = strategy.start(grid, initial_arrays(), num_rounds=2)
+        results.append((result.arrays.to_torch_state_dict(), strategy.client_probs))
+    (cpu_arrays, cpu_probs), (cuda_arrays, cuda_probs) = results
+    for key, value in cpu_arrays.items():
+        torch.testing.assert_close(cuda_arrays[key], value, rtol=1e-4, atol=1e-6)
+    assert list(cuda_probs.values()) == pytest.approx(
+        list(cpu_probs.values()), rel=1e-4
+    )
