@@ -53,6 +53,12 @@ MAX_SIZE = partition_size(NUM_NODES - 1) + 10  # above every partition's size
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+@pytest.fixture(autouse=True)
+def float32_convolutions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuDNN convolutions in full float32, not TF32, so CUDA matches the CPU."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+
+
 def fedsampling_train(msg: Message, context: Context) -> Message:
     """The quickstart's train function with FedSampling's lines."""
     model = Net()
@@ -178,10 +184,11 @@ def test_g_c_is_the_kept_gradient_sum_over_k_whatever_the_batches(
     plan = keep_plan(len(trainset), seed=1)
     assert 0 < len(plan.indices) < len(trainset)
     kept = Subset(trainset, plan.indices)
-    model = Net().to(device)
-    model.load_state_dict(initial_arrays().to_torch_state_dict())
-    expected = per_sample_sum(model, kept, plan.samples_per_round)
+    cpu_model = Net()
+    cpu_model.load_state_dict(initial_arrays().to_torch_state_dict())
+    expected = per_sample_sum(cpu_model, kept, plan.samples_per_round)
     assert np.linalg.norm(expected) > 0
+    model = cpu_model.to(device)  # the same code on the user's device: the CPU's G_c
     for batch_size in (1, 5, len(trainset)):
         gradient = fedsampling_gradient(
             model,
