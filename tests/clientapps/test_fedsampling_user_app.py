@@ -28,15 +28,18 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 
 from flwr_importance.aggregation.fedsampling import bernoulli_keep
+from flwr_importance.clientapps import LocalTask, register_handlers
 from flwr_importance.clientapps.fedsampling import (
     FedSamplingRound,
     add_private_size_query,
     fedsampling_gradient,
     fedsampling_reply,
     fedsampling_round,
+    make_fedsampling_handlers,
 )
 from flwr_importance.strategies.common import flatten
 from flwr_importance.strategies.fedsampling import FedSampling
+from flwr_importance.tasks import Objective
 from flwr_importance.testing import InProcessGrid
 from tests.clientapps.quickstart_user import (
     BATCH_SIZE,
@@ -301,3 +304,47 @@ def test_a_node_refuses_an_epsilon_above_its_cap() -> None:
     ]
     assert len(errors) == 2 and all(reply.has_error() for reply in errors)
     assert "allows at most 2" in str(errors[0].error.reason)
+
+
+def ready_made_g_c(device: str) -> np.ndarray:
+    """``G_c`` of the ready-made FedSampling handler, the task's model on ``device``."""
+
+    def task(context: Context) -> LocalTask:
+        images, labels = load_trainset(4).tensors
+        return LocalTask(
+            model=Net().to(device),
+            objective=Objective("classification", l2=0.01),
+            x=images,
+            y=labels,
+            lr=LR,
+            batch_size=BATCH_SIZE,
+            local_steps=1,
+            seed=4,
+        )
+
+    app = register_handlers(ClientApp(), make_fedsampling_handlers(task))
+    grid = InProcessGrid(app, 1, {}, seed=0)
+    (node_id,) = grid.get_node_ids()
+    config = ConfigRecord(
+        {
+            "server-round": 2,
+            "samples-per-round": 10,
+            "estimated-total-size": 30.0,
+            "local-steps": 2,
+        }
+    )
+    message = Message(
+        RecordDict({"arrays": initial_arrays(), "config": config}),
+        node_id,
+        "train",
+    )
+    (reply,) = grid.send_and_receive([message])
+    assert not reply.has_error() and list(reply.content.metric_records) == []
+    return flatten(reply.content.array_records["arrays"])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+def test_the_ready_made_handler_runs_on_the_models_device(device: str) -> None:
+    g_c = ready_made_g_c(device)
+    assert np.linalg.norm(g_c) > 0
+    np.testing.assert_allclose(g_c, ready_made_g_c("cpu"), rtol=1e-4, atol=1e-6)

@@ -8,6 +8,8 @@ grid, every message crossing the wire as protobuf.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 import torch
@@ -15,11 +17,13 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from torch.utils.data import DataLoader
 
+from flwr_importance.clientapps import LocalTask, register_handlers
 from flwr_importance.clientapps.optimal import (
     KeptUpdateMod,
     add_loss_query,
     add_model_sizes_query,
     add_norm_query,
+    make_ocs_handlers,
 )
 from flwr_importance.protocol import UPDATE_RECORD, model_record_name
 from flwr_importance.strategies.common import flatten
@@ -29,6 +33,7 @@ from flwr_importance.strategies.mmfl import (
     unpack_models,
 )
 from flwr_importance.strategies.ocs import OptimalClientSampling
+from flwr_importance.tasks import Objective
 from flwr_importance.testing import InProcessGrid
 from tests.clientapps import quickstart_user
 from tests.clientapps.quickstart_user import (
@@ -249,3 +254,65 @@ def test_a_lost_kept_update_is_refused() -> None:
     assert reply.has_error() and "no kept update" in str(reply.error.reason)
     with pytest.raises(ValueError, match="no kept update"):
         mod(message, context, user_train)
+
+
+def ready_made_task(device: str) -> Callable[[Context], LocalTask]:
+    """The library's LocalTask on the quickstart data, the model on ``device``."""
+
+    def task(context: Context) -> LocalTask:
+        partition_id = int(context.node_config["partition-id"])
+        images, labels = load_trainset(partition_id).tensors
+        model = Net().to(device)
+        return LocalTask(
+            model=model,
+            objective=Objective("classification", l2=0.01),
+            x=images,
+            y=labels,
+            lr=LR,
+            batch_size=BATCH_SIZE,
+            local_steps=3,
+            seed=partition_id,
+        )
+
+    return task
+
+
+def ready_made_ocs_update(device: str) -> np.ndarray:
+    """The kept update of the ready-made OCS handlers on one node."""
+    app = register_handlers(ClientApp(), make_ocs_handlers(ready_made_task(device)))
+    grid = InProcessGrid(app, 1, {}, seed=0)
+    (node_id,) = grid.get_node_ids()
+    query = Message(
+        RecordDict(
+            {
+                "config": ConfigRecord({"server-round": 1}),
+                model_record_name(0): initial_arrays(),
+            }
+        ),
+        node_id,
+        "query.norm",
+    )
+    train = Message(
+        RecordDict(
+            {
+                "config": ConfigRecord(
+                    {"server-round": 1, "model-index": 0, "kept-update": True}
+                )
+            }
+        ),
+        node_id,
+        "train",
+    )
+    (norm_reply,) = grid.send_and_receive([query])
+    (train_reply,) = grid.send_and_receive([train])
+    assert not norm_reply.has_error() and not train_reply.has_error()
+    return flatten(train_reply.content.array_records[UPDATE_RECORD])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+def test_the_ready_made_handlers_train_on_the_models_device(device: str) -> None:
+    update = ready_made_ocs_update(device)
+    assert np.linalg.norm(update) > 0
+    np.testing.assert_allclose(
+        update, ready_made_ocs_update("cpu"), rtol=1e-4, atol=1e-6
+    )
