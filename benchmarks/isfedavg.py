@@ -1,329 +1,573 @@
-"""ISFedAvg against FedAvg on the paper's regression and logistic problems.
+"""ISFedAvg against step-matched FedAvg, uniform ISFedAvg and its true probabilities.
 
-Three methods, same seeds, driven through the real strategies and ClientApps on
-the in-process grid (:func:`simulations.inprocess.run_inprocess`):
+Rizk, Vlaski, Sayed, "Federated learning under importance sampling" (IEEE TSP
+2022), Fig. 1: ISFedAvg's curve lies below FedAvg's on a regression (MSD) and a
+logistic problem. Every method runs its strategy and ClientApp handler on the
+in-process grid, all randomness from the seed (data, initial model, ``E_k`` and
+``B_k``, client and batch draws):
 
-- ``fedavg``: Flower's FedAvg, uniform client sampling and plain local SGD
-  (eq. 4) with ``mu`` per step, ``E`` drawn in ``1..5`` each round, ``B = 5``
-  (the means of the paper's ``E_k in [1, 5]``, ``B_k in [1, 10]``);
-- ``isfedavg-uniform``: ISFedAvg with frozen uniform probabilities: the eq. 8
-  step (divided by ``E_k``) without importance sampling;
-- ``isfedavg``: ISFedAvg with the eq. 28-29 probabilities.
+- ``fedavg-matched`` (the baseline): FedAvg at eq. 8's scale, ``mu / E_k`` per
+  local step on batches of ``B_k``, with the ``E_k``, ``B_k`` that ISFedAvg
+  draws for the same node and seed; clients drawn uniformly by Flower, models
+  averaged by the plain mean of eq. 5;
+- ``isfedavg-uniform``: ISFedAvg with its probabilities frozen at uniform;
+- ``isfedavg``: ISFedAvg, probabilities of eqs. 28-29;
+- ``isfedavg-true``: ISFedAvg at the probabilities of eqs. 26-27, fixed for
+  the run, from every sample's gradient at the optimum ``w^o`` (which no client
+  knows: this benchmark only), under the same floors as ``isfedavg``;
+- ``fedavg-eq4`` (extra column): Flower's FedAvg step, ``mu`` per local step
+  (eq. 4, not divided by ``E_k``), its sample-weighted mean, same ``E_k``,
+  ``B_k``: the comparison that had FedAvg 2.8x faster.
 
-Regression (preset ``isfedavg-regression``, K = 300): MSD curve (mean over
-seeds), final MSD (mean of the last 10% of rounds), rounds until each seed's MSD
-first reaches ``TARGET_MSD``. Logistic (preset ``isfedavg-logistic``, K = 100):
-test error curve, final test error, rounds until each seed's test error first
-reaches ``TARGET_ERROR_FACTOR`` times the worst method's final mean test error.
-Ratios are against FedAvg measured in the same run.
+Metrics: the regression's MSD ``||w - w^o||^2``; the logistic problem's excess
+risk ``J(w) - J(w^o)`` with ``J = (1/K) sum_k P_k`` unweighted as in eq. 1
+(``w^o`` by L-BFGS), its test error reported beside it.
 
-Run ``python -m benchmarks.isfedavg`` (quick) or ``--full`` (paper-scale).
+Run ``python -m benchmarks.isfedavg`` (quick) or ``--full`` (paper scale).
 """
 
 from __future__ import annotations
 
+import functools
 import json
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # no display on servers and CI
-import matplotlib.pyplot as plt
 import numpy as np
-
-from benchmarks.harness import (
-    benchmark_parser,
-    finite_mean,
-    format_ratio,
-    markdown_table,
-    mean_ratio,
-    mean_std,
-    prepare_run,
-    rounds_to_target,
-    save_figure,
+import torch
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MessageType,
+    MetricRecord,
 )
-from simulations.inprocess import load_preset, run_inprocess
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+from numpy.typing import NDArray
 
+from benchmarks.evidence import (
+    Comparison,
+    PaperComparison,
+    SeedRun,
+    Statistic,
+    TargetRule,
+    run_comparisons,
+    write_claims,
+)
+from benchmarks.harness import benchmark_parser, prepare_run
+from flwr_importance.aggregation.isfedavg import (
+    local_gradient_variance,
+    realized_normalized_probs,
+    update_client_probs,
+)
+from flwr_importance.clientapps import ClientHandler
+from flwr_importance.clientapps.common import (
+    config_number,
+    load_global_model,
+    model_reply,
+    register_handlers,
+    server_round_of,
+    train_round,
+)
+from flwr_importance.clientapps.isfedavg import SampleState
+from flwr_importance.sampling import update_sample_probs
+from flwr_importance.strategies.common import node_messages
+from flwr_importance.strategies.isfedavg import ISFedAvg
+from flwr_importance.tasks import FederatedSplit, Objective, evaluate
+from flwr_importance.testing import InProcessGrid
+from simulations.config import ExperimentConfig
+from simulations.inprocess import load_preset, resolve_run_config
+from simulations.methods import load_method, uniform_sampling
+from simulations.methods.isfedavg import build_strategy as build_isfedavg
+from simulations.task import federated_data, global_model, local_task
+
+#: Config keys of the step-matched FedAvg's train messages, and the metric its
+#: handler replies with so that Flower's FedAvg takes the plain mean (eq. 5).
+LOCAL_STEPS, BATCH_SIZE, LEARNING_RATE = "local-steps", "batch-size", "local-lr"
+EQUAL_WEIGHT = "equal-weight"
+
+#: Method -> how it runs: ``method`` is read by :func:`run_seed`, the rest are
+#: run-config overrides.
 METHODS: dict[str, dict[str, bool | int | float | str]] = {
-    "fedavg": {
-        "strategy": "fedavg",
-        "local-steps": 5,
-        "heterogeneous-steps": True,
-        "batch-size": 5,
-    },
-    "isfedavg-uniform": {"strategy": "isfedavg", "isfedavg-uniform": True},
-    "isfedavg": {"strategy": "isfedavg", "isfedavg-uniform": False},
+    "fedavg-matched": {"method": "fedavg-matched"},
+    "isfedavg-uniform": {"method": "isfedavg", "isfedavg-uniform": True},
+    "isfedavg": {"method": "isfedavg", "isfedavg-uniform": False},
+    "isfedavg-true": {"method": "isfedavg-true"},
+    "fedavg-eq4": {"method": "fedavg-eq4"},
 }
-BASELINE = "fedavg"
-#: Regression target MSD, fixed: FedAvg reaches it in the quick setting.
-TARGET_MSD = 0.01
-#: Logistic target: this multiple of the worst method's final mean test error,
-#: so that every method's mean curve ends below it. Computed from the run, as
-#: the paper gives no error level to reach.
-TARGET_ERROR_FACTOR = 1.5
-#: Fraction of the last rounds averaged into a "final" value (curves are noisy).
-FINAL_FRACTION = 0.1
-
-#: Per method, its summary numbers and mean curve (JSON-ready).
-MethodSummary = dict[str, dict[str, Any]]
-
-PAPER_CLAIMS = {
-    "regression": "MSD curve of ISFedAvg below FedAvg's (Fig. 1 left, 100 runs)",
-    "logistic": "test error FedAvg ~2%, ISFedAvg ~0% (Fig. 1 right)",
-}
+PAPER = "Rizk, Vlaski, Sayed 2022, Federated learning under importance sampling"
 
 
-@dataclass(frozen=True)
-class Setting:
-    """One problem of the benchmark."""
+@dataclass(frozen=True, kw_only=True)
+class Problem:
+    """One of the paper's two problems, at quick or paper scale."""
 
     name: str
     preset: str
-    num_clients: int
     rounds: int
-    seeds: tuple[int, ...]
+    #: ``mu`` of the matched comparison.
+    learning_rate: float
+    claim: str
     metric: str
+    statistic: Statistic
+    learning_rates: tuple[float, ...]
+    data: str
 
 
-def settings(full: bool) -> list[Setting]:
-    """The quick (default) or paper-scale problems."""
-    if full:
-        return [
-            Setting(
-                "regression", "isfedavg-regression", 300, 600, tuple(range(10)), "msd"
-            ),
-            Setting(
-                "logistic", "isfedavg-logistic", 100, 300, tuple(range(5)), "error"
-            ),
-        ]
+def problems(full: bool) -> list[Problem]:
+    """The regression and the logistic problem; ``full``: the paper's rounds."""
     return [
-        Setting("regression", "isfedavg-regression", 300, 200, (0, 1), "msd"),
-        Setting("logistic", "isfedavg-logistic", 100, 50, (0, 1), "error"),
+        Problem(
+            name="regression",
+            preset="isfedavg-regression",
+            # Quick: 3x the paper's mu, to reach the MSD floor in 40 rounds.
+            rounds=600 if full else 40,
+            learning_rate=0.01 if full else 0.03,
+            claim="ISFedAvg's MSD curve lies below FedAvg's (Fig. 1 left): it "
+            "reaches an MSD in fewer rounds",
+            metric="MSD",
+            statistic="rounds to target",
+            learning_rates=(0.01, 0.03, 0.1),
+            data="the paper's regression (K = 300, N_k = 100, L = 6), agents "
+            "with log-normal feature scales and noise levels: importance "
+            "sampling needs agents that differ in gradient size",
+        ),
+        Problem(
+            name="logistic",
+            preset="isfedavg-logistic",
+            rounds=300 if full else 40,
+            learning_rate=0.1,
+            claim="ISFedAvg ends at a lower test error than FedAvg, ~0% vs ~2% "
+            "(Fig. 1 right); here: a lower final excess risk",
+            metric="excess risk (eq. 1, unweighted)",
+            statistic="final",
+            learning_rates=(0.05, 0.1, 0.2),
+            data="the paper's logistic problem (K = 100, N_k in [20, 100], 2-D "
+            "non-IID Gaussian features, L = 6); the risk is eq. 1's unweighted "
+            "mean over agents, the objective ISFedAvg's estimator is unbiased for",
+        ),
     ]
 
 
-def run_curve(
-    setting: Setting, method: str, seed: int, output_dir: Path
-) -> list[float]:
-    """The metric after every round (round 0 included) of one run."""
-    overrides = {
-        **load_preset(setting.preset),
-        **METHODS[method],
-        "num-server-rounds": setting.rounds,
-        "seed": seed,
-        "output-dir": str(output_dir / "runs" / f"{setting.name}-{method}-{seed}"),
-    }
-    rows, _ = run_inprocess(overrides, setting.num_clients)
-    if setting.metric == "error":
-        return [1.0 - float(row["accuracy"]) for row in rows]
-    return [float(row["msd"]) for row in rows]
+# -- the optimum and the metric ----------------------------------------------------
+def unweighted_risk(
+    model: torch.nn.Module, data: FederatedSplit, objective: Objective
+) -> torch.Tensor:
+    """``J(w) = (1/K) sum_k (1/N_k) sum_n Q_k(w; x_n)``, eq. 1: agents weigh alike."""
+    x = torch.cat([part.x for part in data.partitions])
+    y = torch.cat([part.y for part in data.partitions])
+    weights = torch.cat(
+        [torch.full((len(part.x),), 1.0 / len(part.x)) for part in data.partitions]
+    ) / len(data.partitions)
+    risk = (objective.sample_losses(model(x), y) * weights).sum()
+    return risk + objective.penalty(model.parameters())
 
 
-@dataclass(frozen=True)
-class Target:
-    """The value a setting's rounds to target are counted to."""
+def optimum_state(
+    model: torch.nn.Module, data: FederatedSplit, objective: Objective
+) -> dict[str, torch.Tensor]:
+    """The weights of ``w^o``: the generator's closed form, else L-BFGS on ``J``."""
+    if data.optimum is not None:
+        with torch.no_grad():
+            for parameter, value in zip(model.parameters(), data.optimum, strict=True):
+                parameter.copy_(torch.as_tensor(value, dtype=parameter.dtype))
+        return {key: value.clone() for key, value in model.state_dict().items()}
+    optimizer = torch.optim.LBFGS(
+        model.parameters(), max_iter=500, tolerance_grad=1e-10, tolerance_change=1e-14
+    )
 
-    value: float
-    #: The metric and value as the table's header names them.
-    label: str
-    #: How the value was chosen, for the summary text.
-    rule: str
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        risk = unweighted_risk(model, data, objective)
+        risk.backward()
+        return risk
+
+    optimizer.step(closure)
+    return {key: value.detach().clone() for key, value in model.state_dict().items()}
 
 
-def choose_target(setting: Setting, finals: dict[str, np.ndarray]) -> Target:
-    """The fixed MSD target, or the logistic one from the final test errors.
+# -- eqs. 26-27 ----------------------------------------------------------------------
+def optimal_sample_probs(
+    grad_norms: NDArray[np.float64], min_relative_prob: float
+) -> NDArray[np.float64]:
+    """Eq. 26: ``p_n`` proportional to ``||grad Q(w^o; x_n)||``, floored.
+
+    The floor (``min_relative_prob / N``, then renormalized) is the one
+    ISFedAvg's eq. 29 update applies, so both run under the same guard.
+
+    Examples
+    --------
+    >>> optimal_sample_probs(np.array([1.0, 3.0]), 0.0).tolist()
+    [0.25, 0.75]
+    """
+    uniform = np.full(grad_norms.size, 1.0 / grad_norms.size)
+    return update_sample_probs(
+        uniform, np.arange(grad_norms.size), grad_norms, min_relative_prob
+    )
+
+
+def optimal_client_probs(
+    grad_norms: Sequence[NDArray[np.float64]],
+    gradient_sq_norms: Sequence[float],
+    local_steps: Sequence[int],
+    batch_sizes: Sequence[int],
+    *,
+    min_relative_client_prob: float,
+    min_relative_sample_prob: float,
+) -> NDArray[np.float64]:
+    """Eq. 27: ``p_k`` proportional to ``sqrt(sigma2_k + alpha_k ||grad P_k||^2)``.
+
+    ``sigma2_k`` is eq. 22 at the sample probabilities of eq. 26 (realized for
+    batches of ``B_k``, as the client divides by them), every norm taken at
+    ``w^o``; then the floor of eq. 28's update.
 
     Parameters
     ----------
-    setting : Setting
-        The problem; its ``metric`` picks the rule.
-    finals : dict[str, np.ndarray]
-        Per method, each seed's final value.
+    grad_norms : Sequence[NDArray[np.float64]]
+        Per client, ``||grad Q(w^o; x_n)||`` of each of its samples.
+    gradient_sq_norms : Sequence[float]
+        Per client, ``||grad P_k(w^o)||^2``.
+    local_steps, batch_sizes : Sequence[int]
+        Per client, ``E_k`` and ``B_k``.
+    min_relative_client_prob, min_relative_sample_prob : float
+        The floors, as fractions of ``1/K`` and ``1/N_k``.
+
+    Returns
+    -------
+    NDArray[np.float64]
+        ``p_k`` per client, summing to 1.
+
+    Examples
+    --------
+    One sample each, ``E = B = 1``: ``sigma2_k = 6 ||g||^2`` and
+    ``||grad P_k||^2 = ||g||^2``, so ``p_k`` is proportional to ``||g||``.
+
+    >>> optimal_client_probs(
+    ...     [np.array([1.0]), np.array([3.0])], [1.0, 9.0], [1, 1], [1, 1],
+    ...     min_relative_client_prob=0.0, min_relative_sample_prob=0.0,
+    ... ).tolist()
+    [0.25, 0.75]
     """
-    if setting.metric == "msd":
-        return Target(TARGET_MSD, f"MSD {TARGET_MSD:g}", f"MSD {TARGET_MSD:g} (fixed)")
-    worst = max(float(values.mean()) for values in finals.values())
-    value = TARGET_ERROR_FACTOR * worst
-    return Target(
-        value,
-        f"test error {value:.2%}",
-        f"test error {value:.2%} ({TARGET_ERROR_FACTOR:g}x the worst method's "
-        f"final mean test error, {worst:.2%})",
+    sigma2 = []
+    for norms, steps, size in zip(grad_norms, local_steps, batch_sizes, strict=True):
+        batch = min(size, norms.size)
+        probs = optimal_sample_probs(norms, min_relative_sample_prob)
+        sigma2.append(
+            local_gradient_variance(
+                realized_normalized_probs(probs, batch),
+                norms,
+                np.ones(norms.size, dtype=bool),
+                steps,
+                batch,
+            )
+        )
+    num_clients = len(sigma2)
+    return update_client_probs(
+        np.full(num_clients, 1.0 / num_clients),
+        np.arange(num_clients),
+        sigma2,
+        gradient_sq_norms,
+        local_steps,
+        batch_sizes,
+        min_relative_client_prob,
     )
 
 
-def summarize(
-    setting: Setting, curves: dict[str, np.ndarray]
-) -> tuple[Target, MethodSummary]:
-    """Final values (mean ± std over seeds), per-seed rounds to target, ratios."""
-    tail = max(1, int(FINAL_FRACTION * setting.rounds))
-    finals = {method: runs[:, -tail:].mean(axis=1) for method, runs in curves.items()}
-    target = choose_target(setting, finals)
-    # Both metrics (MSD, test error) are better lower.
-    rounds = {
-        method: [
-            rounds_to_target(curve, target.value, lower_is_better=True)
-            for curve in runs
-        ]
-        for method, runs in curves.items()
-    }
-    summary: MethodSummary = {}
-    for method, values in finals.items():
-        summary[method] = {
-            "final_mean": float(values.mean()),
-            "final_std": float(values.std()),
-            "final_ratio_vs_fedavg": float(values.mean() / finals[BASELINE].mean()),
-            "rounds_to_target": rounds[method],
-            "rounds_ratio_vs_fedavg": mean_ratio(rounds[method], rounds[BASELINE]),
-            "mean_curve": curves[method].mean(axis=0).tolist(),
+# -- the benchmark's strategies ----------------------------------------------------
+class MatchedFedAvg(FedAvg):
+    """Flower's FedAvg sending each node the ``E_k``, ``B_k`` ISFedAvg draws for it.
+
+    ``local_work`` is an ISFedAvg built with the same seed and ranges as the
+    method compared: its ``sync_nodes`` draws the same ``E_k``, ``B_k`` per
+    node. Each node steps ``lr / E_k`` (eq. 8's scale) or ``lr`` (eq. 4).
+    """
+
+    def __init__(
+        self,
+        *,
+        local_work: ISFedAvg,
+        lr: float,
+        divide_by_local_steps: bool,
+        **fedavg: Any,
+    ) -> None:
+        super().__init__(**fedavg)
+        self.local_work = local_work
+        self.lr = lr
+        self.divide_by_local_steps = divide_by_local_steps
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> list[Message]:
+        """Flower's uniform draw; per node its ``E_k``, ``B_k`` and step."""
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        self.local_work.sync_nodes(grid.get_node_ids())
+        node_configs = {}
+        for message in messages:
+            node = message.metadata.dst_node_id
+            steps = self.local_work.local_steps[node]
+            node_configs[node] = ConfigRecord(
+                {
+                    **config,
+                    LOCAL_STEPS: steps,
+                    BATCH_SIZE: self.local_work.batch_sizes[node],
+                    LEARNING_RATE: self.lr / steps
+                    if self.divide_by_local_steps
+                    else self.lr,
+                }
+            )
+        return node_messages(
+            node_configs,
+            MessageType.TRAIN,
+            arrays,
+            arrayrecord_key=self.arrayrecord_key,
+            configrecord_key=self.configrecord_key,
+        )
+
+
+def matched_fedavg_train(message: Message, context: Context) -> Message:
+    """Plain local SGD with the ``E_k``, ``B_k`` and step the message names."""
+    task = local_task(context)
+    load_global_model(task, message)
+    task = replace(
+        task,
+        lr=config_number(message, LEARNING_RATE),
+        batch_size=int(config_number(message, BATCH_SIZE)),
+        local_steps=int(config_number(message, LOCAL_STEPS)),
+        epochs=None,
+        heterogeneous_steps=False,
+    )
+    metrics = train_round(task, server_round_of(message))
+    return model_reply(
+        message, task.model, {**metrics, "num-examples": len(task.x), EQUAL_WEIGHT: 1}
+    )
+
+
+class TrueProbabilityISFedAvg(ISFedAvg):
+    """ISFedAvg with ``p_k`` fixed at eq. 27, its nodes told to keep their ``p_n``.
+
+    Built with ``uniform=True`` so that neither side updates a probability;
+    ``sync_nodes`` then puts eq. 27's values in place of the uniform ones, and
+    the run stores eq. 26's ``p_n`` in every node's state before it starts.
+    """
+
+    def __init__(
+        self,
+        *,
+        grad_norms: Sequence[NDArray[np.float64]],
+        gradient_sq_norms: Sequence[float],
+        partition_of: Callable[[int], int],
+        **isfedavg: Any,
+    ) -> None:
+        super().__init__(**{**isfedavg, "uniform": True})
+        self._grad_norms = grad_norms
+        self._gradient_sq_norms = gradient_sq_norms
+        self._partition_of = partition_of
+        self._fixed: dict[int, float] = {}
+
+    def sync_nodes(self, node_ids: Sequence[int] | Any) -> list[int]:
+        """The connected nodes, at eq. 27's probabilities."""
+        connected = super().sync_nodes(node_ids)
+        if set(self._fixed) != set(connected):
+            parts = [self._partition_of(node) for node in connected]
+            probs = optimal_client_probs(
+                [self._grad_norms[part] for part in parts],
+                [self._gradient_sq_norms[part] for part in parts],
+                [self.local_steps[node] for node in connected],
+                [self.batch_sizes[node] for node in connected],
+                min_relative_client_prob=self.min_relative_client_prob,
+                min_relative_sample_prob=self.min_relative_sample_prob,
+            )
+            self._fixed = dict(zip(connected, probs.tolist(), strict=True))
+        self.client_probs.update(self._fixed)
+        return connected
+
+
+# -- runs ----------------------------------------------------------------------------
+def run_seed(
+    problem: Problem, overrides: Mapping[str, bool | int | float | str], seed: int
+) -> SeedRun:
+    """One method on one seed: its metric after every round."""
+    method = str(overrides["method"])
+    run_config = resolve_run_config(
+        {
+            **load_preset(problem.preset),
+            "local-lr": problem.learning_rate,
+            **{key: value for key, value in overrides.items() if key != "method"},
+            "num-server-rounds": problem.rounds,
+            "seed": seed,
         }
-    return target, summary
-
-
-def results_table(setting: Setting, target: Target, summary: MethodSummary) -> str:
-    """The setting's results as a markdown table."""
-    label = "final MSD" if setting.metric == "msd" else "final test error"
-    columns = [
-        "method",
-        f"{label} (mean ± std)",
-        "ratio vs FedAvg",
-        f"rounds to {target.label} (mean ± std)",
-        "rounds / FedAvg",
-    ]
-    cells = [
-        [
-            method,
-            f"{entry['final_mean']:.4g} ± {entry['final_std']:.2g}",
-            f"{entry['final_ratio_vs_fedavg']:.2f}",
-            mean_std(entry["rounds_to_target"], digits=1),
-            format_ratio(entry["rounds_ratio_vs_fedavg"]),
-        ]
-        for method, entry in summary.items()
-    ]
-    return markdown_table(columns, cells)
-
-
-def plot(setting: Setting, summary: MethodSummary, output_dir: Path) -> Path:
-    """Mean curves of the three methods, log scale."""
-    figure, axes = plt.subplots(figsize=(6, 4))
-    for method, entry in summary.items():
-        axes.plot(entry["mean_curve"], label=method)
-    axes.set_yscale("log")
-    axes.set_xlabel("round")
-    axes.set_ylabel("MSD" if setting.metric == "msd" else "test error")
-    axes.set_title(f"{setting.name}: mean of {len(setting.seeds)} seeds")
-    axes.legend()
-    path = output_dir / f"{setting.name}.png"
-    save_figure(figure, path, dpi=120)
-    return path
-
-
-def rounds_sentence(
-    target: Target, ours: dict[str, Any], uniform: dict[str, Any]
-) -> str:
-    """ISFedAvg's and uniform ISFedAvg's rounds to target against FedAvg's."""
-    ratio = ours["rounds_ratio_vs_fedavg"]
-    if not np.isfinite(ratio):
-        return (
-            f"ISFedAvg's rounds to {target.label} do not compare with FedAvg's: "
-            "one of them reaches it in no seed."
-        )
-    return (
-        f"To reach {target.label} ISFedAvg needs {ratio:.2f}x FedAvg's rounds "
-        f"({'fewer' if ratio < 1 else 'not fewer'}), uniform ISFedAvg "
-        f"{format_ratio(uniform['rounds_ratio_vs_fedavg'])}x."
     )
-
-
-def verdict(setting: Setting, target: Target, summary: MethodSummary) -> str:
-    """An honest line comparing our numbers with the paper's claim."""
-    ours, fedavg = summary["isfedavg"], summary[BASELINE]
-    uniform = summary["isfedavg-uniform"]
-    ratio = ours["final_ratio_vs_fedavg"]
-    scaling = (
-        "FedAvg's step is not divided by E_k (eq. 4 vs eq. 8), so it moves ~E_k "
-        "times faster and its curve is lower early; the uniform variant isolates "
-        "the effect of the probabilities from that scaling."
+    config = ExperimentConfig.from_run_config(run_config)
+    num_clients = config.num_supernodes
+    data = federated_data(config, num_clients)
+    objective = Objective(data.task, l2=config.l2)
+    model = global_model(config, data)
+    initial = ArrayRecord(model.state_dict())
+    optimum = optimum_state(global_model(config, data), data, objective)
+    model.load_state_dict(optimum)
+    with torch.no_grad():
+        optimal_risk = float(unweighted_risk(model, data, objective))
+    # Flower's FedAvg draws its nodes with the global `random` module.
+    random.seed(seed)
+    isfedavg = build_isfedavg(config, num_clients)
+    train: ClientHandler = load_method("isfedavg").client_handlers(local_task)["train"]
+    if method.startswith("fedavg"):
+        train = matched_fedavg_train
+    grid = InProcessGrid(
+        register_handlers(ClientApp(), {"train": train}),
+        num_clients,
+        run_config,
+        seed=seed,
     )
-    if setting.metric == "msd":
-        ours_curve = np.array(ours["mean_curve"])
-        fedavg_curve = np.array(fedavg["mean_curve"])
-        below = float(np.mean(ours_curve[1:] <= fedavg_curve[1:]))
-        ours_rounds = finite_mean(ours["rounds_to_target"])
-        transient = (
-            f"ISFedAvg reaches {target.label} at round {ours_rounds:.0f} of "
-            f"{setting.rounds} (mean over the seeds that do)"
-            if np.isfinite(ours_rounds)
-            else f"ISFedAvg does not reach {target.label} in {setting.rounds} rounds"
+    strategy: FedAvg = isfedavg
+    if method.startswith("fedavg"):
+        matched = method == "fedavg-matched"
+        strategy = MatchedFedAvg(
+            local_work=isfedavg,
+            lr=config.local_lr,
+            divide_by_local_steps=matched,
+            weighted_by_key=EQUAL_WEIGHT if matched else "num-examples",
+            **uniform_sampling(config, num_clients),
         )
-        return (
-            f"Ours: ISFedAvg's mean MSD is below FedAvg's in {below:.0%} of rounds; "
-            f"its final MSD is {ratio:.2f}x FedAvg's ("
-            f"{'lower' if ratio < 1 else 'not lower'}) and "
-            f"{ours['final_mean'] / uniform['final_mean']:.2f}x uniform ISFedAvg's. "
-            f"{rounds_sentence(target, ours, uniform)} The paper's curve, below "
-            "FedAvg's throughout, implies fewer rounds to any target; here the "
-            f"claim holds only at the end, if at all: {scaling} {transient}; a "
-            "'final' value still inside ISFedAvg's transient (rounds to target "
-            "near the run length) is not its steady state: use --full."
+    elif method == "isfedavg-true":
+        norms, sq_norms = [], []
+        for part in data.partitions:
+            gradient, part_norms = objective.weighted_gradient_and_norms(
+                model, part.x, part.y, torch.full((len(part.x),), 1.0 / len(part.x))
+            )
+            norms.append(part_norms.detach().double().numpy())
+            sq_norms.append(float(sum(g.double().pow(2).sum() for g in gradient)))
+        # Each node starts from, and keeps (uniform=True: no eq. 29), eq. 26's p_n.
+        for node in grid.get_node_ids():
+            partition = grid.partition_of(node)
+            SampleState(
+                optimal_sample_probs(
+                    norms[partition], isfedavg.min_relative_sample_prob
+                ),
+                np.full(norms[partition].size, np.nan),
+            ).save(grid.node_state(node))
+        strategy = TrueProbabilityISFedAvg(
+            grad_norms=norms,
+            gradient_sq_norms=sq_norms,
+            partition_of=grid.partition_of,
+            clients_per_round=isfedavg.clients_per_round,
+            local_steps_range=isfedavg.local_steps_range,
+            batch_size_range=isfedavg.batch_size_range,
+            min_relative_client_prob=isfedavg.min_relative_client_prob,
+            min_relative_sample_prob=isfedavg.min_relative_sample_prob,
+            seed=seed,
+            fraction_evaluate=0.0,
+            min_available_nodes=isfedavg.clients_per_round,
         )
-    return (
-        f"Ours: test error FedAvg {fedavg['final_mean']:.1%}, uniform ISFedAvg "
-        f"{uniform['final_mean']:.1%}, ISFedAvg {ours['final_mean']:.1%} (mean of the "
-        f"last 10% of rounds): ISFedAvg's is {ratio:.2f}x FedAvg's "
-        f"({'lower, as in the paper' if ratio < 1 else 'not lower, unlike the paper'})"
-        f". {rounds_sentence(target, ours, uniform)} As in the regression, {scaling} "
-        "The paper's data details are not all given, see "
-        "flwr_importance.tasks.generators.isfedavg_logistic."
+    curve: list[float] = []
+
+    def central_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        model.load_state_dict(arrays.to_torch_state_dict())
+        if data.optimum is not None:
+            value = evaluate(
+                model, data.test.x, data.test.y, objective, optimum=data.optimum
+            )["msd"]
+        else:
+            with torch.no_grad():
+                value = float(unweighted_risk(model, data, objective)) - optimal_risk
+        curve.append(float(value))
+        return MetricRecord({"value": float(value)})
+
+    strategy.start(
+        grid=grid,
+        initial_arrays=initial,
+        num_rounds=problem.rounds,
+        evaluate_fn=central_evaluate,
+    )
+    extras = {}
+    if data.optimum is None:
+        accuracy = evaluate(model, data.test.x, data.test.y, objective)
+        extras["final test error"] = 1.0 - float(accuracy["accuracy"])
+    return SeedRun(curve=curve, extras=extras)
+
+
+def description(problem: Problem, full: bool) -> PaperComparison:
+    """The problem's claim and its three comparisons."""
+    claimed = ("isfedavg", "isfedavg-true")
+    tuned = {name: METHODS[name] for name in list(METHODS)[:4]}
+    return PaperComparison(
+        title=f"ISFedAvg, {problem.name} (preset `{problem.preset}`)",
+        paper=PAPER,
+        claim=problem.claim,
+        direction="below",
+        metric=problem.metric,
+        higher_is_better=False,
+        target=TargetRule(fraction=0.9),
+        tuning_seeds=(100, 101),
+        reported_seeds=tuple(range(10 if full else 5)),
+        data=problem.data,
+        statistic=problem.statistic,
+        learning_rates=problem.learning_rates,
+        comparisons=(
+            Comparison(
+                name="matched",
+                methods=METHODS,
+                baseline="fedavg-matched",
+                claimed=claimed,
+                note=f"Every method at mu = {problem.learning_rate:g} (the "
+                "paper's 0.01 in the regression with --full); fedavg-matched "
+                "steps mu / E_k (eq. 8's scale) with ISFedAvg's E_k, B_k; "
+                "fedavg-eq4 steps mu (Flower's FedAvg) and is not a matched "
+                "baseline.",
+            ),
+            Comparison(
+                name="matched, against uniform ISFedAvg",
+                methods={name: METHODS[name] for name in list(METHODS)[1:4]},
+                baseline="isfedavg-uniform",
+                claimed=claimed,
+                note="The same runs: the probabilities' effect at the same step.",
+            ),
+            Comparison(
+                name="tuned",
+                methods=tuned,
+                baseline="fedavg-matched",
+                claimed=claimed,
+                tuned=True,
+                note="fedavg-eq4 is left out: tuned, it is fedavg-matched with "
+                "a step E_k times larger.",
+            ),
+        ),
     )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Run the benchmark; print and write the tables, JSON and plots."""
+    """Run both problems; write ``summary.md``, ``results.json``, ``claims.json``."""
     args = benchmark_parser("isfedavg", __doc__).parse_args(argv)
     prepare_run()
     output_dir: Path = args.output_dir
     output_dir.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {"mode": "full" if args.full else "quick"}
-    sections = []
-    for setting in settings(args.full):
-        start = time.perf_counter()
-        curves = {
-            method: np.array(
-                [run_curve(setting, method, seed, output_dir) for seed in setting.seeds]
-            )
-            for method in METHODS
-        }
-        target, summary = summarize(setting, curves)
-        elapsed = time.perf_counter() - start
-        plot_path = plot(setting, summary, output_dir)
-        results[setting.name] = {
-            "preset": setting.preset,
-            "num_clients": setting.num_clients,
-            "rounds": setting.rounds,
-            "seeds": list(setting.seeds),
-            "seconds": elapsed,
-            "target": target.value,
-            "target_rule": target.rule,
-            "methods": summary,
-        }
-        sections.append(
-            f"## {setting.name} (preset `{setting.preset}`, K={setting.num_clients}, "
-            f"{setting.rounds} rounds, seeds {list(setting.seeds)})\n\n"
-            f"Rounds to target: first round at or below {target.rule}, per seed; "
-            "the ratio divides the means over the seeds that reach it.\n\n"
-            f"{results_table(setting, target, summary)}\n\n"
-            f"Paper: {PAPER_CLAIMS[setting.name]}.\n\n"
-            f"{verdict(setting, target, summary)}\n\n"
-            f"![{setting.name}]({plot_path.name})\n"
+    evaluations = []
+    for problem in problems(args.full):
+        evaluation = run_comparisons(
+            description(problem, args.full),
+            functools.partial(run_seed, problem),
+            full=args.full,
         )
-    text = "# ISFedAvg benchmark\n\n" + "\n".join(sections)
+        evaluation.plot(output_dir / f"{problem.name}.png")
+        evaluations.append(evaluation)
+    text = "# ISFedAvg benchmark\n\n" + "\n".join(
+        f"{evaluation.markdown()}\n![{problem.name}]({problem.name}.png)\n"
+        for evaluation, problem in zip(evaluations, problems(args.full), strict=True)
+    )
     (output_dir / "summary.md").write_text(text)
-    (output_dir / "results.json").write_text(json.dumps(results, indent=2))
+    (output_dir / "results.json").write_text(
+        json.dumps([evaluation.to_json() for evaluation in evaluations], indent=1)
+    )
+    write_claims(
+        output_dir / "claims.json",
+        [row for evaluation in evaluations for row in evaluation.claim_rows()],
+    )
     print(text)
 
 

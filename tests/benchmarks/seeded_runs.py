@@ -3,8 +3,8 @@
 ``python -m tests.benchmarks.seeded_runs OUT.json`` writes one JSON object: the history
 of each method's headline preset run in process (the path of the isfedavg,
 fedsampling, optimal_sampling and failures benchmarks and of the report's
-in-process column), FOLB's and clustered sampling's own run loops, a run with
-injected faults and FedSampling's centralized baseline, each for two rounds.
+in-process column), FOLB's, clustered sampling's, ISFedAvg's and FedSampling's
+own run loops and a run with injected faults, each for two rounds.
 ``test_benchmarks_reproducible.py`` runs it in two processes with different
 hash seeds and requires the same output: the report's promise that the same
 seeds give the same tables.
@@ -19,15 +19,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks import clustered, failures, fedsampling, folb
+from benchmarks import clustered, failures, fedsampling, folb, isfedavg
 from benchmarks.harness import prepare_run
 from benchmarks.report import HEADLINE_PRESETS
 from simulations.inprocess import load_preset, run_inprocess
 
 ROUNDS = 2
-#: FedSampling's quick setting, two rounds.
-FEDSAMPLING_SETTING = fedsampling.Setting(
-    30, ROUNDS, (0,), (2.0,), (3.0,), 64, 16, 0.5, 100, "logreg"
+#: FedSampling's quick setting on fewer clients, two rounds.
+FEDSAMPLING_SETTING = replace(
+    fedsampling.setting(full=False, clamp="k"),
+    num_clients=300,
+    mean_size=20,
+    rounds=ROUNDS,
 )
 
 
@@ -57,9 +60,21 @@ def seeded_runs(work_dir: Path) -> dict[str, Any]:
     numbers["failures run_once"] = failures.run_once(
         "ocs", 0.3, 0, replace(failures.QUICK, rounds=ROUNDS), work_dir / "failures"
     )
-    numbers["fedsampling centralized"] = fedsampling.centralized_accuracy(
-        FEDSAMPLING_SETTING, 2.0, 0
-    )
+    numbers["fedsampling run_seed"] = fedsampling.run_seed(
+        FEDSAMPLING_SETTING,
+        {
+            "method": "fedsampling",
+            "epsilon": 3.0,
+            "matched": True,
+            "learning-rate": 0.1,
+        },
+        0,
+    ).curve
+    logistic = replace(isfedavg.problems(full=False)[1], rounds=ROUNDS)
+    for method in ("fedavg-matched", "isfedavg-true"):
+        numbers[f"isfedavg run_seed {method}"] = isfedavg.run_seed(
+            logistic, isfedavg.METHODS[method], 0
+        ).curve
     return numbers
 
 
