@@ -1,8 +1,15 @@
-"""The ServerApp: Flower's quickstart-pytorch server, the strategy chosen by name."""
+"""The ServerApp: Flower's quickstart-pytorch server, the strategy chosen by name.
+
+Each library strategy replaces Flower's ``FedAvg`` in one line of
+:func:`make_strategy`; nothing else on the server changes, except for the
+multi-model strategy, which trains :data:`NUM_MODELS` models packed in one
+ArrayRecord.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -10,15 +17,50 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, Strategy
 
+from flwr_importance.strategies import (
+    FOLB,
+    ClusteredSampling,
+    FedSampling,
+    ISFedAvg,
+    MDSampling,
+    MultiModelSampling,
+    OptimalClientSampling,
+    pack_models,
+    unpack_models,
+)
 from quickstart_pytorch.task import Net, load_centralized_dataset
 from quickstart_pytorch.task import test as test_fn
 
 app = ServerApp()
 
+#: Models the multi-model strategy trains at once (one per task of task.py).
+NUM_MODELS = 2
+
+#: ``clients per round -> strategy``: Flower's FedAvg and its replacements.
+STRATEGIES: dict[str, Callable[[int], Strategy]] = {
+    "fedavg": lambda m: FedAvg(fraction_train=0.5),
+    "isfedavg": lambda m: ISFedAvg(clients_per_round=m),
+    "folb": lambda m: FOLB(clients_per_round=m, proximal_mu=0.01),
+    # A size bound above the largest partition (about 144 images) and an
+    # epsilon at which 10 nodes' randomized sizes still estimate the total.
+    "fedsampling": lambda m: FedSampling(
+        samples_per_round=32 * m, max_size=200, epsilon=8.0, server_lr=0.5
+    ),
+    "clustered": lambda m: ClusteredSampling(clients_per_round=m),
+    "md": lambda m: MDSampling(clients_per_round=m),
+    "ocs": lambda m: OptimalClientSampling(clients_per_round=m),
+    "aocs": lambda m: OptimalClientSampling(clients_per_round=m, approximate=True),
+    "mmfl": lambda m: MultiModelSampling(num_models=NUM_MODELS, clients_per_round=m),
+}
+
 
 def make_strategy(context: Context) -> Strategy:
-    """Flower's FedAvg, as in the quickstart."""
-    return FedAvg(fraction_train=float(context.run_config["fraction-train"]))
+    """The run config's ``strategy``, with as many clients per round as FedAvg."""
+    clients_per_round = round(
+        float(context.run_config["fraction-train"])
+        * int(context.run_config["num-supernodes"])
+    )
+    return STRATEGIES[str(context.run_config["strategy"])](clients_per_round)
 
 
 @app.main()
@@ -26,8 +68,13 @@ def main(grid: Grid, context: Context) -> None:
     """Run the strategy with central evaluation of the global model every round."""
     num_rounds = int(context.run_config["num-server-rounds"])
     lr = float(context.run_config["lr"])
-    global_model = Net()
-    arrays = ArrayRecord(global_model.state_dict())
+    multi_model = context.run_config["strategy"] == "mmfl"
+    if multi_model:
+        arrays = pack_models(
+            [ArrayRecord(Net().state_dict()) for _ in range(NUM_MODELS)]
+        )
+    else:
+        arrays = ArrayRecord(Net().state_dict())
 
     strategy = make_strategy(context)
     result = strategy.start(
@@ -35,7 +82,7 @@ def main(grid: Grid, context: Context) -> None:
         initial_arrays=arrays,
         train_config=ConfigRecord({"lr": lr}),
         num_rounds=num_rounds,
-        evaluate_fn=global_evaluate,
+        evaluate_fn=evaluate_every_model if multi_model else global_evaluate,
     )
 
     output_dir = str(context.run_config["output-dir"])
@@ -55,3 +102,22 @@ def global_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
     device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
     test_loss, test_acc = test_fn(model, load_centralized_dataset(), device)
     return MetricRecord({"accuracy": test_acc, "loss": test_loss})
+
+
+def evaluate_every_model(server_round: int, packed: ArrayRecord) -> MetricRecord:
+    """Each model of the multi-model run, and their mean accuracy and loss."""
+    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    losses, accuracies = [], []
+    for arrays in unpack_models(packed):
+        model = Net()
+        model.load_state_dict(arrays.to_torch_state_dict())
+        test_loss, test_acc = test_fn(model, load_centralized_dataset(), device)
+        losses.append(test_loss)
+        accuracies.append(test_acc)
+    return MetricRecord(
+        {
+            "accuracy": sum(accuracies) / len(accuracies),
+            "loss": sum(losses) / len(losses),
+            "accuracy-per-model": accuracies,
+        }
+    )

@@ -8,6 +8,7 @@ shapes, the same DataLoaders, the same ``train()``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 
 import numpy as np
@@ -18,8 +19,11 @@ from torch.utils.data import DataLoader, TensorDataset
 
 #: Each partition keeps this share of its images for local evaluation.
 TEST_FRACTION = 0.2
-#: Seed of the split of the images over the partitions.
+#: Seed of the split of the images over the partitions (``+ task`` for task > 0).
 PARTITION_SEED = 42
+
+#: ``(net, images, labels) -> loss``: what ``train()`` minimizes on one batch.
+BatchLoss = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class Net(nn.Module):
@@ -57,11 +61,15 @@ def _images() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def load_data(
-    partition_id: int, num_partitions: int, batch_size: int
+    partition_id: int, num_partitions: int, batch_size: int, task: int = 0
 ) -> tuple[DataLoader, DataLoader]:
-    """This partition's train and test DataLoaders (an IID split of the digits)."""
+    """This partition's train and test DataLoaders (an IID split of the digits).
+
+    ``task`` picks another split of the same images: the multi-model strategy
+    trains one model per task.
+    """
     images, labels = _images()
-    order = np.random.default_rng(PARTITION_SEED).permutation(len(labels))
+    order = np.random.default_rng(PARTITION_SEED + task).permutation(len(labels))
     mine = torch.from_numpy(np.array_split(order, num_partitions)[partition_id])
     num_test = int(len(mine) * TEST_FRACTION)
     test, train = mine[:num_test], mine[num_test:]
@@ -86,10 +94,23 @@ def train(
     epochs: int,
     lr: float,
     device: torch.device,
+    batch_loss: BatchLoss | None = None,
 ) -> float:
-    """Train the model on the training set; the mean training loss."""
+    """Train the model on the training set; the mean training loss.
+
+    ``batch_loss`` replaces the plain cross-entropy of a batch, for a method
+    that changes the loss (a proximal term, importance weights) but not the
+    loop.
+    """
     net.to(device)  # move model to GPU if available
     criterion = torch.nn.CrossEntropyLoss().to(device)
+
+    def cross_entropy(
+        net: nn.Module, images: torch.Tensor, labels: torch.Tensor
+    ) -> torch.Tensor:
+        return criterion(net(images), labels)
+
+    loss_of = batch_loss if batch_loss is not None else cross_entropy
     optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
     net.train()
     running_loss = 0.0
@@ -97,7 +118,7 @@ def train(
         for images, labels in trainloader:
             images, labels = images.to(device), labels.to(device)
             optimizer.zero_grad()
-            loss = criterion(net(images), labels)
+            loss = loss_of(net, images, labels)
             loss.backward()
             optimizer.step()
             running_loss += loss.item()
