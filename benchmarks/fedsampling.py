@@ -115,7 +115,7 @@ def setting(*, full: bool, clamp: str) -> Setting:
         batch_size=16,
         max_size=100,
         learning_rate=0.3,
-        learning_rates=(0.1, 0.3, 1.0),
+        learning_rates=(0.3, 1.0, 3.0),
         epsilons=(1.0, 3.0, 10.0),
         clamp=clamp,
     )
