@@ -133,9 +133,9 @@ class Pooled:
     offsets: NDArray[np.int64]
 
 
-@functools.lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=16)
 def pooled_data(setting: Setting, seed: int) -> Pooled:
-    """The seed's data set, pooled (cached: every method of a seed reuses it)."""
+    """The seed's data set, pooled (cached: the methods of a seed share it)."""
     split = lognormal_mixture(
         setting.num_clients, mean_size=setting.mean_size, sigma=setting.sigma, seed=seed
     )

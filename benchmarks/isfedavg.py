@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 import json
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -367,7 +367,7 @@ class TrueProbabilityISFedAvg(ISFedAvg):
         self._partition_of = partition_of
         self._fixed: dict[int, float] = {}
 
-    def sync_nodes(self, node_ids: Sequence[int] | Any) -> list[int]:
+    def sync_nodes(self, node_ids: Iterable[int]) -> list[int]:
         """The connected nodes, at eq. 27's probabilities."""
         connected = super().sync_nodes(node_ids)
         if set(self._fixed) != set(connected):
