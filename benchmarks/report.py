@@ -54,6 +54,8 @@ TIMING_BENCHMARKS = (
     "sampling_overhead",
     "per_sample_grads",
     "load",
+    "import_time",
+    "deployment_overhead",
 )
 #: Section titles; a benchmark not listed is titled by its module.
 TITLES = {
@@ -68,6 +70,8 @@ TITLES = {
     "client_overhead": "Client time per round vs a FedAvg client",
     "sampling_overhead": "Samplers at scale",
     "per_sample_grads": "Per-sample gradient norms (ISFedAvg's client)",
+    "import_time": "Server-side import time vs Flower's strategies",
+    "deployment_overhead": "Deployment seconds per message vs a plain FedAvg app",
 }
 README_START = "<!-- results:start -->"
 README_END = "<!-- results:end -->"
