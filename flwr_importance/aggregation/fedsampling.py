@@ -91,7 +91,7 @@ def server_update(
 ) -> NDArray[np.float64]:
     """``Theta - eta * sum_c G_c`` (Algorithm 1, line 18).
 
-    **Decision** (METHODS.md): the sign is descent. The paper writes
+    **Decision** (docs/methods.md): the sign is descent. The paper writes
     ``Theta + eta sum G`` with ``G`` meaning an update; here every client sends
     ``G_c = (1/K) sum_{s in S_c} g_s``, a gradient, so ``sum_c G_c`` estimates
     the mean gradient over ``K`` uniformly drawn samples and the step descends.

@@ -1,5 +1,5 @@
 """ISFedAvg's probability maths (Rizk, Vlaski, Sayed, "Optimal importance
-sampling for federated learning"; METHODS.md §1).
+sampling for federated learning"; docs/methods.md §1).
 
 Pure NumPy, shared by the strategy (client probabilities, eq. 28) and the
 ClientApp (the ``sigma2_k`` report of eq. 22 and the realized sample
@@ -114,7 +114,7 @@ def update_client_probs(
     ``p_k <- c sqrt(sigma2_k + alpha_k ||grad P_k_hat||^2)`` for ``k`` among the
     participants, with ``c`` such that they keep their total
     ``1 - sum_{l not in S} p_l``; the other clients keep their values. Then
-    (**Decision**, METHODS.md §1) every ``p_k`` is floored at
+    (**Decision**, docs/methods.md §1) every ``p_k`` is floored at
     ``min_relative_prob / K`` and the vector renormalized, so that no client
     starves. This is the update of eq. 29 over clients instead of samples, so
     it is computed by :func:`flwr_importance.sampling.update_sample_probs`. If
@@ -203,7 +203,7 @@ def local_gradient_variance(
     """``sigma2_k = 6/(E_k B_k N_k^2) sum_n (1/p_n) ||grad Q_n||^2`` (eq. 22).
 
     The paper evaluates the norms at ``w^o``; a client only knows the norms it
-    has seen. **Decision** (METHODS.md §1): each sample takes the last norm the
+    has seen. **Decision** (docs/methods.md §1): each sample takes the last norm the
     client computed for it, and samples never seen take the mean squared norm
     of the seen ones.
 

@@ -12,7 +12,7 @@ of the data (of model ``s``'s data in MMFL).  The probabilities come from
 **Decision:** ``U_i`` is the local model delta ``w_i - w`` and the server adds
 ``server_lr * estimate`` (the slides subtract ``eta * sum (d/p) U`` with ``U`` a
 sum of gradients; with deltas the sign flips and a step of 1 is the authors'
-setting, MMFL-DETAILS.md).
+setting, docs/methods.md §5).
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def uniform_assignment_prob(num_clients: int, num_models: int, m: int) -> float:
     """``p = m / (N S)``: P(client i trains model s) under random assignment.
 
     ``m`` of the ``N`` clients are drawn without replacement, each given one of
-    the ``S`` models uniformly (the MMFL baseline, MMFL-DETAILS.md); ``m`` is
+    the ``S`` models uniformly (the MMFL baseline, docs/methods.md §5); ``m`` is
     clamped to ``N`` as in :func:`~flwr_importance.sampling.optimal_client_probs`.
 
     Raises

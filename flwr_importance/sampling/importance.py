@@ -1,4 +1,4 @@
-"""ISFedAvg data-level importance sampling, client side (METHODS.md §1).
+"""ISFedAvg data-level importance sampling, client side (docs/methods.md §1).
 
 Each client keeps a probability ``p_n`` per local sample (summing to 1), draws
 its mini-batches of distinct samples with ``P(n in B) = min(1, B p_n)``
@@ -82,7 +82,7 @@ def update_sample_probs(
     ``min_relative_prob / N`` and the vector renormalized to sum 1, so that no
     sample starves (a zero norm would otherwise exclude a sample for good, and
     its ``1 / p_b`` weight would blow up if it came back).  This is the same
-    guard METHODS.md prescribes for the client probabilities of eq. 28.
+    guard docs/methods.md prescribes for the client probabilities of eq. 28.
 
     Parameters
     ----------

@@ -8,12 +8,12 @@ the server aggregates the unbiased ``sum_{i in S} (1 / p_i) d_i U_i``.  With
 Horváth, Richtárik, "Optimal Client Sampling for Federated Learning", TMLR
 2022).  The multi-model form (Zhang et al. 2024) applies the same closed form
 to each client's total norm and splits the result over models.  Specification:
-METHODS.md §5 and MMFL-DETAILS.md.
+docs/methods.md §5.
 
 **Decision:** a budget ``m`` above the number of clients is clamped to it (every
 client with a positive norm then participates surely): with a changing set of
 available clients this is the natural reading of "at most m per round", and
-MMFL-DETAILS.md says to clamp.
+docs/methods.md §5 says to clamp.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def optimal_client_probs(norms: ArrayLike, m: int) -> NDArray[np.float64]:
     :func:`flwr_importance.sampling.pips.capped_inclusion_probs`
     (``O(N log N)``).
 
-    Edge cases (MMFL-DETAILS.md): clients with norm 0 get ``p = 0`` and take
+    Edge cases (docs/methods.md §5): clients with norm 0 get ``p = 0`` and take
     no part in the search for ``k``; ``m >= N`` saturates every client with a
     positive norm; if fewer than ``m`` norms are positive, those clients get
     ``p = 1`` and the total is below ``m``, which is optimal (a zero-norm client
@@ -80,9 +80,9 @@ def mmfl_probs(norms: ArrayLike, m: int) -> NDArray[np.float64]:
 
     With ``M_i = sum_s u_is`` the client totals, ``q = optimal_client_probs(M, m)``
     and ``p_{s|i} = q_i u_is / M_i``, which is the MMFL closed form of
-    METHODS.md §5: for a fixed client total ``q_i``, Cauchy–Schwarz makes the
+    docs/methods.md §5: for a fixed client total ``q_i``, Cauchy–Schwarz makes the
     proportional split optimal, leaving single-model OCS on ``M``
-    (MMFL-DETAILS.md).  Row sums are ``q_i <= 1`` and the total is ``m`` (less
+    (docs/methods.md §5).  Row sums are ``q_i <= 1`` and the total is ``m`` (less
     under the edge cases of :func:`optimal_client_probs`).
 
     Parameters
@@ -117,9 +117,8 @@ def assign_models(probs: ArrayLike, rng: np.random.Generator) -> NDArray[np.intp
     """Draw, independently per client, one model to train or idle.
 
     Client ``i`` trains model ``s`` with probability ``probs[i, s]`` and idles
-    with probability ``1 - sum_s probs[i, s]`` (MMFL-DETAILS.md, "Realizing
-    the sample"); one uniform per client is compared with the row's running
-    totals.
+    with probability ``1 - sum_s probs[i, s]`` (docs/methods.md §5, MMFL); one
+    uniform per client is compared with the row's running totals.
 
     Parameters
     ----------
@@ -208,9 +207,8 @@ def aocs_probs(
 ) -> NDArray[np.float64]:
     """Approximate OCS (AOCS): the privacy-friendly iteration towards OCS.
 
-    The protocol of MMFL-DETAILS.md ("OCS and its approximate, privacy-friendly
-    form"), evaluated centrally but using the norms only through the sums the
-    protocol reveals:
+    The protocol of docs/methods.md §5 (AOCS), evaluated centrally but using
+    the norms only through the sums the protocol reveals:
 
     1. total ``u = sum_i u_i``; each client sets ``p_i = min(1, m u_i / u)``;
     2. up to ``max_iterations`` times: the sums ``P = sum p_i`` and

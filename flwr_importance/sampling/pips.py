@@ -3,9 +3,9 @@
 Inclusion probabilities proportional to a size measure, capped at 1, and three
 ways of realizing a sample from probabilities: Hartley–Rao randomized
 systematic sampling (a fixed number of distinct units, used by ISFedAvg at both
-the client and the sample level, METHODS.md §1), independent Bernoulli
-(Poisson) participation (OCS/MMFL, METHODS.md §5) and multinomial "MD"
-sampling with replacement (the clustered-sampling baseline, METHODS.md §4).
+the client and the sample level, docs/methods.md §1), independent Bernoulli
+(Poisson) participation (OCS/MMFL, docs/methods.md §5) and multinomial "MD"
+sampling with replacement (the clustered-sampling baseline, docs/methods.md §4).
 
 Every function is pure NumPy and draws its randomness from the
 ``numpy.random.Generator`` it is given.
@@ -39,7 +39,7 @@ def capped_inclusion_probs(weights: ArrayLike, m: int) -> NDArray[np.float64]:
     in ``O(N log N)``: sort the positive weights ascending and take the largest
     ``k`` with ``0 < m - N + k <= sum_{j<=k} w_j / w_k``; the ``k`` smallest get
     ``(m - N + k) w_i / sum_{j<=k} w_j`` and the others 1.  This is also the
-    single-model OCS closed form (METHODS.md §5), which
+    single-model OCS closed form (docs/methods.md §5), which
     :func:`flwr_importance.sampling.optimal.optimal_client_probs` reuses.
 
     Parameters
@@ -98,7 +98,7 @@ def systematic_sample(
 
     Units are put in a random order, laid end to end as intervals of length
     ``inclusion_probs[i]``, and one uniform start ``d ~ U[0, 1)`` selects the
-    units whose interval holds ``d + j`` for ``j = 0..n-1`` (METHODS.md §1).
+    units whose interval holds ``d + j`` for ``j = 0..n-1`` (docs/methods.md §1).
     **Decision:** the order is shuffled (the randomized version of Hartley &
     Rao 1962), which leaves the first-order inclusion probabilities unchanged
     and excludes no pair of units because of where they sit.
@@ -149,7 +149,7 @@ def poisson_sample(probs: ArrayLike, rng: np.random.Generator) -> NDArray[np.int
 
     Unit ``i`` is selected with probability ``probs[i]`` independently of the
     others, so the sample size is random with mean ``sum(probs)``; this is how
-    OCS clients decide to participate (METHODS.md §5).
+    OCS clients decide to participate (docs/methods.md §5).
 
     Parameters
     ----------
@@ -175,7 +175,7 @@ def poisson_sample(probs: ArrayLike, rng: np.random.Generator) -> NDArray[np.int
 def md_sample(p: ArrayLike, m: int, rng: np.random.Generator) -> NDArray[np.intp]:
     """Multinomial (MD) sampling: ``m`` i.i.d. draws with replacement from ``p``.
 
-    The baseline of clustered sampling (METHODS.md §4): a client drawn twice
+    The baseline of clustered sampling (docs/methods.md §4): a client drawn twice
     appears twice, and each index's expected count is ``m * p[i]``.
 
     Parameters

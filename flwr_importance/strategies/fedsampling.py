@@ -161,7 +161,7 @@ class FedSampling(CheckedFedAvg):
        node that did not answer would push the round above ``K`` samples).
 
     ``aggregate_train`` then applies ``Theta <- Theta - eta sum_c G_c`` to the
-    model sent in step 3. **Decision** (METHODS.md): the sign is descent; the
+    model sent in step 3. **Decision** (docs/methods.md): the sign is descent; the
     paper writes ``+ eta sum G`` with ``G`` an update. A missing or malformed
     ``G_c`` is left out (logged): the step uses the others.
 

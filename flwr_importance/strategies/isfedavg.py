@@ -67,7 +67,7 @@ class ISFedAvg(CheckedFedAvg):
     clients. The returned statistics then update the participants' ``p_k``
     (eq. 28), floored at ``min_relative_client_prob / K`` and renormalized.
 
-    Decisions (mirrored from METHODS.md §1 and made here):
+    Decisions (mirrored from docs/methods.md §1 and made here):
 
     * ``p_k`` sent to a client is its *realized* normalized inclusion
       probability ``P(k in S) / L``, the capped one. The client divides its

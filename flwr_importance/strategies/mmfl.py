@@ -1,8 +1,8 @@
 """Multi-model federated learning with optimal variance-reduced sampling (MMFL).
 
 Zhang, Li, Gong, Siew, Joe-Wong, El-Azouzi, "Optimal Variance-Reduced Client
-Sampling in Multiple Models Federated Learning" (2024; slides in ``papers/``),
-METHODS.md §5 and MMFL-DETAILS.md.
+Sampling in Multiple Models Federated Learning" (ICDCS 2024 poster),
+docs/methods.md §5.
 """
 
 from __future__ import annotations
@@ -92,9 +92,9 @@ def unpack_models(packed: ArrayRecord) -> list[ArrayRecord]:
 class MultiModelSampling(CheckedFedAvg):
     """Train ``S`` models at once, each client training at most one per round.
 
-    Zhang et al. 2024 (slides, Algorithm 1 and eq. 5; METHODS.md §5,
-    MMFL-DETAILS.md). Client ``i`` trains model ``s`` with probability
-    ``p_{s|i}`` or idles; the server updates every model with the unbiased
+    Zhang et al. 2024 (Algorithm 1 and eq. 5; docs/methods.md §5). Client
+    ``i`` trains model ``s`` with probability ``p_{s|i}`` or idles; the server
+    updates every model with the unbiased
     ``w_s + server_lr * sum_{i in A_s} (d_is / p_{s|i}) U_is``, where
     ``d_is = n_is / sum_j n_js`` and ``U_is`` is the local model delta. The
     ``S`` global models travel through Flower's round loop packed in one
@@ -111,7 +111,7 @@ class MultiModelSampling(CheckedFedAvg):
       ``f_is(w_s)`` (forward passes only); ``p = mmfl_probs(d * f, m)``; only the
       sampled clients train. **Decision:** ``u_is = d_is f_is`` as the formula
       says; the authors' code divides the loss by the sample count, cancelling
-      the ``d`` weighting (MMFL-DETAILS.md).
+      the ``d`` weighting (docs/methods.md §5).
     - ``"random"``: ``m`` clients without replacement, each given a uniformly
       random model; ``p = m / (N S)``.
     - ``"round-robin"``: the same ``m`` clients; client ``i`` trains model

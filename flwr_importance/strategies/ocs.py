@@ -1,8 +1,8 @@
 """Optimal client sampling (OCS) and its privacy-friendly approximation (AOCS).
 
 Chen, Horváth, Richtárik, "Optimal Client Sampling for Federated Learning"
-(TMLR 2022), as used by Zhang et al. (2024, slides in ``papers/``); METHODS.md
-§5 and MMFL-DETAILS.md. The round plumbing shared with the multi-model strategy
+(TMLR 2022), as used by Zhang et al. (ICDCS 2024 poster); specification in
+docs/methods.md §5. The round plumbing shared with the multi-model strategy
 (:mod:`flwr_importance.strategies.mmfl`) lives here too: the single model is
 the case ``S = 1`` of the same client contract
 (:mod:`flwr_importance.clientapps.optimal`).
@@ -268,8 +268,8 @@ class OptimalClientSampling(CheckedFedAvg):
     """Optimal client sampling (OCS), or its approximation AOCS, for one model.
 
     Chen, Horváth, Richtárik, "Optimal Client Sampling for Federated Learning",
-    TMLR 2022 (the single-model closed form quoted in Zhang et al. 2024; METHODS.md
-    §5). Every round:
+    TMLR 2022 (the single-model closed form quoted in Zhang et al. 2024;
+    docs/methods.md §5). Every round:
 
     1. ``query.norm`` to every connected node: each trains from the global model,
        keeps its update ``U_i`` in its node state and replies ``||U_i||`` and
@@ -286,7 +286,7 @@ class OptimalClientSampling(CheckedFedAvg):
     send ``||d_i U_i||``, which needs ``sum_j n_j`` on the client): every node's
     update norm ``||U_i||`` and sample count ``n_i`` (which FedAvg's
     ``num-examples`` reveals anyway), and the updates of the sampled nodes only.
-    With ``approximate=True`` (AOCS, MMFL-DETAILS.md) the probabilities depend on
+    With ``approximate=True`` (AOCS, docs/methods.md §5) the probabilities depend on
     the ``u_i`` only through sums: ``sum u_i``, then per iteration the sum of the
     below-one probabilities and their count. Here those sums are simulated by
     summing on the server, which still receives the individual values; a

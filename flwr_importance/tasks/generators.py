@@ -23,9 +23,10 @@ TEST_FRACTION = 0.2
 SYNTHETIC_DIMENSION = 60
 SYNTHETIC_CLASSES = 10
 
-# ISFedAvg regression: how agents differ (the paper does not say; METHODS.md asks
-# for agents that differ in gradient size). The feature scale multiplies both the
-# curvature (by its square) and the gradient; its spread is kept moderate so the
+# ISFedAvg regression: how agents differ (the paper does not say; importance
+# sampling needs agents that differ in gradient size, docs/methods.md §1). The
+# feature scale multiplies both the curvature (by its square) and the gradient;
+# its spread is kept moderate so the
 # paper's step size 0.01 stays stable on one sample of the steepest agent
 # (2 * 0.01 * dimension * scale^2 < 2 for every scale below ~3). The noise level
 # sets the gradient noise at the optimum and spreads over two orders of magnitude.

@@ -1,4 +1,4 @@
-"""``strategy = "isfedavg"``: two-level importance sampling (METHODS.md §1).
+"""``strategy = "isfedavg"``: two-level importance sampling (docs/methods.md §1).
 
 Options (run-config keys, see ``pyproject.toml``): ``isfedavg-uniform``,
 ``isfedavg-min-local-steps``/``isfedavg-max-local-steps`` (``E_k``),
