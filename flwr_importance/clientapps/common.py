@@ -171,27 +171,6 @@ def train_round(
     )
 
 
-def task_criterion(
-    task: LocalTask,
-) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """The task's loss as a criterion ``(outputs, targets) -> mean loss``.
-
-    The shape of a user's ``torch.nn.CrossEntropyLoss()``, so the helpers
-    written for the user's own loss run the ready-made handlers too. As in
-    :meth:`~flwr_importance.tasks.Objective.loss`, the regularizer
-    ``l2 ||w||^2`` of ``task.model``'s parameters enters each batch's loss once.
-    """
-    objective = task.objective
-
-    def criterion(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        mean_loss = objective.sample_losses(outputs, targets).mean()
-        if objective.l2 > 0:
-            mean_loss = mean_loss + objective.penalty(task.model.parameters())
-        return mean_loss
-
-    return criterion
-
-
 def task_batches(
     task: LocalTask, indices: Sequence[int]
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -65,7 +65,6 @@ from flwr_importance.clientapps.common import (
     round_generators,
     server_round_of,
     task_batches,
-    task_criterion,
 )
 from flwr_importance.clientapps.sizes import SampleCount, sample_count_source
 from flwr_importance.protocol import (
@@ -79,7 +78,7 @@ from flwr_importance.protocol import (
     query_message_type,
 )
 from flwr_importance.sampling import privatize_size
-from flwr_importance.tasks.training import mean_gradient
+from flwr_importance.tasks.training import BatchLoss, mean_gradient
 
 
 def private_size_reply(
@@ -306,6 +305,26 @@ def fedsampling_gradient(
         If ``E > 1`` without a positive ``lr``, or samples were kept but the
         batches hold none.
     """
+    return _fedsampling_gradient(
+        model,
+        batches,
+        criterion_batch_loss(criterion),
+        plan=plan,
+        lr=lr,
+        unpack=unpack,
+    )
+
+
+def _fedsampling_gradient(
+    model: torch.nn.Module,
+    batches: Iterable[Any],
+    batch_loss: BatchLoss,
+    *,
+    plan: FedSamplingRound,
+    lr: float | None,
+    unpack: Unpack,
+) -> dict[str, torch.Tensor]:
+    """:func:`fedsampling_gradient` for a ``(model, inputs, targets) -> loss``."""
     if plan.local_steps > 1 and (lr is None or not lr > 0):
         raise ValueError(
             f"{LOCAL_STEPS}={plan.local_steps} needs a positive lr, got {lr!r}"
@@ -315,7 +334,7 @@ def fedsampling_gradient(
     if plan.indices:
         for step in range(plan.local_steps):
             step_gradient = _normalized_gradient(
-                model, batches, criterion, unpack, plan.samples_per_round
+                model, batches, batch_loss, unpack, plan.samples_per_round
             )
             with torch.no_grad():
                 for parameter, accumulated, gradient in zip(
@@ -350,13 +369,13 @@ class _Counted:
 def _normalized_gradient(
     model: torch.nn.Module,
     batches: Iterable[Any],
-    criterion: Criterion,
+    batch_loss: BatchLoss,
     unpack: Unpack,
     samples_per_round: int,
 ) -> list[torch.Tensor]:
     """``(1/K) sum_s grad Q_s(w)``: the mean gradient times ``|S_c| / K``."""
     counted = _Counted(batches, unpack)
-    mean = mean_gradient(model, counted, criterion_batch_loss(criterion))
+    mean = mean_gradient(model, counted, batch_loss)
     scale = counted.num_samples / samples_per_round
     return [gradient * scale for gradient in mean]
 
@@ -403,7 +422,8 @@ def make_fedsampling_train_handler(task_factory: TaskFactory) -> ClientHandler:
     """The ready-made train handler: :func:`fedsampling_round` and friends on the task.
 
     The keep decisions are the first draws of the node's round generator; the
-    local steps (when ``E > 1``) use the task's ``lr``.
+    loss is the task's objective (regularizer included) and the local steps
+    (when ``E > 1``) use the task's ``lr``.
     """
 
     def train(message: Message, context: Context) -> Message:
@@ -411,12 +431,13 @@ def make_fedsampling_train_handler(task_factory: TaskFactory) -> ClientHandler:
         load_global_model(task, message)
         numpy_rng, _ = round_generators(task, server_round_of(message))
         plan = fedsampling_round(message, num_examples=len(task.x), rng=numpy_rng)
-        gradient = fedsampling_gradient(
+        gradient = _fedsampling_gradient(
             task.model,
             task_batches(task, plan.indices),
-            task_criterion(task),
+            task.objective.loss,
             plan=plan,
             lr=task.lr,
+            unpack=inputs_and_targets,
         )
         return fedsampling_reply(message, gradient)
 
