@@ -1,0 +1,1 @@
+"""Plain FedAvg on the offline digits: the deployment benchmark's baseline."""
