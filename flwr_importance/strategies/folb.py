@@ -111,7 +111,7 @@ class FOLB(CheckedFedAvg):
     of the valid updates, with a warning.
 
     **Device draws.** The paper's analysis samples multisets with replacement
-    (Sec. III, Algorithm 2); FedProx's code, the paper's code base and
+    (Sec. III; Algorithms 1 and 2 draw multisets); FedProx's code, the paper's code base and
     baseline, draws ``K`` distinct devices. The default is without
     replacement, so that FOLB trains the same number of devices as FedProx
     and, through :func:`flwr_importance.sampling.uniform_client_set` (a pure
