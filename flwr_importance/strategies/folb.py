@@ -110,9 +110,9 @@ class FOLB(CheckedFedAvg):
     gradient, no answer from ``S2``) use the ``n_k``-weighted (or plain) mean
     of the valid updates, with a warning.
 
-    **Device draws.** The paper's analysis samples multisets with replacement
-    (Sec. III; Algorithms 1 and 2 draw multisets); FedProx's code, the paper's code base and
-    baseline, draws ``K`` distinct devices. The default is without
+    **Device draws.** The paper's analysis samples with replacement (Sec. III;
+    Algorithms 1 and 2 draw multisets); FedProx's code, the paper's code base
+    and baseline, draws ``K`` distinct devices. The default is without
     replacement, so that FOLB trains the same number of devices as FedProx
     and, through :func:`flwr_importance.sampling.uniform_client_set` (a pure
     function of seed, round and the sorted node ids), the *same* devices as a
