@@ -30,8 +30,8 @@ with its optimizer, returns the gradient sum (the server takes the SGD step,
 
 No federated evaluation: Flower's evaluate replies are weighted by
 ``num-examples``, the size this method keeps private, so a FedSampling
-ClientApp has no ``@app.evaluate()`` and the strategy runs with
-``fraction_evaluate=0``; evaluate on the server instead
+ClientApp needs no ``@app.evaluate()`` (an existing one is never called) and
+the strategy refuses ``fraction_evaluate > 0``; evaluate on the server instead
 (``strategy.start(..., evaluate_fn=...)``, as the simulation app does).
 
 The ready-made handlers (:func:`make_fedsampling_handlers`) are these same
