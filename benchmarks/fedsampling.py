@@ -32,7 +32,7 @@ through Flower's messages (a size query and a train message per client) takes
 seconds, so this benchmark runs the algorithm on the pooled arrays with the
 library's maths (:func:`~flwr_importance.sampling.estimate_total_size`,
 :func:`~flwr_importance.aggregation.fedsampling.keep_probability`,
-:func:`~flwr_importance.aggregation.fedsampling.size_weighted_draws`); the
+:func:`~flwr_importance.sampling.md_sample`); the
 strategy and ClientApp are tested in ``tests/fedsampling``.
 
 Run ``python -m benchmarks.fedsampling`` (quick) or ``--full`` (more clients
@@ -61,11 +61,8 @@ from benchmarks.evidence import (
     write_claims,
 )
 from benchmarks.harness import benchmark_parser, prepare_run
-from flwr_importance.aggregation.fedsampling import (
-    keep_probability,
-    size_weighted_draws,
-)
-from flwr_importance.sampling import estimate_total_size, ldp_alpha
+from flwr_importance.aggregation.fedsampling import keep_probability
+from flwr_importance.sampling import estimate_total_size, ldp_alpha, md_sample
 from flwr_importance.tasks import FederatedSplit, Objective, build_model
 from flwr_importance.tasks.generators import lognormal_mixture
 
@@ -221,10 +218,10 @@ def run_seed(
                 data, clients, sizes / sizes.sum(), setting.batch_size, rng
             )
         elif method == "sizeweighted":
-            counts = size_weighted_draws(data.sizes, num_draws, rng)
-            clients = np.flatnonzero(counts)
+            draws = md_sample(data.sizes / data.sizes.sum(), num_draws, rng)
+            clients, counts = np.unique(draws, return_counts=True)
             indices, weights = client_batches(
-                data, clients, counts[clients] / num_draws, setting.batch_size, rng
+                data, clients, counts / num_draws, setting.batch_size, rng
             )
         elif method == "fedsampling":
             epsilon = float(overrides["epsilon"])

@@ -31,7 +31,7 @@ The projection is a CountSketch drawn once from the seed (one code per
 parameter) and applied to each returned update in ``O(d)`` (about 2-3 ms per
 update at 1M parameters).
 
-Round 1 is a warm-up (MD, clustered and size-weighted sampling query sizes
+Round 1 is a warm-up (MD and clustered sampling query sizes
 once); the time is that of the fastest of the next ``repeats`` rounds.
 
     python -m benchmarks.server_overhead          # quick: 5 timed rounds, 2 at 10,000
@@ -76,7 +76,6 @@ from flwr_importance.strategies.isfedavg import ISFedAvg
 from flwr_importance.strategies.md import MDSampling
 from flwr_importance.strategies.mmfl import MultiModelSampling, pack_models
 from flwr_importance.strategies.ocs import OptimalClientSampling
-from flwr_importance.strategies.size_weighted import SizeWeightedSampling
 
 #: Layer shapes of the benchmark model: 1,000,656 parameters.
 MODEL_SHAPES = {
@@ -296,7 +295,6 @@ def responders(
         },
         "folb": {"train": folb_train},
         "fedsampling": {"query.sizes": size_response, "train": gradient_sum},
-        "sizeweighted": {"query.sizes": sizes, "train": plain_train},
         "md": {"query.sizes": sizes, "train": plain_train},
         "clustered-size": {"query.sizes": sizes, "train": plain_train},
         "clustered-similarity": {"query.sizes": sizes, "train": plain_train},
@@ -346,8 +344,6 @@ def build_strategy(method: str, num_nodes: int, fleet: Fleet) -> Strategy:
             fraction_evaluate=0.0,
             min_available_nodes=1,
         )
-    if method == "sizeweighted":
-        return SizeWeightedSampling(m, fraction_evaluate=0.0, min_available_nodes=1)
     if method == "md":
         return MDSampling(m, fraction_evaluate=0.0, min_available_nodes=1)
     if method == "clustered-size":
@@ -374,7 +370,6 @@ METHODS: dict[str, str] = {
     "isfedavg": "fedavg",
     "folb": "fedavg-2m",
     "fedsampling": "fedavg-all",
-    "sizeweighted": "fedavg",
     "md": "fedavg",
     "clustered-size": "fedavg",
     "clustered-similarity": "fedavg",
@@ -390,7 +385,6 @@ LABELS = {
     "isfedavg": "ISFedAvg",
     "folb": "FOLB",
     "fedsampling": "FedSampling",
-    "sizeweighted": "SizeWeightedSampling",
     "md": "MDSampling",
     "clustered-size": "ClusteredSampling (size, Alg. 1)",
     "clustered-similarity": f"ClusteredSampling (similarity, Alg. 2, "

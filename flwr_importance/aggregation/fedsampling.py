@@ -3,8 +3,9 @@
 The private size estimate lives in :mod:`flwr_importance.sampling.privacy`
 (``ldp_alpha``, ``privatize_size``, ``estimate_total_size``); this module holds
 the rest of Algorithm 1 as pure NumPy: the clients' Bernoulli data sampling
-(lines 10-14), the server update (line 18), and the size-weighted client
-sampling of the paper's Section 4.3 baseline (Li et al., 2019).
+(lines 10-14) and the server update (line 18).  The paper's size-weighted
+client sampling baseline (Section 4.3) is MD sampling:
+:func:`flwr_importance.sampling.md_sample`.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import NDArray
 
 from flwr_importance.aggregation import weighted_sum
-from flwr_importance.sampling._checks import nonnegative_integer, nonnegative_vector
+from flwr_importance.sampling._checks import nonnegative_integer
 
 
 def keep_probability(samples_per_round: int, estimated_total_size: float) -> float:
@@ -120,38 +121,3 @@ def server_update(
     if step.shape != current.shape:
         raise ValueError(f"updates of shape {step.shape}, model of {current.shape}")
     return current - step
-
-
-def size_weighted_draws(
-    sizes: ArrayLike, num_draws: int, rng: np.random.Generator
-) -> NDArray[np.int64]:
-    """Draw clients with replacement, with probability proportional to size.
-
-    The size-weighted client sampling baseline of the paper (Section 4.3, after
-    Li et al., 2019): ``num_draws`` independent draws with
-    ``P(client k) = n_k / sum_l n_l``; averaging the drawn clients' models with
-    equal weight per draw (so ``count_k / num_draws`` per client) is unbiased
-    for the size-weighted average of all clients' models.  It needs the true
-    sizes, which FedSampling keeps private.
-
-    Parameters
-    ----------
-    sizes : ArrayLike
-        True client sizes, non-negative, not all zero.
-    num_draws : int
-        Number of draws ``m >= 1``.
-    rng : numpy.random.Generator
-        Source of randomness.
-
-    Returns
-    -------
-    NDArray[np.int64]
-        How many times each client was drawn (sums to ``num_draws``).
-    """
-    weights = nonnegative_vector("sizes", sizes)
-    if weights.size == 0 or weights.sum() <= 0:
-        raise ValueError("sizes must contain a positive entry")
-    if nonnegative_integer("num_draws", num_draws) < 1:
-        raise ValueError("num_draws must be >= 1")
-    drawn = rng.choice(weights.size, size=num_draws, p=weights / weights.sum())
-    return np.bincount(drawn, minlength=weights.size).astype(np.int64)

@@ -9,14 +9,13 @@ from flwr_importance.strategies.clustered import ClusteredSampling
 from flwr_importance.strategies.fedsampling import FedSampling
 from flwr_importance.strategies.folb import FOLB
 from flwr_importance.strategies.isfedavg import ISFedAvg
-from flwr_importance.strategies.md import MDSampling
+from flwr_importance.strategies.md import MDSampling, SizeWeightedSampling
 from flwr_importance.strategies.mmfl import (
     MultiModelSampling,
     pack_models,
     unpack_models,
 )
 from flwr_importance.strategies.ocs import OptimalClientSampling
-from flwr_importance.strategies.size_weighted import SizeWeightedSampling
 
 __all__ = [
     "FOLB",

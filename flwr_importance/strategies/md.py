@@ -1,4 +1,9 @@
-"""MD sampling, the multinomial baseline of clustered sampling (Fraboni et al.)."""
+"""MD sampling, the multinomial baseline of clustered sampling (Fraboni et al.).
+
+It is also FedSampling's client-level baseline, "size-weighted" client
+sampling (Qi et al., IJCAI 2023, Section 4.3), kept under that name as
+:data:`SizeWeightedSampling`.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +26,12 @@ class MDSampling(MultisetSampling):
     drawn models, a client drawn twice counting twice (it trains once).  The
     round metric ``distinct-clients`` shows how often repeats happen (with 100
     equal clients and ``m = 10``, only ~63% of rounds see 10 distinct ones).
+
+    The same scheme is the weighted client sampling baseline of FedSampling
+    (Qi et al., "FedSampling: A Better Sampling Strategy for Federated
+    Learning", IJCAI 2023, Section 4.3), which is why
+    :data:`SizeWeightedSampling` names this class: it needs every client's
+    true size, the privacy cost FedSampling avoids (docs/methods.md, §3-4).
 
     Parameters
     ----------
@@ -60,3 +71,15 @@ class MDSampling(MultisetSampling):
     ) -> NDArray[np.intp]:
         """``m`` i.i.d. draws with probabilities ``n_i / M_tot``."""
         return md_sample(sizes / sizes.sum(), self.clients_per_round, self.rng)
+
+
+#: FedSampling's size-weighted client sampling baseline (Qi et al., IJCAI 2023,
+#: Section 4.3): ``m`` draws with ``P(k) = n_k / sum_l n_l``, weight
+#: ``count_k / m``, which is MD sampling, so the name is bound to
+#: :class:`MDSampling` (same draws for the same seed as the former class).
+#: Compared with that former class: ``seed`` is keyword-only, the round
+#: metrics are ``distinct-clients`` and ``aggregated-draws`` (were
+#: ``num-distinct-clients`` and ``num-updates``), train replies must carry
+#: ``num-examples`` (it refreshes the size), and the defaults are MD's:
+#: ``fraction_evaluate=1.0`` (was 0.0), ``min_available_nodes=1`` (was 2).
+SizeWeightedSampling = MDSampling

@@ -1,4 +1,4 @@
-"""Clustered, MD and size-weighted sampling on the user's own ClientApp.
+"""Clustered and MD (size-weighted) sampling on the user's own ClientApp.
 
 The quickstart-shaped app keeps its train and evaluate functions and gains one
 ``add_size_query`` line; the real strategies run through the in-process grid.
@@ -22,7 +22,6 @@ from flwr_importance.clientapps.sizes import (
 )
 from flwr_importance.strategies import ClusteredSampling, MDSampling
 from flwr_importance.strategies.common import flatten
-from flwr_importance.strategies.size_weighted import SizeWeightedSampling
 from flwr_importance.testing import InProcessGrid
 from flwr_importance.testing.grid import partition_node_config
 from tests.clientapps.quickstart_user import (
@@ -40,7 +39,6 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 STRATEGIES: dict[str, Callable[[], Strategy]] = {
     "clustered": lambda: ClusteredSampling(3, method="size", min_evaluate_nodes=1),
     "md": lambda: MDSampling(3, min_evaluate_nodes=1),
-    "sizeweighted": lambda: SizeWeightedSampling(3, min_available_nodes=1),
 }
 
 

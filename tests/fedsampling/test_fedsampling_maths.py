@@ -12,7 +12,6 @@ from flwr_importance.aggregation.fedsampling import (
     bernoulli_keep,
     keep_probability,
     server_update,
-    size_weighted_draws,
 )
 from flwr_importance.sampling import estimate_total_size, privatize_size
 
@@ -73,17 +72,6 @@ def test_server_update_descends_along_the_summed_gradients() -> None:
     np.testing.assert_array_equal(server_update(model, [], server_lr=0.1), model)
 
 
-def test_size_weighted_draws_are_proportional_to_size() -> None:
-    rng = np.random.default_rng(2)
-    sizes = np.array([1, 3, 6, 0])
-    draws = 20_000
-    counts = size_weighted_draws(sizes, draws, rng)
-    assert counts.sum() == draws and counts[3] == 0
-    shares = sizes / sizes.sum()
-    standard_errors = np.sqrt(shares * (1 - shares) / draws)
-    assert np.all(np.abs(counts / draws - shares) < 4 * standard_errors + 1e-12)
-
-
 @pytest.mark.parametrize(
     ("call", "message"),
     [
@@ -94,8 +82,6 @@ def test_size_weighted_draws_are_proportional_to_size() -> None:
         (lambda: bernoulli_keep(-1, 0.5, np.random.default_rng()), "num_samples"),
         (lambda: server_update(np.zeros(2), [np.zeros(2)], 0.0), "server_lr"),
         (lambda: server_update(np.zeros(2), [np.zeros(3)], 1.0), "shape"),
-        (lambda: size_weighted_draws([0, 0], 3, np.random.default_rng()), "positive"),
-        (lambda: size_weighted_draws([1, 2], 0, np.random.default_rng()), "num_draws"),
     ],
 )
 def test_invalid_input_raises(call: Callable[[], object], message: str) -> None:

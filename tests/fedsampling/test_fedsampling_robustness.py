@@ -22,9 +22,9 @@ from flwr_importance.clientapps.fedsampling import (
 from flwr_importance.protocol import (
     FEDSAMPLING_SIZE_RESPONSE,
 )
+from flwr_importance.strategies import SizeWeightedSampling
 from flwr_importance.strategies.common import flatten
 from flwr_importance.strategies.fedsampling import FedSampling
-from flwr_importance.strategies.size_weighted import SizeWeightedSampling
 from flwr_importance.testing import InProcessGrid
 from simulations.client_app import app as simulation_client_app
 from simulations.config import ExperimentConfig

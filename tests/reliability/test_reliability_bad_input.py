@@ -57,7 +57,6 @@ METHODS = (
     "isfedavg",
     "folb",
     "fedsampling",
-    "sizeweighted",
     "md",
     "clustered-size",
     "clustered-similarity",
@@ -78,9 +77,6 @@ CORRUPTIONS = (
 )
 ARRAY_CORRUPTIONS = {"nan-array", "inf-array", "wrong-shape", "missing-arrays"}
 HUGE = 1e300
-#: Replies whose metrics the strategy does not read: a metric spoil there is
-#: no spoil (size-weighted sampling weights by its draws, not num-examples).
-IGNORED_METRICS = {("sizeweighted", "train")}
 #: Metrics that may be negative: OCS/MMFL only report the mean train loss, and
 #: a loss may be negative (e.g. a Gaussian negative log-likelihood).
 SIGNED_METRICS = {"train-loss"}
@@ -116,13 +112,13 @@ class Spoil:
     kind: str
     metric: int  # index into the reply's metric keys (modulo)
 
-    def changes(self, content: RecordDict, reads_metrics: bool) -> bool:
+    def changes(self, content: RecordDict) -> bool:
         """Whether the spoil alters what the strategy reads of ``content``."""
         if self.kind in ARRAY_CORRUPTIONS:
             return bool(content.array_records)
         if self.kind in ("error", "duplicate"):
             return True
-        return reads_metrics and any(
+        return any(
             self._spoilable(dict(record)) for record in content.metric_records.values()
         )
 
@@ -186,7 +182,6 @@ class SpoilingGrid(CannedReplyGrid):
 
     spoil: Spoil | None = None
     drop_victim: bool = False
-    reads_metrics: bool = True
     victims: list[int] = field(default_factory=list)
 
     def send_and_receive(
@@ -207,7 +202,7 @@ class SpoilingGrid(CannedReplyGrid):
             if (
                 spoil is None
                 or message is not victim
-                or not spoil.changes(reply.content, self.reads_metrics)
+                or not spoil.changes(reply.content)
             ):
                 replies.append(reply)
                 continue
@@ -228,16 +223,7 @@ def one_round(method: str, grid: SpoilingGrid) -> NDArray[np.float64] | None:
 
 
 def make_grid(method: str, spoil: Spoil | None, drop_victim: bool) -> SpoilingGrid:
-    reads_metrics = spoil is None or (method, spoil.message_type) not in (
-        IGNORED_METRICS
-    )
-    grid = SpoilingGrid(
-        NUM_NODES,
-        {},
-        spoil=spoil,
-        drop_victim=drop_victim,
-        reads_metrics=reads_metrics,
-    )
+    grid = SpoilingGrid(NUM_NODES, {}, spoil=spoil, drop_victim=drop_victim)
     grid.responders = responders(method, FLEET, grid.node_index)
     return grid
 

@@ -16,8 +16,9 @@ rounds, names the failed nodes and improves the model under
     arrived replies are a uniform subset of the selected ones. The same draws
     with the missing updates counted as zero are shown biased (the test can
     fail).
-  - SizeWeighted sampling (mean over the arrived draws) stays unbiased for the
-    size-weighted mean over the nodes whose size is known.
+  - MD sampling (FedSampling's size-weighted baseline: mean over the arrived
+    draws) stays unbiased for the size-weighted mean over the nodes whose size
+    is known.
   - OCS (Horvitz-Thompson over the arrived updates) accepts a bias, as its
     docstring says: nothing is made up for a missing term, so the expected
     step shrinks to ``(1 - rate)`` times the full-participation step.
@@ -54,10 +55,11 @@ from flwr_importance.protocol import (
     ISFEDAVG_SIGMA2,
     UPDATE_RECORD,
 )
+from flwr_importance.strategies._multiset import MultisetSampling
 from flwr_importance.strategies.common import flatten
 from flwr_importance.strategies.isfedavg import ISFedAvg
+from flwr_importance.strategies.md import MDSampling
 from flwr_importance.strategies.ocs import OptimalClientSampling
-from flwr_importance.strategies.size_weighted import SizeWeightedSampling
 from flwr_importance.testing import InProcessGrid
 from flwr_importance.testing.fault_injection import fault_injection_mod
 from simulations import methods
@@ -160,24 +162,9 @@ def test_isfedavg_tables_cover_the_connected_nodes_and_stay_normalized(
     assert probs.max() > 1.0 / len(connected) + 1e-6
 
 
-def known_sizes(strategy: Strategy) -> dict[int, int]:
-    """The size table (SizeWeightedSampling keeps it private)."""
-    if isinstance(strategy, SizeWeightedSampling):
-        return dict(strategy._sizes)  # pylint: disable=W0212
-    return dict(strategy.sizes)  # type: ignore[attr-defined]
-
-
-def drawn_nodes(strategy: Strategy) -> dict[int, int]:
-    """The latest round's draws per node."""
-    if isinstance(strategy, SizeWeightedSampling):
-        return dict(strategy._draw_counts)  # pylint: disable=W0212
-    return dict(strategy.drawn_counts)  # type: ignore[attr-defined]
-
-
 @pytest.mark.parametrize(
     ("strategy_name", "overrides"),
     [
-        ("sizeweighted", {}),
         ("md", {}),
         ("clustered", {"clustered-method": "similarity"}),
     ],
@@ -193,8 +180,9 @@ def test_size_tables_hold_exactly_the_nodes_that_reported_a_size(
         for _, reply in good_replies(grid, "query.sizes")
     }
     assert 0 < len(reported) < NUM_NODES, "30% faults should hit some size query"
-    assert known_sizes(strategy) == reported
-    drawn = set(drawn_nodes(strategy))
+    assert isinstance(strategy, MultisetSampling)
+    assert strategy.sizes == reported
+    drawn = set(strategy.drawn_counts)
     assert drawn <= set(reported), "only nodes with a known size are drawn"
     if strategy_name == "clustered":
         gradients = strategy.gradients  # type: ignore[attr-defined]
@@ -267,7 +255,12 @@ def crafted_app() -> ClientApp:
             num_clients = float(config[ISFEDAVG_NUM_CLIENTS])  # type: ignore[arg-type]
             step = step / (num_clients * float(config[ISFEDAVG_CLIENT_PROB]))  # type: ignore[arg-type]
         content = metrics(
-            {ISFEDAVG_SIGMA2: 1.0, ISFEDAVG_GRADIENT_SQ_NORM: 1.0, "num-examples": 1}
+            {
+                ISFEDAVG_SIGMA2: 1.0,
+                ISFEDAVG_GRADIENT_SQ_NORM: 1.0,
+                # The size query's value: MD sampling refreshes sizes from it.
+                "num-examples": int(SIZES[k]),
+            }
         )
         received = message.content.array_records["arrays"]["w"].numpy()
         content["arrays"] = ArrayRecord({"w": Array(received + step)})
@@ -345,12 +338,10 @@ def test_isfedavg_mean_of_the_arrived_models_stays_unbiased(
     assert np.any(bias > Z * standard_error)
 
 
-def test_size_weighted_mean_of_the_arrived_draws_stays_unbiased(
-    grid: InProcessGrid,
-) -> None:
-    strategy = SizeWeightedSampling(4, seed=2, min_available_nodes=1)
+def test_md_mean_of_the_arrived_draws_stays_unbiased(grid: InProcessGrid) -> None:
+    strategy = MDSampling(4, seed=2)
     estimates, _ = steps(strategy, grid, 1500)
-    known = [grid.partition_of(node_id) for node_id in known_sizes(strategy)]
+    known = [grid.partition_of(node_id) for node_id in strategy.sizes]
     assert known
     weights = SIZES[known] / SIZES[known].sum()
     assert_mean_is(estimates, weights @ UPDATES[known])

@@ -31,7 +31,6 @@ from flwr_importance.strategies import (
     MDSampling,
     MultiModelSampling,
     OptimalClientSampling,
-    SizeWeightedSampling,
     pack_models,
 )
 from flwr_importance.testing import InProcessGrid
@@ -66,7 +65,6 @@ STRATEGIES: dict[str, tuple[Callable[[], Strategy], ArrayRecord]] = {
         lambda: MultiModelSampling(1, 5, variant="gradnorm"),
         pack_models([MODEL]),
     ),
-    "sizeweighted": (lambda: SizeWeightedSampling(5, min_available_nodes=1), MODEL),
 }
 
 
