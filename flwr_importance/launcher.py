@@ -901,10 +901,11 @@ def compare_strategies(
                 f"{completed.returncode}\n{output}"
             )
         if not history_path.is_file():
+            # `flwr run --stream` exits with 0 even when the ServerApp fails.
             raise RunFailedError(
-                f"flwr run of strategy={strategy} wrote no {history_path}: "
-                "--compare needs an app that writes history.json into its "
-                "output-dir run-config value"
+                f"flwr run of strategy={strategy} wrote no {history_path}: the "
+                "run failed (its log is above) or the app does not write "
+                "history.json into its output-dir run-config value"
             )
         histories[strategy] = json.loads(history_path.read_text())
         print(
