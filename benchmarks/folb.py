@@ -24,7 +24,7 @@ accuracy (Table I) and the final global training loss
     python -m benchmarks.folb            # quick: Synthetic(1,1), 5 seeds, ~3 min
     python -m benchmarks.folb --full     # 10 seeds, 200/100 rounds, E = 20, 3 data sets
 
-Quick mode runs 15 rounds with local epochs drawn in 1..2 (the presets' E = 20
+Quick mode runs 20 rounds with local epochs drawn in 1..2 (the presets' E = 20
 costs ten times more per round) and tunes FOLB and FedProx only; ``--full``
 runs the presets as they are and tunes every method.
 """
@@ -105,7 +105,7 @@ class Scale:
 
 
 #: Quick mode tunes only the claim's pair: each tuned method costs 6 more runs.
-QUICK = Scale({"synthetic-1-1": 15}, 2, tuple(range(5)), tuned=(FOLB, FEDPROX))
+QUICK = Scale({"synthetic-1-1": 20}, 2, tuple(range(5)), tuned=(FOLB, FEDPROX))
 FULL = Scale(
     {"synthetic-1-1": 200, "synthetic-iid": 200, "digits": 100},
     None,
