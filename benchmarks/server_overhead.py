@@ -2,9 +2,10 @@
 
 Times ``configure_train`` + ``aggregate_train`` of each strategy of the library
 at 100, 1,000 and 10,000 nodes with a 1M-parameter model, without clients: a
-fake grid (:class:`CannedReplyGrid`) answers every message at once with a
-pre-built reply of the shape the strategy's client contract asks for (the
-model-shaped arrays, the metrics, the query answers), so only server work is
+fake grid (:class:`~flwr_importance.testing.CannedReplyGrid`) answers every
+message at once with a pre-built reply of the shape the strategy's client
+contract asks for (the model-shaped arrays, the metrics, the query answers,
+:func:`~flwr_importance.testing.canned_responders`), so only server work is
 timed. The grid's own time (building reply messages) is measured and
 subtracted.
 
@@ -42,22 +43,19 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg, Strategy
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
-from flwr.supercore.run import Run
-from flwr.supercore.task_identity import TaskIdentity
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from benchmarks.harness import (
@@ -67,15 +65,15 @@ from benchmarks.harness import (
     save_figure,
 )
 from flwr_importance.aggregation import weighted_sum
-from flwr_importance.local_grid import LocalGrid
 from flwr_importance.strategies.clustered import ClusteredSampling
 from flwr_importance.strategies.common import all_finite, array_values, combine_arrays
-from flwr_importance.strategies.fedsampling import FedSampling
-from flwr_importance.strategies.folb import FOLB
-from flwr_importance.strategies.isfedavg import ISFedAvg
-from flwr_importance.strategies.md import MDSampling
-from flwr_importance.strategies.mmfl import MultiModelSampling, pack_models
-from flwr_importance.strategies.ocs import OptimalClientSampling
+from flwr_importance.strategies.mmfl import pack_models
+from flwr_importance.testing.canned import (
+    CannedReplyGrid,
+    Fleet,
+    canned_responders,
+    canned_strategy,
+)
 
 #: Layer shapes of the benchmark model: 1,000,656 parameters.
 MODEL_SHAPES = {
@@ -88,7 +86,6 @@ MAX_TRAINED = 100
 TARGET_OVERHEAD = 0.10
 TARGET_NODES = 1_000
 PROJECTION_DIM = 1024
-MAX_SIZE = 100  # FedSampling's size threshold M
 
 REPLY_POOL = 32
 
@@ -117,9 +114,6 @@ COST_NOTE = (
     "reply where FedAvg reads one."
 )
 
-#: Builds a reply's content from the message it answers.
-Responder = Callable[[Message], RecordDict]
-
 
 def benchmark_model(seed: int = 0) -> ArrayRecord:
     """A float32 model with the layer shapes of :data:`MODEL_SHAPES`."""
@@ -132,181 +126,19 @@ def benchmark_model(seed: int = 0) -> ArrayRecord:
     )
 
 
-@dataclass
-class CannedReplyGrid(LocalGrid):
-    """A grid whose nodes answer each message type with a pre-built reply.
-
-    Parameters
-    ----------
-    num_nodes : int
-        Connected nodes, with ids ``2..num_nodes+1``.
-    responders : Mapping[str, Responder]
-        Per message type, the reply content for a message.
-
-    Attributes
-    ----------
-    seconds : float
-        Time spent building replies since the last :meth:`reset_clock`
-        (subtracted from the strategy's time).
-    """
-
-    num_nodes: int
-    responders: Mapping[str, Responder]
-    seconds: float = field(default=0.0, init=False)
-
-    def __post_init__(self) -> None:
-        self._node_ids = list(range(2, self.num_nodes + 2))
-        self._run = Run.create_empty(1)
-        # Flower reads these when a Message is built (as in InProcessGrid).
-        TaskIdentity.run_id = 1
-        TaskIdentity.node_id = SUPERLINK_NODE_ID
-        TaskIdentity.task_id = 1
-        self._message_count = 0
-
-    def reset_clock(self) -> None:
-        """Start counting the grid's own time from zero."""
-        self.seconds = 0.0
-
-    def get_node_ids(self) -> Iterable[int]:
-        """Ids of the connected nodes."""
-        return list(self._node_ids)
-
-    def node_index(self, node_id: int) -> int:
-        """The node's position ``0..num_nodes-1`` (for per-node canned values)."""
-        return node_id - 2
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        """Not used: replies are built in :meth:`send_and_receive`."""
-        raise NotImplementedError("CannedReplyGrid only serves send_and_receive")
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        """Not used: replies are built in :meth:`send_and_receive`."""
-        raise NotImplementedError("CannedReplyGrid only serves send_and_receive")
-
-    def send_and_receive(
-        self, messages: Iterable[Message], *, timeout: float | None = None
-    ) -> Iterable[Message]:
-        """One canned reply per message, built now."""
-        start = time.perf_counter()
-        replies = [self.reply_to(message) for message in messages]
-        self.seconds += time.perf_counter() - start
-        return replies
-
-    def reply_to(self, message: Message) -> Message:
-        """The canned reply to ``message``, addressed as a node's would be."""
-        self._message_count += 1
-        message.metadata.__dict__["_message_id"] = f"{self._message_count:032x}"
-        content = self.responders[message.metadata.message_type](message)
-        return Message(content, reply_to=message)
-
-
-@dataclass(frozen=True)
-class Fleet:
-    """Per-node values the canned replies report, the model and reply models."""
-
-    model: ArrayRecord
-    reply_models: tuple[ArrayRecord, ...]
-    sizes: np.ndarray
-    norms: np.ndarray
-
-    @classmethod
-    def create(cls, num_nodes: int, seed: int = 0) -> Fleet:
-        """Log-normal sizes and update norms (skewed, as non-IID nodes)."""
-        rng = np.random.default_rng(seed)
-        return cls(
-            model=benchmark_model(seed),
-            reply_models=tuple(
-                benchmark_model(seed + 1 + index) for index in range(REPLY_POOL)
-            ),
-            sizes=np.maximum(1, rng.lognormal(4.0, 1.0, num_nodes)).astype(int),
-            norms=rng.lognormal(0.0, 0.5, num_nodes),
-        )
-
-    def reply_model(self, node_index: int, offset: int = 0) -> ArrayRecord:
-        """The model-shaped arrays node ``node_index`` sends (``offset``: another)."""
-        return self.reply_models[(node_index + offset) % len(self.reply_models)]
-
-
-def responders(
-    method: str, fleet: Fleet, grid_index: Callable[[int], int]
-) -> dict[str, Responder]:
-    """The message types ``method`` sends and the canned reply to each."""
-
-    def size_of(message: Message) -> int:
-        return int(fleet.sizes[grid_index(message.metadata.dst_node_id)])
-
-    def arrays_of(message: Message, offset: int = 0) -> ArrayRecord:
-        return fleet.reply_model(grid_index(message.metadata.dst_node_id), offset)
-
-    def metrics(values: Mapping[str, float]) -> RecordDict:
-        return RecordDict({"metrics": MetricRecord(dict(values))})
-
-    def model_reply(extra: Callable[[Message], dict[str, float]]) -> Responder:
-        def respond(message: Message) -> RecordDict:
-            content = metrics({"num-examples": size_of(message), **extra(message)})
-            content["arrays"] = arrays_of(message)
-            return content
-
-        return respond
-
-    def sizes(message: Message) -> RecordDict:
-        return metrics({"num-examples": size_of(message)})
-
-    def norm(message: Message) -> RecordDict:
-        index = grid_index(message.metadata.dst_node_id)
-        return metrics(
-            {
-                "update-norm-0": float(fleet.norms[index]),
-                "num-examples-0": int(fleet.sizes[index]),
-            }
-        )
-
-    def kept_update(message: Message) -> RecordDict:
-        model_index = message.content.config_records["config"]["model-index"]
-        content = metrics(
-            {
-                "num-examples": size_of(message),
-                "train-loss": 1.0,
-                "model-index": int(cast(int, model_index)),
-            }
-        )
-        content["update"] = arrays_of(message)
-        return content
-
-    def folb_train(message: Message) -> RecordDict:
-        content = metrics({"num-examples": size_of(message), "gamma": 0.5})
-        content["update"] = arrays_of(message)
-        content["gradient"] = arrays_of(message, offset=1)
-        return content
-
-    def size_response(message: Message) -> RecordDict:
-        return metrics({"size-response": min(size_of(message), MAX_SIZE - 1)})
-
-    def gradient_sum(message: Message) -> RecordDict:
-        return RecordDict({"arrays": arrays_of(message)})
-
-    plain_train = model_reply(lambda message: {})
-    table: dict[str, dict[str, Responder]] = {
-        "fedavg": {"train": plain_train},
-        "isfedavg": {
-            "train": model_reply(
-                lambda message: {"isfedavg-sigma2": 0.5, "isfedavg-g2": 1.0}
-            )
-        },
-        "folb": {"train": folb_train},
-        "fedsampling": {"query.sizes": size_response, "train": gradient_sum},
-        "md": {"query.sizes": sizes, "train": plain_train},
-        "clustered-size": {"query.sizes": sizes, "train": plain_train},
-        "clustered-similarity": {"query.sizes": sizes, "train": plain_train},
-        "ocs": {"query.norm": norm, "train": kept_update},
-        "mmfl": {"query.norm": norm, "train": kept_update},
-    }
-    return table[method]
-
-
 def trained_per_round(num_nodes: int) -> int:
     """``m``: 10% of the nodes, at most :data:`MAX_TRAINED`."""
     return max(1, min(MAX_TRAINED, num_nodes // 10))
+
+
+def benchmark_fleet(num_nodes: int, seed: int = 0) -> Fleet:
+    """Skewed sizes and norms, :data:`REPLY_POOL` distinct 1M-parameter replies."""
+    return Fleet.skewed(
+        num_nodes=num_nodes,
+        model=benchmark_model(seed),
+        reply_models=[benchmark_model(seed + 1 + index) for index in range(REPLY_POOL)],
+        seed=seed,
+    )
 
 
 def build_strategy(method: str, num_nodes: int, fleet: Fleet) -> Strategy:
@@ -328,41 +160,9 @@ def build_strategy(method: str, num_nodes: int, fleet: Fleet) -> Strategy:
         )
     if method == "fedavg-all":
         return FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=1)
-    if method == "isfedavg":
-        return ISFedAvg(m, fraction_evaluate=0.0, min_available_nodes=1)
-    if method == "folb":
-        return FOLB(
-            clients_per_round=m,
-            proximal_mu=0.01,
-            fraction_evaluate=0.0,
-            min_available_nodes=m,
-        )
-    if method == "fedsampling":
-        return FedSampling(
-            int(fleet.sizes.sum() // 10),
-            max_size=MAX_SIZE,
-            fraction_evaluate=0.0,
-            min_available_nodes=1,
-        )
-    if method == "md":
-        return MDSampling(m, fraction_evaluate=0.0, min_available_nodes=1)
-    if method == "clustered-size":
-        return ClusteredSampling(
-            m, method="size", fraction_evaluate=0.0, min_available_nodes=1
-        )
-    if method == "clustered-similarity":
-        return ClusteredSampling(
-            m,
-            method="similarity",
-            projection_dim=PROJECTION_DIM,
-            fraction_evaluate=0.0,
-            min_available_nodes=1,
-        )
-    if method == "ocs":
-        return OptimalClientSampling(m, min_available_nodes=1)
-    if method == "mmfl":
-        return MultiModelSampling(1, m, variant="gradnorm")
-    raise ValueError(f"unknown method {method!r}")
+    return canned_strategy(
+        method, clients_per_round=m, fleet=fleet, projection_dim=PROJECTION_DIM
+    )
 
 
 #: Compared methods, each with its FedAvg baseline.
@@ -439,10 +239,12 @@ class Timing:
 
 def time_strategy(method: str, num_nodes: int, repeats: int) -> Timing:
     """The fastest of rounds ``2..repeats+1`` of ``method``, server only."""
-    fleet = Fleet.create(num_nodes)
+    fleet = benchmark_fleet(num_nodes)
     grid = CannedReplyGrid(num_nodes, {})
     replier = "fedavg" if method in BASELINES else method
-    grid.responders = responders(replier, fleet, grid.node_index)
+    grid.responders = canned_responders(
+        replier, fleet=fleet, node_index=grid.node_index
+    )
     strategy = build_strategy(method, num_nodes, fleet)
     clock = ClusteringClock()
     if method == "clustered-similarity":

@@ -1,9 +1,25 @@
 """Test doubles for running strategies and ClientApps without a SuperLink."""
 
+from flwr_importance.testing.canned import (
+    CannedReplyGrid,
+    Fleet,
+    Responder,
+    canned_responders,
+    canned_strategy,
+)
 from flwr_importance.testing.grid import (
     InProcessGrid,
     WireRecord,
     partition_node_config,
 )
 
-__all__ = ["InProcessGrid", "WireRecord", "partition_node_config"]
+__all__ = [
+    "CannedReplyGrid",
+    "Fleet",
+    "InProcessGrid",
+    "Responder",
+    "WireRecord",
+    "canned_responders",
+    "canned_strategy",
+    "partition_node_config",
+]

@@ -6,8 +6,8 @@ spoil that reply: an error reply, NaN or infinite arrays, a wrong shape,
 missing arrays, a missing, NaN, negative or huge (``1e300``) metric, or a
 second reply from the same node (a duplicated node id). The replies are real
 ``flwr.app.Message``s answering the strategy's own messages, built by the
-canned-reply grid of ``benchmarks/server_overhead.py`` (each strategy's client
-contract) on a small model.
+canned-reply grid of :mod:`flwr_importance.testing.canned` (each strategy's
+client contract) on a small model.
 
 Checked: no exception, a finite global model, a WARNING naming the node, and
 the same aggregate as when that node's reply never arrived (for a duplicate:
@@ -39,20 +39,24 @@ from flwr.app import (
     RecordDict,
 )
 from flwr.common.constant import ErrorCode
+from flwr.serverapp.strategy import Strategy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
-from benchmarks.server_overhead import (
-    CannedReplyGrid,
-    Fleet,
-    build_strategy,
-    responders,
-)
 from flwr_importance.strategies.common import flatten
 from flwr_importance.strategies.mmfl import pack_models
+from flwr_importance.testing import (
+    CannedReplyGrid,
+    Fleet,
+    canned_responders,
+    canned_strategy,
+)
 
 NUM_NODES = 30
+CLIENTS_PER_ROUND = 3
+#: Larger than the model: clustered similarity keeps whole representative gradients.
+PROJECTION_DIM = 1024
 METHODS = (
     "isfedavg",
     "folb",
@@ -92,12 +96,7 @@ def small_fleet() -> Fleet:
             "bias": Array(np.zeros(5, np.float32)),
         }
     )
-    return Fleet(
-        model=model,
-        reply_models=(model,),
-        sizes=np.maximum(1, rng.lognormal(4.0, 1.0, NUM_NODES)).astype(int),
-        norms=rng.lognormal(0.0, 0.5, NUM_NODES),
-    )
+    return Fleet.skewed(num_nodes=NUM_NODES, model=model, reply_models=[model])
 
 
 FLEET = small_fleet()
@@ -213,9 +212,19 @@ class SpoilingGrid(CannedReplyGrid):
         return replies
 
 
+def new_strategy(method: str) -> Strategy:
+    """A fresh ``method`` strategy training 3 of the fleet's nodes a round."""
+    return canned_strategy(
+        method,
+        clients_per_round=CLIENTS_PER_ROUND,
+        fleet=FLEET,
+        projection_dim=PROJECTION_DIM,
+    )
+
+
 def one_round(method: str, grid: SpoilingGrid) -> NDArray[np.float64] | None:
     """Round 1 of a fresh strategy; the flattened new model (None: unchanged)."""
-    strategy = build_strategy(method, NUM_NODES, FLEET)
+    strategy = new_strategy(method)
     arrays = pack_models([FLEET.model]) if method == "mmfl" else FLEET.model
     messages = strategy.configure_train(1, arrays, ConfigRecord(), grid)
     new_arrays, _ = strategy.aggregate_train(1, grid.send_and_receive(messages))
@@ -224,7 +233,7 @@ def one_round(method: str, grid: SpoilingGrid) -> NDArray[np.float64] | None:
 
 def make_grid(method: str, spoil: Spoil | None, drop_victim: bool) -> SpoilingGrid:
     grid = SpoilingGrid(NUM_NODES, {}, spoil=spoil, drop_victim=drop_victim)
-    grid.responders = responders(method, FLEET, grid.node_index)
+    grid.responders = canned_responders(method, fleet=FLEET, node_index=grid.node_index)
     return grid
 
 
@@ -242,7 +251,7 @@ def flower_warnings(
 
 def spoils(method: str, kind: str) -> st.SearchStrategy[Spoil]:
     """Spoils of kind ``kind`` of the message types ``method`` sends."""
-    types = sorted(responders(method, FLEET, lambda node_id: 0))
+    types = sorted(canned_responders(method, fleet=FLEET, node_index=lambda _: 0))
     return st.builds(
         Spoil,
         message_type=st.sampled_from(types),
@@ -372,7 +381,7 @@ def test_aggregate_evaluate_excludes_a_spoiled_reply_and_names_its_node(
     def check(sizes: list[int], accuracy: float) -> None:
         tried.append(sizes)
         flower_warnings.clear()
-        strategy = build_strategy(method, NUM_NODES, FLEET)
+        strategy = new_strategy(method)
         good = [
             evaluate_reply(node_id, evaluate_metrics(size, accuracy * node_id % 1))
             for node_id, size in enumerate(sizes, start=2)
