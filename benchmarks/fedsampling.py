@@ -26,14 +26,15 @@ the same data, initial model and per-round random stream.
 Data (:func:`~flwr_importance.tasks.generators.lognormal_mixture`): thousands
 of clients of log-normal sizes, over 10^5 pooled samples. The size estimate's
 noise is ``~ sqrt(|C|) M / alpha``: at epsilon 3 and ``M = 100`` it is about
-15% of ``N`` here, where the 1,437 digits gave about 70%, so the digits say
-nothing about the method at the paper's scale. At that many clients a round
-through Flower's messages (a size query and a train message per client) takes
-seconds, so this benchmark runs the algorithm on the pooled arrays with the
-library's maths (:func:`~flwr_importance.sampling.estimate_total_size`,
+14% of the total it estimates here, where the 1,437 digits gave about 70%, so
+the digits say nothing about the method at the paper's scale. At that many
+clients a round through Flower's messages (a size query and a train message
+per client) takes seconds, so this benchmark runs the algorithm on the pooled
+arrays with the library's maths
+(:func:`~flwr_importance.sampling.estimate_total_size`,
 :func:`~flwr_importance.aggregation.fedsampling.keep_probability`,
-:func:`~flwr_importance.sampling.md_sample`); the
-strategy and ClientApp are tested in ``tests/fedsampling``.
+:func:`~flwr_importance.sampling.md_sample`); the strategy and ClientApp are
+tested in ``tests/fedsampling``.
 
 Run ``python -m benchmarks.fedsampling`` (quick) or ``--full`` (more clients
 and rounds); ``--clamp clients`` for the authors'-code clamp.
