@@ -34,7 +34,7 @@ FORBIDDEN = (
     "ray",
 )
 
-#: One train message to partition 0 of 4, through the simulation app's ClientApp
+#: One train message to a node of 4, through the simulation app's ClientApp
 #: as a SuperNode delivers it, then the loaded FORBIDDEN modules as JSON.
 #: argv: dataset, file to read the node state from ("" for an empty state),
 #: file to write the node state to after the message ("" for none), the module
@@ -48,11 +48,11 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib
 
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.testing import InProcessGrid, partition_node_config
 from simulations.client_app import app
 from simulations.config import ExperimentConfig
 from simulations.task import global_model, node_data
@@ -68,7 +68,14 @@ if state_in:
     proto = ProtoRecordDict.FromString(Path(state_in).read_bytes())
     for key, record in recorddict_from_proto(proto).items():
         state[key] = record
-context = grid._nodes[node_id].context
+# The node's own view, for the shapes of the model the server would send.
+context = Context(
+    run_id=0,
+    node_id=node_id,
+    node_config=partition_node_config(grid.partition_of(node_id), 4),
+    state=state,
+    run_config=run_config,
+)
 model = global_model(ExperimentConfig.from_run_config(run_config), node_data(context))
 content = RecordDict(
     {
@@ -86,20 +93,23 @@ print(json.dumps([name for name in json.loads(forbidden) if name in sys.modules]
 """
 
 
-def loaded_by_train_message(
-    dataset: str, state_in: str = "", state_out: str = ""
-) -> list[str]:
-    """Run one train message in a new interpreter; the FORBIDDEN modules it loaded."""
+#: Resolves every strategy's client handlers as the ClientApp does for a message.
+ALL_METHODS_PROBE = """
+import json, sys
+from simulations.client_app import app
+from simulations.methods import available_methods, load_method
+from simulations.task import local_task
+
+for name in available_methods():
+    load_method(name).client_handlers(local_task)
+print(json.dumps([name for name in json.loads(sys.argv[1]) if name in sys.modules]))
+"""
+
+
+def forbidden_loaded_by(probe: str, *args: str) -> list[str]:
+    """Run ``probe`` with ``args`` then FORBIDDEN in a new interpreter; its list."""
     completed = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            PROBE,
-            dataset,
-            state_in,
-            state_out,
-            json.dumps(FORBIDDEN),
-        ],
+        [sys.executable, "-c", probe, *args, json.dumps(FORBIDDEN)],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -107,6 +117,17 @@ def loaded_by_train_message(
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     return list(json.loads(completed.stdout.splitlines()[-1]))
+
+
+def loaded_by_train_message(
+    dataset: str, state_in: str = "", state_out: str = ""
+) -> list[str]:
+    """Run one train message in a new interpreter; the FORBIDDEN modules it loaded."""
+    return forbidden_loaded_by(PROBE, dataset, state_in, state_out)
+
+
+def test_no_method_loads_a_data_or_plot_library_with_its_client_handlers() -> None:
+    assert forbidden_loaded_by(ALL_METHODS_PROBE) == []
 
 
 @pytest.mark.parametrize("dataset", ["synthetic-1-1", "isfedavg-logistic"])
