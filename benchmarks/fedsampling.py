@@ -32,7 +32,7 @@ clients a round through Flower's messages (a size query and a train message
 per client) takes seconds, so this benchmark runs the algorithm on the pooled
 arrays with the library's maths
 (:func:`~flwr_importance.sampling.estimate_total_size`,
-:func:`~flwr_importance.aggregation.fedsampling.keep_probability`,
+:func:`~flwr_importance.sampling.keep_probability`,
 :func:`~flwr_importance.sampling.md_sample`); the strategy and ClientApp are
 tested in ``tests/fedsampling``.
 
@@ -62,8 +62,12 @@ from benchmarks.evidence import (
     write_claims,
 )
 from benchmarks.harness import benchmark_parser, prepare_run
-from flwr_importance.aggregation.fedsampling import keep_probability
-from flwr_importance.sampling import estimate_total_size, ldp_alpha, md_sample
+from flwr_importance.sampling import (
+    estimate_total_size,
+    keep_probability,
+    ldp_alpha,
+    md_sample,
+)
 from flwr_importance.tasks import FederatedSplit, Objective, build_model
 from flwr_importance.tasks.generators import lognormal_mixture
 

@@ -49,7 +49,6 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from flwr_importance.aggregation.fedsampling import bernoulli_keep, keep_probability
 from flwr_importance.clientapps._device import (
     Criterion,
     Unpack,
@@ -77,7 +76,7 @@ from flwr_importance.protocol import (
     SIZES_QUERY,
     query_message_type,
 )
-from flwr_importance.sampling import privatize_size
+from flwr_importance.sampling import bernoulli_keep, keep_probability, privatize_size
 from flwr_importance.tasks.training import BatchLoss, mean_gradient
 
 

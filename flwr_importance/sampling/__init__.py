@@ -17,6 +17,7 @@ from flwr_importance.sampling.clustered import (
     project_gradients,
     sample_from_distributions,
 )
+from flwr_importance.sampling.fedsampling import bernoulli_keep, keep_probability
 from flwr_importance.sampling.importance import importance_batch, update_sample_probs
 from flwr_importance.sampling.optimal import (
     aocs_probs,
@@ -45,6 +46,7 @@ __all__ = [
     "aggregation_weight_variance",
     "aocs_probs",
     "assign_models",
+    "bernoulli_keep",
     "capped_inclusion_probs",
     "clustered_distributions_by_similarity",
     "clustered_distributions_by_size",
@@ -53,6 +55,7 @@ __all__ = [
     "estimate_total_size",
     "estimator_variance",
     "importance_batch",
+    "keep_probability",
     "ldp_alpha",
     "md_aggregation_weight_variance",
     "md_sample",

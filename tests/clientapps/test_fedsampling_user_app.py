@@ -27,7 +27,6 @@ from flwr.clientapp import ClientApp
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 
-from flwr_importance.aggregation.fedsampling import bernoulli_keep
 from flwr_importance.clientapps import LocalTask, register_handlers
 from flwr_importance.clientapps.fedsampling import (
     FedSamplingRound,
@@ -37,6 +36,7 @@ from flwr_importance.clientapps.fedsampling import (
     fedsampling_round,
     make_fedsampling_handlers,
 )
+from flwr_importance.sampling import bernoulli_keep
 from flwr_importance.strategies.common import flatten
 from flwr_importance.strategies.fedsampling import FedSampling
 from flwr_importance.tasks import Objective

@@ -8,12 +8,13 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from flwr_importance.aggregation.fedsampling import (
+from flwr_importance.aggregation.fedsampling import server_update
+from flwr_importance.sampling import (
     bernoulli_keep,
+    estimate_total_size,
     keep_probability,
-    server_update,
+    privatize_size,
 )
-from flwr_importance.sampling import estimate_total_size, privatize_size
 
 
 def test_keep_probability_is_k_over_n_tilde() -> None:

@@ -17,7 +17,6 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from flwr_importance.aggregation.fedsampling import bernoulli_keep, keep_probability
 from flwr_importance.clientapps import ClientHandler, round_generators
 from flwr_importance.clientapps.fedsampling import (
     make_fedsampling_train_handler,
@@ -26,7 +25,7 @@ from flwr_importance.clientapps.fedsampling import (
 from flwr_importance.protocol import (
     FEDSAMPLING_SIZE_RESPONSE,
 )
-from flwr_importance.sampling import ldp_alpha
+from flwr_importance.sampling import bernoulli_keep, keep_probability, ldp_alpha
 from flwr_importance.strategies.fedsampling import FedSampling
 from flwr_importance.testing import InProcessGrid
 from simulations.client_app import app as simulation_client_app
