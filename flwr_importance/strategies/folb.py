@@ -54,6 +54,7 @@ from flwr_importance.strategies.common import (
     connected_nodes,
     node_messages,
     send_query,
+    warn_if_fewer_nodes,
 )
 
 Mode = Literal["single-set", "two-set"]
@@ -319,6 +320,12 @@ class FOLB(CheckedFedAvg):
         """Draw ``S`` (and ``S2``), query ``S2``'s gradients, send train messages."""
         self._round = None
         node_ids = connected_nodes(grid, self.min_available_nodes)
+        if self.replace:  # without replacement, min_available_nodes >= K waits
+            warn_if_fewer_nodes(
+                len(node_ids),
+                self.clients_per_round,
+                "the multiset draws every node, most of them several times",
+            )
         config[SERVER_ROUND] = server_round
         config[PROXIMAL_MU] = self.proximal_mu
         draws = _RoundDraws(

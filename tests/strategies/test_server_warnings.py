@@ -26,6 +26,7 @@ from flwr.serverapp.strategy import Strategy
 
 from flwr_importance.protocol import NUM_EXAMPLES, UPDATE_NORM, per_model_key
 from flwr_importance.strategies import (
+    FOLB,
     ClusteredSampling,
     ISFedAvg,
     MDSampling,
@@ -59,6 +60,10 @@ def answer_query(message: Message, context: Context) -> Message:
 STRATEGIES: dict[str, tuple[Callable[[], Strategy], ArrayRecord]] = {
     "isfedavg": (lambda: ISFedAvg(5, min_available_nodes=1), MODEL),
     "md": (lambda: MDSampling(5), MODEL),
+    "folb": (
+        lambda: FOLB(clients_per_round=5, replace=True, min_available_nodes=1),
+        MODEL,
+    ),
     "clustered": (lambda: ClusteredSampling(5, method="size"), MODEL),
     "ocs": (lambda: OptimalClientSampling(5), MODEL),
     "mmfl": (
