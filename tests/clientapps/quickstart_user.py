@@ -5,19 +5,39 @@ the learning rate the server sends, ``CrossEntropyLoss`` and a device chosen
 by the user (here the run config's ``device``, so a test can put it on CUDA).
 Every call of the user's training loop is recorded in ``TRAIN_CALLS``, so a
 test can check that the method's helpers ran the user's own code.
+
+Below the user's code, what the tests of this folder share around it: the
+devices they run on, the user's loss counting its calls, the momentum SGD
+their train functions build, the ready-made ``LocalTask`` on the same data and
+the server's rounds at the user's learning rate.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import pytest
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from flwr_importance.clientapps import LocalTask
+from flwr_importance.tasks import Objective
+
 NUM_CLASSES = 4
 BATCH_SIZE = 8
+LR = 0.05
 
 
 class Net(nn.Module):
@@ -105,15 +125,22 @@ def device_of(context: Context) -> str:
 
 def model_width(msg: Message) -> int:
     """MMFL users pick their model by ``model-index``; OCS sends 0 or nothing."""
-    model_index = msg.content.config_records["config"].get("model-index", 0)
+    config = msg.content.config_records.get("config", ConfigRecord())
+    model_index = config.get("model-index", 0)
     assert isinstance(model_index, int)
     return 4 + 2 * model_index
 
 
-def user_train(msg: Message, context: Context) -> Message:
-    """The quickstart's ``@app.train()`` function, unchanged."""
+def received_model(msg: Message, context: Context) -> Net:
+    """The server's model in the message, on the user's device."""
     model = Net(model_width(msg))
     model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
+    return model.to(device_of(context))
+
+
+def user_train(msg: Message, context: Context) -> Message:
+    """The quickstart's ``@app.train()`` function, unchanged."""
+    model = received_model(msg, context)
     trainset = load_trainset(int(context.node_config["partition-id"]))
     trainloader = DataLoader(trainset, batch_size=BATCH_SIZE)
     train_loss = train(
@@ -136,8 +163,7 @@ def user_train(msg: Message, context: Context) -> Message:
 
 def user_evaluate(msg: Message, context: Context) -> Message:
     """The quickstart's ``@app.evaluate()`` function, unchanged."""
-    model = Net(model_width(msg))
-    model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
+    model = received_model(msg, context)
     testset = load_trainset(int(context.node_config["partition-id"]))
     eval_loss, eval_acc = test(
         model, DataLoader(testset, batch_size=BATCH_SIZE), device_of(context)
@@ -154,3 +180,68 @@ def initial_arrays(width: int = 4) -> ArrayRecord:
     """The server's initial model."""
     torch.manual_seed(0)
     return ArrayRecord(Net(width).state_dict())
+
+
+# -- shared by the tests around the user's code -----------------------------------
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
+
+
+class CountingLoss(nn.Module):
+    """The user's loss, counting its calls."""
+
+    def __init__(self, loss: nn.Module) -> None:
+        super().__init__()
+        self.loss = loss
+        self.calls = 0
+
+    def forward(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.loss(outputs, targets)
+
+
+def user_sgd(model: nn.Module, msg: Message) -> torch.optim.SGD:
+    """The quickstart's momentum SGD at the learning rate the server sent."""
+    lr = msg.content.config_records["config"]["lr"]
+    return torch.optim.SGD(model.parameters(), lr=float(lr), momentum=0.9)  # type: ignore[arg-type]
+
+
+def momentum_buffers(optimizer: torch.optim.Optimizer) -> int:
+    """How many parameters the optimizer holds a momentum buffer for."""
+    return sum("momentum_buffer" in state for state in optimizer.state.values())
+
+
+def ready_made_task(
+    device: str, objective: Objective | None = None, **settings: object
+) -> Callable[[Context], LocalTask]:
+    """The library's ``LocalTask`` on the node's partition, the model on ``device``.
+
+    ``settings`` are the rest of :class:`LocalTask`'s fields (``lr``,
+    ``batch_size``, ...); the seed is the partition.
+    """
+
+    def task(context: Context) -> LocalTask:
+        partition_id = int(context.node_config["partition-id"])
+        images, labels = load_trainset(partition_id).tensors
+        return LocalTask(
+            model=Net().to(device),
+            objective=objective or Objective("classification"),
+            x=images,
+            y=labels,
+            seed=partition_id,
+            **settings,  # type: ignore[arg-type]
+        )
+
+    return task
+
+
+def run_rounds(
+    strategy: Strategy, grid: Grid, arrays: ArrayRecord, num_rounds: int = 2
+) -> Result:
+    """The server's rounds from ``arrays``, every train message carrying ``LR``."""
+    return strategy.start(
+        grid=grid,
+        initial_arrays=arrays,
+        num_rounds=num_rounds,
+        train_config=ConfigRecord({"lr": LR}),
+    )

@@ -43,30 +43,24 @@ from flwr_importance.tasks import Objective
 from flwr_importance.testing import InProcessGrid
 from tests.clientapps.quickstart_user import (
     BATCH_SIZE,
+    CUDA,
+    DEVICES,
+    LR,
     Net,
-    device_of,
     initial_arrays,
     load_trainset,
     partition_size,
+    received_model,
+    run_rounds,
 )
 
 NUM_NODES = 6
-LR = 0.05
 MAX_SIZE = partition_size(NUM_NODES - 1) + 10  # above every partition's size
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-
-@pytest.fixture(autouse=True)
-def float32_convolutions(monkeypatch: pytest.MonkeyPatch) -> None:
-    """cuDNN convolutions in full float32, not TF32, so CUDA matches the CPU."""
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
 
 
 def fedsampling_train(msg: Message, context: Context) -> Message:
     """The quickstart's train function with FedSampling's lines."""
-    model = Net()
-    model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
-    model.to(device_of(context))
+    model = received_model(msg, context)
     trainset = load_trainset(int(context.node_config["partition-id"]))
     plan = fedsampling_round(msg, num_examples=len(trainset))
     loader = DataLoader(Subset(trainset, plan.indices), batch_size=BATCH_SIZE)
@@ -109,12 +103,7 @@ def run_fedsampling(device: str, local_steps: int) -> InProcessGrid:
         min_available_nodes=1,
     )
     arrays = initial_arrays()
-    result = strategy.start(
-        grid=grid,
-        initial_arrays=arrays,
-        num_rounds=2,
-        train_config=ConfigRecord({"lr": LR}),
-    )
+    result = run_rounds(strategy, grid, arrays)
     for server_round in (1, 2):
         assert result.train_metrics_clientapp[server_round]["num-updates"] == NUM_NODES
     step = flatten(result.arrays) - flatten(arrays)
@@ -179,7 +168,7 @@ def gradient_vector(gradient: dict[str, torch.Tensor]) -> np.ndarray:
     return np.concatenate([g.detach().cpu().numpy().ravel() for g in gradient.values()])
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+@pytest.mark.parametrize("device", DEVICES)
 def test_g_c_is_the_kept_gradient_sum_over_k_whatever_the_batches(
     device: str,
 ) -> None:
@@ -343,7 +332,7 @@ def ready_made_g_c(device: str) -> np.ndarray:
     return flatten(reply.content.array_records["arrays"])
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+@pytest.mark.parametrize("device", DEVICES)
 def test_the_ready_made_handler_runs_on_the_models_device(device: str) -> None:
     g_c = ready_made_g_c(device)
     assert np.linalg.norm(g_c) > 0

@@ -17,7 +17,7 @@ from flwr.clientapp import ClientApp
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from flwr_importance.clientapps import LocalTask, register_handlers
+from flwr_importance.clientapps import register_handlers
 from flwr_importance.clientapps.folb import (
     ProximalTerm,
     folb_reply,
@@ -34,31 +34,22 @@ from flwr_importance.protocol import (
     PROXIMAL_MU,
 )
 from flwr_importance.strategies.folb import FOLB
-from flwr_importance.tasks import Objective
 from flwr_importance.testing import InProcessGrid
 from tests.clientapps.quickstart_user import (
     BATCH_SIZE,
+    CUDA,
+    DEVICES,
+    LR,
+    CountingLoss,
     Net,
     device_of,
     initial_arrays,
     load_trainset,
+    momentum_buffers,
+    ready_made_task,
+    received_model,
+    user_sgd,
 )
-
-DEVICES = [
-    pytest.param("cpu", id="cpu"),
-    pytest.param(
-        "cuda",
-        id="cuda",
-        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU"),
-    ),
-]
-
-
-@pytest.fixture(autouse=True)
-def float32_convolutions(monkeypatch: pytest.MonkeyPatch) -> None:
-    """cuDNN convolutions in full float32, not TF32, so CUDA matches the CPU."""
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-
 
 MU = 0.3
 
@@ -76,17 +67,15 @@ class Round:
     device: str
 
 
-class CountingLoss(nn.Module):
-    """The user's loss, counting its calls."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.loss = nn.CrossEntropyLoss()
-        self.calls = 0
-
-    def forward(self, outputs: Tensor, targets: Tensor) -> Tensor:
-        self.calls += 1
-        return self.loss(outputs, targets)
+def folb_strategy(mode: str) -> FOLB:
+    """FOLB drawing 3 of the nodes a round, with the proximal term ``MU``."""
+    return FOLB(
+        clients_per_round=3,
+        proximal_mu=MU,
+        mode=mode,  # type: ignore[arg-type]
+        seed=0,
+        fraction_evaluate=0.0,
+    )
 
 
 def folb_app(rounds: list[Round]) -> ClientApp:
@@ -96,18 +85,13 @@ def folb_app(rounds: list[Round]) -> ClientApp:
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         device = device_of(context)
-        model = Net().to(device)
-        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        model = received_model(msg, context)
         partition_id = int(context.node_config["partition-id"])
         trainloader = DataLoader(load_trainset(partition_id), batch_size=BATCH_SIZE)
-        criterion = CountingLoss()
+        criterion = CountingLoss(nn.CrossEntropyLoss())
         gradient = local_gradient(model, trainloader, criterion)
         proximal = ProximalTerm(model, msg)
-        optimizer = torch.optim.SGD(
-            model.parameters(),
-            lr=float(msg.content["config"]["lr"]),  # type: ignore[arg-type]
-            momentum=0.9,
-        )
+        optimizer = user_sgd(model, msg)
         for images, labels in trainloader:
             images, labels = images.to(device), labels.to(device)
             optimizer.zero_grad()
@@ -129,9 +113,7 @@ def folb_app(rounds: list[Round]) -> ClientApp:
                 trained={k: v.detach().cpu() for k, v in model.state_dict().items()},
                 proximal_mu=proximal.mu,
                 loss_calls=criterion.calls,
-                momentum_buffers=sum(
-                    "momentum_buffer" in state for state in optimizer.state.values()
-                ),
+                momentum_buffers=momentum_buffers(optimizer),
                 device=next(model.parameters()).device.type,
             )
         )
@@ -145,8 +127,7 @@ def folb_app(rounds: list[Round]) -> ClientApp:
 
     @app.query("gradient")
     def gradient(msg: Message, context: Context) -> Message:
-        model = Net().to(device_of(context))
-        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        model = received_model(msg, context)
         trainset = load_trainset(int(context.node_config["partition-id"]))
         trainloader = DataLoader(trainset, batch_size=BATCH_SIZE)
         return gradient_reply(
@@ -178,13 +159,7 @@ def test_user_train_function_meets_the_strategy_contract(
 ) -> None:
     rounds: list[Round] = []
     grid = InProcessGrid(folb_app(rounds), 5, {"device": device}, seed=0)
-    strategy = FOLB(
-        clients_per_round=3,
-        proximal_mu=MU,
-        mode=mode,  # type: ignore[arg-type]
-        seed=0,
-        fraction_evaluate=0.0,
-    )
+    strategy = folb_strategy(mode)
     initial = initial_arrays()
     result = strategy.start(
         grid, initial, num_rounds=2, train_config=ConfigRecord({"lr": 0.05})
@@ -345,37 +320,18 @@ def test_local_gradient_over_dictionary_batches_needs_unpack(device: str) -> Non
 
 def ready_made_app(device: str) -> ClientApp:
     """The library's FOLB handlers on a task whose model is on ``device``."""
-
-    def task(context: Context) -> LocalTask:
-        partition_id = int(context.node_config["partition-id"])
-        images, labels = load_trainset(partition_id).tensors
-        return LocalTask(
-            model=Net().to(device),
-            objective=Objective("classification"),
-            x=images,
-            y=labels,
-            lr=0.05,
-            batch_size=BATCH_SIZE,
-            local_steps=4,
-            heterogeneous_steps=True,
-            seed=partition_id,
-        )
-
+    task = ready_made_task(
+        device, lr=LR, batch_size=BATCH_SIZE, local_steps=4, heterogeneous_steps=True
+    )
     return register_handlers(ClientApp(), make_folb_handlers(task))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+@CUDA
 @pytest.mark.parametrize("mode", ["single-set", "two-set"])
 def test_cuda_ready_made_handlers_match_the_cpu(mode: str) -> None:
     results = []
     for device in ("cpu", "cuda"):
-        strategy = FOLB(
-            clients_per_round=3,
-            proximal_mu=MU,
-            mode=mode,  # type: ignore[arg-type]
-            seed=0,
-            fraction_evaluate=0.0,
-        )
+        strategy = folb_strategy(mode)
         grid = InProcessGrid(ready_made_app(device), 5, seed=0)
         result = strategy.start(grid, initial_arrays(), num_rounds=2)
         results.append(result.arrays.to_torch_state_dict())

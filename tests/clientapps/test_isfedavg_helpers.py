@@ -45,26 +45,19 @@ from flwr_importance.strategies.isfedavg import ISFedAvg
 from flwr_importance.tasks import Objective
 from flwr_importance.testing import InProcessGrid
 from tests.clientapps.quickstart_user import (
+    CUDA,
+    DEVICES,
+    LR,
+    CountingLoss,
     Net,
     device_of,
     initial_arrays,
     load_trainset,
+    momentum_buffers,
+    ready_made_task,
+    received_model,
+    user_sgd,
 )
-
-DEVICES = [
-    pytest.param("cpu", id="cpu"),
-    pytest.param(
-        "cuda",
-        id="cuda",
-        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU"),
-    ),
-]
-
-
-@pytest.fixture(autouse=True)
-def float32_convolutions(monkeypatch: pytest.MonkeyPatch) -> None:
-    """cuDNN convolutions in full float32, not TF32, so CUDA matches the CPU."""
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
 
 
 @dataclass(frozen=True)
@@ -79,17 +72,15 @@ class Round:
     device: str
 
 
-class CountingLoss(nn.Module):
-    """The user's loss, counting its calls."""
-
-    def __init__(self, loss: nn.Module) -> None:
-        super().__init__()
-        self.loss = loss
-        self.calls = 0
-
-    def forward(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
-        return self.loss(outputs, targets)
+def isfedavg_strategy() -> ISFedAvg:
+    """ISFedAvg drawing 3 nodes a round, ``E_k`` in 2..4 and ``B_k`` in 3..6."""
+    return ISFedAvg(
+        clients_per_round=3,
+        local_steps_range=(2, 4),
+        batch_size_range=(3, 6),
+        seed=0,
+        fraction_evaluate=0.0,
+    )
 
 
 def isfedavg_app(rounds: list[Round]) -> ClientApp:
@@ -99,19 +90,14 @@ def isfedavg_app(rounds: list[Round]) -> ClientApp:
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         device = device_of(context)
-        model = Net().to(device)
-        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        model = received_model(msg, context)
         trainset = load_trainset(int(context.node_config["partition-id"]))
         sampler = ImportanceSampler.from_message(
             msg, context, num_samples=len(trainset)
         )
         loader = DataLoader(trainset, batch_sampler=sampler)
         criterion = CountingLoss(nn.CrossEntropyLoss(reduction="none"))
-        optimizer = torch.optim.SGD(
-            model.parameters(),
-            lr=float(msg.content["config"]["lr"]),  # type: ignore[arg-type]
-            momentum=0.9,
-        )
+        optimizer = user_sgd(model, msg)
         batch_sizes = []
         for images, labels in loader:
             images, labels = images.to(device), labels.to(device)
@@ -127,9 +113,7 @@ def isfedavg_app(rounds: list[Round]) -> ClientApp:
                 batch_size=sampler.batch_size,
                 batch_sizes=batch_sizes,
                 loss_calls=criterion.calls,
-                momentum_buffers=sum(
-                    "momentum_buffer" in state for state in optimizer.state.values()
-                ),
+                momentum_buffers=momentum_buffers(optimizer),
                 device=next(model.parameters()).device.type,
             )
         )
@@ -148,13 +132,7 @@ def isfedavg_app(rounds: list[Round]) -> ClientApp:
 def test_user_train_function_meets_the_strategy_contract(device: str) -> None:
     rounds: list[Round] = []
     grid = InProcessGrid(isfedavg_app(rounds), 5, {"device": device}, seed=0)
-    strategy = ISFedAvg(
-        clients_per_round=3,
-        local_steps_range=(2, 4),
-        batch_size_range=(3, 6),
-        seed=0,
-        fraction_evaluate=0.0,
-    )
+    strategy = isfedavg_strategy()
     initial = initial_arrays()
     result = strategy.start(
         grid, initial, num_rounds=3, train_config=ConfigRecord({"lr": 0.05})
@@ -377,34 +355,16 @@ def test_the_server_batch_size_is_capped_at_the_dataset_and_said(
 
 def ready_made_app(device: str) -> ClientApp:
     """The library's ISFedAvg handlers on a task whose model is on ``device``."""
-
-    def task(context: Context) -> LocalTask:
-        partition_id = int(context.node_config["partition-id"])
-        images, labels = load_trainset(partition_id).tensors
-        return LocalTask(
-            model=Net().to(device),
-            objective=Objective("classification"),
-            x=images,
-            y=labels,
-            lr=0.05,
-            batch_size=1,  # ISFedAvg's B_k comes from the server
-            seed=partition_id,
-        )
-
+    # batch_size 1: ISFedAvg's B_k comes from the server.
+    task = ready_made_task(device, lr=LR, batch_size=1)
     return register_handlers(ClientApp(), make_isfedavg_handlers(task))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+@CUDA
 def test_cuda_ready_made_handlers_match_the_cpu() -> None:
     results = []
     for device in ("cpu", "cuda"):
-        strategy = ISFedAvg(
-            clients_per_round=3,
-            local_steps_range=(2, 4),
-            batch_size_range=(3, 6),
-            seed=0,
-            fraction_evaluate=0.0,
-        )
+        strategy = isfedavg_strategy()
         grid = InProcessGrid(ready_made_app(device), 5, seed=0)
         result = strategy.start(grid, initial_arrays(), num_rounds=2)
         results.append((result.arrays.to_torch_state_dict(), strategy.client_probs))

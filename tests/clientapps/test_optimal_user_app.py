@@ -8,16 +8,13 @@ grid, every message crossing the wire as protobuf.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import pytest
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from torch.utils.data import DataLoader
 
-from flwr_importance.clientapps import LocalTask, register_handlers
+from flwr_importance.clientapps import register_handlers
 from flwr_importance.clientapps.optimal import (
     KeptUpdateMod,
     add_loss_query,
@@ -38,24 +35,21 @@ from flwr_importance.testing import InProcessGrid
 from tests.clientapps import quickstart_user
 from tests.clientapps.quickstart_user import (
     BATCH_SIZE,
+    CUDA,
+    DEVICES,
+    LR,
     TRAIN_CALLS,
     Net,
     initial_arrays,
     load_trainset,
     partition_size,
+    ready_made_task,
+    run_rounds,
     user_evaluate,
     user_train,
 )
 
 NUM_NODES = 5
-LR = 0.05
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-
-@pytest.fixture(autouse=True)
-def float32_convolutions(monkeypatch: pytest.MonkeyPatch) -> None:
-    """cuDNN convolutions in full float32, not TF32, so CUDA matches the CPU."""
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
 
 
 def optimal_app() -> ClientApp:
@@ -78,6 +72,22 @@ def make_grid(device: str = "cpu") -> InProcessGrid:
     return InProcessGrid(optimal_app(), NUM_NODES, {"device": device}, seed=4)
 
 
+def norm_query(
+    node_id: int, arrays: ArrayRecord, config: dict[str, int | float]
+) -> Message:
+    """OCS's norm query of model 0 at ``arrays``."""
+    content = RecordDict(
+        {"config": ConfigRecord(dict(config)), model_record_name(0): arrays}
+    )
+    return Message(content, node_id, "query.norm")
+
+
+def kept_update_train(node_id: int, server_round: int) -> Message:
+    """The train message asking a sampled node for its kept update of model 0."""
+    config = {"server-round": server_round, "model-index": 0, "kept-update": True}
+    return Message(RecordDict({"config": ConfigRecord(config)}), node_id, "train")
+
+
 def user_update(partition_id: int, arrays: ArrayRecord, device: str) -> np.ndarray:
     """What the user's own loop moves the model by, run here directly."""
     model = Net()
@@ -93,12 +103,7 @@ def run_ocs(device: str) -> None:
     grid = make_grid(device)
     strategy = OptimalClientSampling(2, seed=0)
     arrays = initial_arrays()
-    result = strategy.start(
-        grid=grid,
-        initial_arrays=arrays,
-        num_rounds=2,
-        train_config=ConfigRecord({"lr": LR}),
-    )
+    result = run_rounds(strategy, grid, arrays)
     for server_round in (1, 2):
         metrics = result.train_metrics_clientapp[server_round]
         assert metrics["num-received"] == metrics["num-sampled"]
@@ -123,37 +128,18 @@ def test_ocs_runs_on_the_users_train_function_on_cuda() -> None:
     run_ocs("cuda")
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+@pytest.mark.parametrize("device", DEVICES)
 def test_the_kept_update_is_the_users_training_step(device: str) -> None:
     grid = make_grid(device)
     node_id = next(iter(grid.get_node_ids()))
     arrays = initial_arrays()
-    query = Message(
-        RecordDict(
-            {
-                "config": ConfigRecord({"server-round": 1, "lr": LR}),
-                model_record_name(0): arrays,
-            }
-        ),
-        node_id,
-        "query.norm",
-    )
+    query = norm_query(node_id, arrays, {"server-round": 1, "lr": LR})
     (norm_reply,) = grid.send_and_receive([query])
     norm_metrics = norm_reply.content.metric_records["metrics"]
     partition_id = grid.partition_of(node_id)
     assert norm_metrics["num-examples-0"] == partition_size(partition_id)
     assert np.isfinite(norm_metrics["train-loss-0"])
-    train = Message(
-        RecordDict(
-            {
-                "config": ConfigRecord(
-                    {"server-round": 1, "model-index": 0, "kept-update": True}
-                )
-            }
-        ),
-        node_id,
-        "train",
-    )
+    train = kept_update_train(node_id, server_round=1)
     (train_reply,) = grid.send_and_receive([train])
     assert not train_reply.has_error()
     update = flatten(train_reply.content.array_records[UPDATE_RECORD])
@@ -177,12 +163,7 @@ def test_mmfl_trains_each_model_with_the_users_functions(variant: str) -> None:
     grid = make_grid()
     strategy = MultiModelSampling(len(widths), 3, variant=variant, seed=1)  # type: ignore[arg-type]
     start = [initial_arrays(width) for width in widths]
-    result = strategy.start(
-        grid=grid,
-        initial_arrays=pack_models(start),
-        num_rounds=2,
-        train_config=ConfigRecord({"lr": LR}),
-    )
+    result = run_rounds(strategy, grid, pack_models(start))
     for server_round in (1, 2):
         metrics = result.train_metrics_clientapp[server_round]
         assert metrics["num-received"] == metrics["num-sampled"]
@@ -218,16 +199,7 @@ def test_a_reply_without_the_train_loss_fails_with_the_reason() -> None:
     add_norm_query(app, user_train)  # the quickstart replies train_loss, not train-loss
     grid = InProcessGrid(app, 1, {}, seed=0)
     (node_id,) = grid.get_node_ids()
-    query = Message(
-        RecordDict(
-            {
-                "config": ConfigRecord({"server-round": 1, "lr": LR}),
-                model_record_name(0): initial_arrays(),
-            }
-        ),
-        node_id,
-        "query.norm",
-    )
+    query = norm_query(node_id, initial_arrays(), {"server-round": 1, "lr": LR})
     (reply,) = grid.send_and_receive([query])
     assert reply.has_error()
     reason = str(reply.error.reason)
@@ -239,77 +211,34 @@ def test_a_lost_kept_update_is_refused() -> None:
     context = Context(0, 1, {"partition-id": 0}, RecordDict(), {})
     grid = make_grid()
     node_id = next(iter(grid.get_node_ids()))
-    message = Message(
-        RecordDict(
-            {
-                "config": ConfigRecord(
-                    {"server-round": 3, "model-index": 0, "kept-update": True}
-                )
-            }
-        ),
-        node_id,
-        "train",
-    )
+    message = kept_update_train(node_id, server_round=3)
     (reply,) = grid.send_and_receive([message])
     assert reply.has_error() and "no kept update" in str(reply.error.reason)
     with pytest.raises(ValueError, match="no kept update"):
         mod(message, context, user_train)
 
 
-def ready_made_task(device: str) -> Callable[[Context], LocalTask]:
-    """The library's LocalTask on the quickstart data, the model on ``device``."""
-
-    def task(context: Context) -> LocalTask:
-        partition_id = int(context.node_config["partition-id"])
-        images, labels = load_trainset(partition_id).tensors
-        model = Net().to(device)
-        return LocalTask(
-            model=model,
-            objective=Objective("classification", l2=0.01),
-            x=images,
-            y=labels,
-            lr=LR,
-            batch_size=BATCH_SIZE,
-            local_steps=3,
-            seed=partition_id,
-        )
-
-    return task
-
-
 def ready_made_ocs_update(device: str) -> np.ndarray:
     """The kept update of the ready-made OCS handlers on one node."""
-    app = register_handlers(ClientApp(), make_ocs_handlers(ready_made_task(device)))
+    task = ready_made_task(
+        device,
+        Objective("classification", l2=0.01),
+        lr=LR,
+        batch_size=BATCH_SIZE,
+        local_steps=3,
+    )
+    app = register_handlers(ClientApp(), make_ocs_handlers(task))
     grid = InProcessGrid(app, 1, {}, seed=0)
     (node_id,) = grid.get_node_ids()
-    query = Message(
-        RecordDict(
-            {
-                "config": ConfigRecord({"server-round": 1}),
-                model_record_name(0): initial_arrays(),
-            }
-        ),
-        node_id,
-        "query.norm",
-    )
-    train = Message(
-        RecordDict(
-            {
-                "config": ConfigRecord(
-                    {"server-round": 1, "model-index": 0, "kept-update": True}
-                )
-            }
-        ),
-        node_id,
-        "train",
-    )
+    query = norm_query(node_id, initial_arrays(), {"server-round": 1})
+    train = kept_update_train(node_id, server_round=1)
     (norm_reply,) = grid.send_and_receive([query])
     (train_reply,) = grid.send_and_receive([train])
     assert not norm_reply.has_error() and not train_reply.has_error()
     return flatten(train_reply.content.array_records[UPDATE_RECORD])
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+@pytest.mark.parametrize("device", DEVICES)
 def test_the_ready_made_handlers_train_on_the_models_device(device: str) -> None:
     update = ready_made_ocs_update(device)
     assert np.linalg.norm(update) > 0

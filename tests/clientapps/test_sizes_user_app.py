@@ -10,7 +10,6 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict, UserConfig
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import Strategy
@@ -25,16 +24,17 @@ from flwr_importance.strategies.common import flatten
 from flwr_importance.testing import InProcessGrid
 from flwr_importance.testing.grid import partition_node_config
 from tests.clientapps.quickstart_user import (
+    CUDA,
+    LR,
     TRAIN_CALLS,
     initial_arrays,
     partition_size,
+    run_rounds,
     user_evaluate,
     user_train,
 )
 
 NUM_NODES = 6
-LR = 0.05
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 STRATEGIES: dict[str, Callable[[], Strategy]] = {
     "clustered": lambda: ClusteredSampling(3, method="size", min_evaluate_nodes=1),
@@ -84,12 +84,7 @@ def size_replies(grid: InProcessGrid) -> dict[int, object]:
 def run(strategy_name: str, grid: InProcessGrid) -> None:
     TRAIN_CALLS.clear()
     arrays = initial_arrays()
-    result = STRATEGIES[strategy_name]().start(
-        grid=grid,
-        initial_arrays=arrays,
-        num_rounds=2,
-        train_config=ConfigRecord({"lr": LR}),
-    )
+    result = run_rounds(STRATEGIES[strategy_name](), grid, arrays)
     assert size_replies(grid) == {
         node_id: partition_size(grid.partition_of(node_id))
         for node_id in grid.get_node_ids()
