@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import torch
 from flwr.app import (
@@ -33,7 +34,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from flwr_importance.clientapps import LocalTask
+from flwr_importance.strategies.common import flatten
 from flwr_importance.tasks import Objective
+from flwr_importance.testing import InProcessGrid
 
 NUM_CLASSES = 4
 BATCH_SIZE = 8
@@ -245,3 +248,20 @@ def run_rounds(
         num_rounds=num_rounds,
         train_config=ConfigRecord({"lr": LR}),
     )
+
+
+def assert_trained(result: Result, arrays: ArrayRecord) -> None:
+    """The rounds moved the model from ``arrays`` and left it finite."""
+    step = flatten(result.arrays) - flatten(arrays)
+    assert np.all(np.isfinite(step)) and np.linalg.norm(step) > 0
+
+
+def wire_messages(
+    grid: InProcessGrid, direction: str, message_type: str | None = None
+) -> list[Message]:
+    """The messages that crossed the grid's wire ``direction``, of one type."""
+    return [
+        record.message()
+        for record in grid.wire_log
+        if record.direction == direction and message_type in (None, record.message_type)
+    ]

@@ -47,11 +47,13 @@ from tests.clientapps.quickstart_user import (
     DEVICES,
     LR,
     Net,
+    assert_trained,
     initial_arrays,
     load_trainset,
     partition_size,
     received_model,
     run_rounds,
+    wire_messages,
 )
 
 NUM_NODES = 6
@@ -106,8 +108,7 @@ def run_fedsampling(device: str, local_steps: int) -> InProcessGrid:
     result = run_rounds(strategy, grid, arrays)
     for server_round in (1, 2):
         assert result.train_metrics_clientapp[server_round]["num-updates"] == NUM_NODES
-    step = flatten(result.arrays) - flatten(arrays)
-    assert np.all(np.isfinite(step)) and np.linalg.norm(step) > 0
+    assert_trained(result, arrays)
     return grid
 
 
@@ -116,9 +117,7 @@ def test_fedsampling_runs_on_the_users_code_and_sends_no_count(
     local_steps: int,
 ) -> None:
     grid = run_fedsampling("cpu", local_steps)
-    replies = [
-        record.message() for record in grid.wire_log if record.direction == "to-server"
-    ]
+    replies = wire_messages(grid, "to-server")
     train_replies = [r for r in replies if r.metadata.message_type == "train"]
     size_replies = [r for r in replies if r.metadata.message_type == "query.sizes"]
     assert len(train_replies) == len(size_replies) == 2 * NUM_NODES
@@ -288,9 +287,7 @@ def test_a_node_refuses_an_epsilon_above_its_cap() -> None:
     strategy = FedSampling(16, max_size=MAX_SIZE, epsilon=3.0, min_available_nodes=1)
     messages = strategy.configure_train(1, initial_arrays(), ConfigRecord(), grid)
     assert list(messages) == []  # no usable size reply: the round is skipped
-    errors = [
-        record.message() for record in grid.wire_log if record.direction == "to-server"
-    ]
+    errors = wire_messages(grid, "to-server")
     assert len(errors) == 2 and all(reply.has_error() for reply in errors)
     assert "allows at most 2" in str(errors[0].error.reason)
 

@@ -1,8 +1,7 @@
-"""FOLB's client helpers inside a quickstart-pytorch-shaped train function.
+"""FOLB's client helpers in the train function of :mod:`.quickstart_user`.
 
-The user's own ``Net``, DataLoader, momentum SGD and ``CrossEntropyLoss`` run
-against the real :class:`~flwr_importance.strategies.folb.FOLB` on the
-in-process grid; the CUDA variants (``-k cuda``) put the model on the GPU.
+The real :class:`~flwr_importance.strategies.folb.FOLB` drives it on the
+in-process grid; ``-k cuda`` selects the variants with the model on the GPU.
 """
 
 from __future__ import annotations
@@ -42,13 +41,16 @@ from tests.clientapps.quickstart_user import (
     LR,
     CountingLoss,
     Net,
+    assert_trained,
     device_of,
     initial_arrays,
     load_trainset,
     momentum_buffers,
     ready_made_task,
     received_model,
+    run_rounds,
     user_sgd,
+    wire_messages,
 )
 
 MU = 0.3
@@ -161,15 +163,9 @@ def test_user_train_function_meets_the_strategy_contract(
     grid = InProcessGrid(folb_app(rounds), 5, {"device": device}, seed=0)
     strategy = folb_strategy(mode)
     initial = initial_arrays()
-    result = strategy.start(
-        grid, initial, num_rounds=2, train_config=ConfigRecord({"lr": 0.05})
-    )
+    result = run_rounds(strategy, grid, initial)
 
-    train_replies = [
-        rec.message()
-        for rec in grid.wire_log
-        if rec.direction == "to-server" and rec.message_type == "train"
-    ]
+    train_replies = wire_messages(grid, "to-server", "train")
     assert len(rounds) == len(train_replies) == 6
     for user_round, reply in zip(rounds, train_replies, strict=True):
         assert not reply.has_error()
@@ -212,17 +208,10 @@ def test_user_train_function_meets_the_strategy_contract(
         metrics = content.metric_records["metrics"]
         assert metrics[FOLB_GAMMA] == pytest.approx(expected_gamma, rel=1e-4)
         assert metrics[NUM_EXAMPLES] == len(load_trainset(user_round.partition_id))
-    gradient_replies = [
-        rec.message()
-        for rec in grid.wire_log
-        if rec.direction == "to-server" and rec.message_type == "query.gradient"
-    ]
+    gradient_replies = wire_messages(grid, "to-server", "query.gradient")
     assert bool(gradient_replies) == (mode == "two-set")
     assert not any(reply.has_error() for reply in gradient_replies)
-    trained = result.arrays.to_torch_state_dict()
-    start = initial.to_torch_state_dict()
-    assert all(torch.isfinite(value).all() for value in trained.values())
-    assert any(not torch.equal(trained[key], value) for key, value in start.items())
+    assert_trained(result, initial)
 
 
 def train_message(

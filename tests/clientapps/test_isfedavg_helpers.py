@@ -1,8 +1,7 @@
-"""ISFedAvg's client helpers inside a quickstart-pytorch-shaped train function.
+"""ISFedAvg's client helpers in the train function of :mod:`.quickstart_user`.
 
-The user's own ``Net``, DataLoader, momentum SGD and ``CrossEntropyLoss`` run
-against the real :class:`~flwr_importance.strategies.isfedavg.ISFedAvg` on the
-in-process grid; the CUDA variants (``-k cuda``) put the model on the GPU.
+The real :class:`~flwr_importance.strategies.isfedavg.ISFedAvg` drives it on the
+in-process grid; ``-k cuda`` selects the variants with the model on the GPU.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import pytest
 import torch
 from flwr.app import (
     ArrayRecord,
-    ConfigRecord,
     Context,
     Message,
     MetricRecord,
@@ -50,13 +48,16 @@ from tests.clientapps.quickstart_user import (
     LR,
     CountingLoss,
     Net,
+    assert_trained,
     device_of,
     initial_arrays,
     load_trainset,
     momentum_buffers,
     ready_made_task,
     received_model,
+    run_rounds,
     user_sgd,
+    wire_messages,
 )
 
 
@@ -134,16 +135,10 @@ def test_user_train_function_meets_the_strategy_contract(device: str) -> None:
     grid = InProcessGrid(isfedavg_app(rounds), 5, {"device": device}, seed=0)
     strategy = isfedavg_strategy()
     initial = initial_arrays()
-    result = strategy.start(
-        grid, initial, num_rounds=3, train_config=ConfigRecord({"lr": 0.05})
-    )
+    result = run_rounds(strategy, grid, initial, num_rounds=3)
 
     assert len(rounds) == 9  # 3 nodes a round, every reply used
-    sent = [
-        rec.message().content["config"]
-        for rec in grid.wire_log
-        if rec.direction == "to-node" and rec.message_type == "train"
-    ]
+    sent = [m.content["config"] for m in wire_messages(grid, "to-node", "train")]
     for user_round, config in zip(rounds, sent, strict=True):
         # The server's E_k and B_k, not the user's epochs and batch size.
         assert user_round.local_steps == config[ISFEDAVG_LOCAL_STEPS]
@@ -154,11 +149,7 @@ def test_user_train_function_meets_the_strategy_contract(device: str) -> None:
         assert user_round.loss_calls >= user_round.local_steps
         assert user_round.momentum_buffers == len(list(Net().parameters()))
         assert user_round.device == device
-    replies = [
-        rec.message().content["metrics"]
-        for rec in grid.wire_log
-        if rec.direction == "to-server" and rec.message_type == "train"
-    ]
+    replies = [m.content["metrics"] for m in wire_messages(grid, "to-server", "train")]
     assert all(
         r[ISFEDAVG_SIGMA2] > 0 and r[ISFEDAVG_GRADIENT_SQ_NORM] > 0 for r in replies
     )
@@ -171,10 +162,7 @@ def test_user_train_function_meets_the_strategy_contract(device: str) -> None:
             probs = state[SAMPLE_STATE_KEY]["probs"].numpy()
             assert probs.sum() == pytest.approx(1.0)
             assert not np.allclose(probs, 1 / probs.size)
-    trained = result.arrays.to_torch_state_dict()
-    start = initial.to_torch_state_dict()
-    assert all(torch.isfinite(value).all() for value in trained.values())
-    assert any(not torch.equal(trained[key], value) for key, value in start.items())
+    assert_trained(result, initial)
 
 
 def round_settings(batch_size: int = 4) -> RoundSettings:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Context, Message, RecordDict, UserConfig
 from flwr.clientapp import ClientApp
@@ -20,13 +19,13 @@ from flwr_importance.clientapps.sizes import (
     sample_count_source,
 )
 from flwr_importance.strategies import ClusteredSampling, MDSampling
-from flwr_importance.strategies.common import flatten
 from flwr_importance.testing import InProcessGrid
 from flwr_importance.testing.grid import partition_node_config
 from tests.clientapps.quickstart_user import (
     CUDA,
     LR,
     TRAIN_CALLS,
+    assert_trained,
     initial_arrays,
     partition_size,
     run_rounds,
@@ -89,8 +88,7 @@ def run(strategy_name: str, grid: InProcessGrid) -> None:
         node_id: partition_size(grid.partition_of(node_id))
         for node_id in grid.get_node_ids()
     }
-    step = flatten(result.arrays) - flatten(arrays)
-    assert np.all(np.isfinite(step)) and np.linalg.norm(step) > 0
+    assert_trained(result, arrays)
     assert TRAIN_CALLS and {call.lr for call in TRAIN_CALLS} == {LR}
 
 
