@@ -23,7 +23,6 @@ Usage: ``python -m benchmarks.clustered [--full] [--skip-dirichlet]
 
 from __future__ import annotations
 
-import json
 import time
 import tracemalloc
 from collections.abc import Sequence
@@ -39,7 +38,6 @@ import torch
 from flwr.app import ArrayRecord, MetricRecord
 
 from benchmarks.evidence import (
-    CLAIMS_FILE,
     Comparison,
     Overrides,
     PaperComparison,
@@ -47,9 +45,9 @@ from benchmarks.evidence import (
     SeedRun,
     TargetRule,
     run_comparisons,
-    write_claims,
+    write_outputs,
 )
-from benchmarks.harness import benchmark_parser, markdown_table, prepare_run
+from benchmarks.harness import benchmark_parser, markdown_table, start_benchmark
 from flwr_importance.strategies._multiset import MultisetSampling
 from flwr_importance.strategies.clustered import RepresentativeGradients
 from flwr_importance.tasks import Objective, evaluate
@@ -294,10 +292,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Run the comparisons; write the summary, results, claims and plots."""
     parser = benchmark_parser("clustered", __doc__)
     parser.add_argument("--skip-dirichlet", action="store_true")
-    args = parser.parse_args(argv)
-    prepare_run()
-    out: Path = args.output_dir
-    out.mkdir(parents=True, exist_ok=True)
+    args, out = start_benchmark(parser, argv)
     rounds = 100 if args.full else 30
     run = run_function(rounds, out)
     one_class, dirichlet = descriptions(args.full)
@@ -329,23 +324,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         "## Algorithm 2 server state, 1,000 clients, 1M-parameter model",
         memory_table(memory),
     ]
-    summary = "\n\n".join(part.strip() for part in sections) + "\n"
-    (out / "summary.md").write_text(summary)
-    (out / "results.json").write_text(
-        json.dumps(
-            {
-                "evaluations": [evaluation.to_json() for evaluation in evaluations],
-                "memory": memory,
-                "rounds": rounds,
-            },
-            indent=1,
-        )
-    )
-    write_claims(
-        out / CLAIMS_FILE,
-        [row for evaluation in evaluations for row in evaluation.claim_rows()],
-    )
-    print(summary)
+    results = {
+        "evaluations": [evaluation.to_json() for evaluation in evaluations],
+        "memory": memory,
+        "rounds": rounds,
+    }
+    summary = "\n\n".join(part.strip() for part in sections)
+    write_outputs(out, summary, evaluations, results)
 
 
 if __name__ == "__main__":

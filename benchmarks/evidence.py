@@ -927,6 +927,30 @@ def write_claims(path: Path, rows: Sequence[ClaimRow]) -> None:
     path.write_text(json.dumps([row.to_json() for row in rows], indent=1) + "\n")
 
 
+def write_outputs(
+    out: Path,
+    summary: str,
+    evaluations: Sequence[Evaluation],
+    results: object = None,
+    claims: bool = True,
+) -> None:
+    """Write a benchmark's ``summary.md``, ``results.json`` and claims; print it.
+
+    ``results`` defaults to every evaluation's JSON, in order; ``claims=False``
+    writes no ``claims.json`` (a benchmark whose comparisons claim nothing).
+    """
+    (out / "summary.md").write_text(summary + "\n")
+    if results is None:
+        results = [evaluation.to_json() for evaluation in evaluations]
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    if claims:
+        write_claims(
+            out / CLAIMS_FILE,
+            [row for evaluation in evaluations for row in evaluation.claim_rows()],
+        )
+    print(summary)
+
+
 def read_claims(path: Path) -> list[ClaimRow]:
     """The rows of a ``claims.json``; none if there is no such file."""
     if not path.is_file():

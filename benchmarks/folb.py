@@ -31,11 +31,9 @@ runs the presets as they are and tunes every method.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import matplotlib
@@ -46,7 +44,6 @@ import torch
 from flwr.app import ArrayRecord, MetricRecord
 
 from benchmarks.evidence import (
-    CLAIMS_FILE,
     Comparison,
     Evaluation,
     Overrides,
@@ -55,9 +52,9 @@ from benchmarks.evidence import (
     SeedRun,
     TargetRule,
     run_comparisons,
-    write_claims,
+    write_outputs,
 )
-from benchmarks.harness import benchmark_parser, prepare_run
+from benchmarks.harness import benchmark_parser, start_benchmark
 from flwr_importance.protocol import FOLB_FALLBACK
 from flwr_importance.tasks import Objective, evaluate
 from flwr_importance.testing import InProcessGrid
@@ -340,11 +337,8 @@ def descriptions(dataset: str, scale: Scale) -> tuple[PaperComparison, ...]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the comparisons; write ``summary.md``, ``results.json``, claims, plots."""
-    args = benchmark_parser("folb", __doc__).parse_args(argv)
-    prepare_run()
+    args, out = start_benchmark(benchmark_parser("folb", __doc__), argv)
     scale = FULL if args.full else QUICK
-    out: Path = args.output_dir
-    out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     evaluations: list[Evaluation] = []
     checked = []
@@ -376,15 +370,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     summary = "\n\n".join(
         [*header, *(evaluation.markdown(level=2).strip() for evaluation in evaluations)]
     )
-    (out / "summary.md").write_text(summary + "\n")
-    (out / "results.json").write_text(
-        json.dumps([evaluation.to_json() for evaluation in evaluations], indent=1)
-    )
-    write_claims(
-        out / CLAIMS_FILE,
-        [row for evaluation in evaluations for row in evaluation.claim_rows()],
-    )
-    print(summary)
+    write_outputs(out, summary, evaluations)
     # The time is printed, not written: summary.md must not vary between runs.
     print(f"Total time {time.perf_counter() - started:.0f} s.")
 

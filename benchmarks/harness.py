@@ -45,6 +45,20 @@ def prepare_run() -> None:
     logging.getLogger("flwr").setLevel(logging.WARNING)
 
 
+def start_benchmark(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None
+) -> tuple[argparse.Namespace, Path]:
+    """Parse ``argv``, :func:`prepare_run` and create the output folder.
+
+    Returns the parsed arguments and ``--output-dir``.
+    """
+    args = parser.parse_args(argv)
+    prepare_run()
+    out: Path = args.output_dir
+    out.mkdir(parents=True, exist_ok=True)
+    return args, out
+
+
 def format_ratio(ratio: float, prefix: str = "") -> str:
     """A ratio with two decimals after ``prefix``; ``n/a`` where it is NaN."""
     return f"{prefix}{ratio:.2f}" if np.isfinite(ratio) else "n/a"

@@ -22,7 +22,6 @@ on 2 cores).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -34,8 +33,9 @@ from benchmarks.evidence import (
     SeedRun,
     TargetRule,
     run_comparisons,
+    write_outputs,
 )
-from benchmarks.harness import benchmark_parser, prepare_run
+from benchmarks.harness import benchmark_parser, start_benchmark
 from simulations.inprocess import load_preset, run_inprocess
 
 #: The main job's preset without its ``strategy`` (each method sets its own).
@@ -133,20 +133,13 @@ def descriptions() -> tuple[PaperComparison, PaperComparison]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the candidates; print and write their tables."""
-    args = benchmark_parser("main_pair", __doc__).parse_args(argv)
-    prepare_run()
-    out: Path = args.output_dir
-    out.mkdir(parents=True, exist_ok=True)
+    _, out = start_benchmark(benchmark_parser("main_pair", __doc__), argv)
     run = run_function(out)
     evaluations = [
         run_comparisons(description, run, full=False) for description in descriptions()
     ]
     summary = "\n\n".join(evaluation.markdown(level=2) for evaluation in evaluations)
-    (out / "summary.md").write_text(summary + "\n")
-    (out / "results.json").write_text(
-        json.dumps([evaluation.to_json() for evaluation in evaluations], indent=1)
-    )
-    print(summary)
+    write_outputs(out, summary, evaluations, claims=False)
     return 0
 
 

@@ -22,7 +22,6 @@ Usage: ``python -m benchmarks.optimal_sampling [--full] [--output-dir DIR]``.
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,7 +32,6 @@ import matplotlib
 matplotlib.use("Agg")
 
 from benchmarks.evidence import (
-    CLAIMS_FILE,
     Comparison,
     Overrides,
     PaperComparison,
@@ -41,9 +39,9 @@ from benchmarks.evidence import (
     SeedRun,
     TargetRule,
     run_comparisons,
-    write_claims,
+    write_outputs,
 )
-from benchmarks.harness import benchmark_parser, prepare_run
+from benchmarks.harness import benchmark_parser, start_benchmark
 from simulations.inprocess import run_inprocess
 from simulations.methods.mmfl import parse_tasks
 from simulations.report import HistoryRow
@@ -203,10 +201,7 @@ def descriptions(full: bool) -> tuple[PaperComparison, PaperComparison]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the comparisons; write the summary, results, claims and plots."""
-    args = benchmark_parser("optimal_sampling", __doc__).parse_args(argv)
-    prepare_run()
-    out: Path = args.output_dir
-    out.mkdir(parents=True, exist_ok=True)
+    args, out = start_benchmark(benchmark_parser("optimal_sampling", __doc__), argv)
     run = run_function(out)
     evaluations = [
         run_comparisons(description, run, full=args.full)
@@ -229,15 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "the norms, hence n/a.",
         ]
     )
-    (out / "summary.md").write_text(summary + "\n")
-    (out / "results.json").write_text(
-        json.dumps([evaluation.to_json() for evaluation in evaluations], indent=1)
-    )
-    write_claims(
-        out / CLAIMS_FILE,
-        [row for evaluation in evaluations for row in evaluation.claim_rows()],
-    )
-    print(summary)
+    write_outputs(out, summary, evaluations)
     return 0
 
 
