@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from flwr_importance.tasks import FederatedSplit
 from flwr_importance.tasks.generators import MIXTURE_DIMENSION, lognormal_mixture
 
 NUM_CLIENTS = 400
@@ -16,13 +17,13 @@ SIGMA = 0.5
 
 
 @pytest.fixture(scope="module")
-def split():
+def split() -> FederatedSplit:
     return lognormal_mixture(
         NUM_CLIENTS, mean_size=MEAN_SIZE, sigma=SIGMA, num_classes=5, seed=3
     )
 
 
-def test_same_seed_same_data(split) -> None:
+def test_same_seed_same_data(split: FederatedSplit) -> None:
     again = lognormal_mixture(
         NUM_CLIENTS, mean_size=MEAN_SIZE, sigma=SIGMA, num_classes=5, seed=3
     )
@@ -32,7 +33,7 @@ def test_same_seed_same_data(split) -> None:
     )
 
 
-def test_log_sizes_follow_the_lognormal(split) -> None:
+def test_log_sizes_follow_the_lognormal(split: FederatedSplit) -> None:
     # log n_k ~ N(ln(mean) - sigma^2 / 2, sigma^2): its sample mean lies within
     # 4 standard errors, and its standard deviation within 4 of those of a
     # normal's standard deviation (sigma / sqrt(2 n)). Rounding to integers
@@ -44,7 +45,7 @@ def test_log_sizes_follow_the_lognormal(split) -> None:
     assert abs(log_sizes.std() - SIGMA) < 4 * SIGMA / math.sqrt(2 * NUM_CLIENTS) + 0.02
 
 
-def test_shapes_labels_and_test_share(split) -> None:
+def test_shapes_labels_and_test_share(split: FederatedSplit) -> None:
     sizes = split.partition_sizes
     assert split.input_shape == (MIXTURE_DIMENSION,) and split.num_outputs == 5
     assert len(split.test.x) == sum(math.ceil(0.2 * size) for size in sizes)
@@ -52,7 +53,7 @@ def test_shapes_labels_and_test_share(split) -> None:
     assert labels.min() >= 0 and labels.max() < 5
 
 
-def test_clients_hold_skewed_labels(split) -> None:
+def test_clients_hold_skewed_labels(split: FederatedSplit) -> None:
     # Dirichlet(0.5) over 5 classes: a client's largest class share has mean
     # about 0.55; an IID split would give 0.2 plus sampling noise (about 0.07
     # at 200 samples), so a median above 0.35 shows the skew.
