@@ -397,6 +397,12 @@ def _ratio(numerator: Any, denominator: Any) -> Any:
         return np.divide(numerator, denominator)
 
 
+#: Ratios within this share of 1 count as no effect: a verdict needs its
+#: interval to clear ``[1 - margin, 1 + margin]``, so that a difference no
+#: table can show (an interval printed ``[1.00, 1.00]``) reads inconclusive.
+NO_EFFECT_MARGIN = 0.01
+
+
 def verdict(low: float, high: float, direction: Direction) -> Verdict:
     """What an interval of ``method / baseline`` says of the paper's claim.
 
@@ -411,8 +417,9 @@ def verdict(low: float, high: float, direction: Direction) -> Verdict:
     Returns
     -------
     Verdict
-        ``"as the paper"`` only when the interval excludes 1 on the paper's
-        side, ``"unlike the paper"`` only when it excludes 1 on the other,
+        ``"as the paper"`` only when the interval excludes 1, and the
+        no-effect band of :data:`NO_EFFECT_MARGIN` around it, on the paper's
+        side; ``"unlike the paper"`` only when it excludes them on the other;
         ``"inconclusive"`` otherwise (NaN included).
 
     Raises
@@ -424,14 +431,14 @@ def verdict(low: float, high: float, direction: Direction) -> Verdict:
     --------
     >>> verdict(0.6, 0.9, "below"), verdict(0.6, 0.9, "above")
     ('as the paper', 'unlike the paper')
-    >>> verdict(0.8, 1.2, "below")
-    'inconclusive'
+    >>> verdict(0.8, 1.2, "below"), verdict(1.001, 1.004, "below")
+    ('inconclusive', 'inconclusive')
     """
     if direction not in get_args(Direction):
         raise ValueError(f"direction must be 'below' or 'above', got {direction!r}")
     if low > high:
         raise ValueError(f"interval [{low}, {high}] has its low end above its high")
-    below, above = high < 1, low > 1
+    below, above = high < 1 - NO_EFFECT_MARGIN, low > 1 + NO_EFFECT_MARGIN
     if below or above:
         return "as the paper" if below == (direction == "below") else "unlike the paper"
     return "inconclusive"

@@ -410,10 +410,11 @@ def claim_table(runs: Sequence[BenchmarkRun], results_link: str) -> str:
 CLAIMS_INTRO = (
     "Each row: a paper's claim, our ratio of medians over the seeds (method / "
     "baseline) with a paired bootstrap 95% interval, and the verdict it "
-    "supports: *as the paper* only when the interval excludes 1 on the paper's "
-    "side, *unlike the paper* only when it excludes 1 on the other, "
-    "*inconclusive* otherwise. ≤/≥: seeds that missed the target (counted as "
-    "one round past the last) make the ratio a bound."
+    "supports: *as the paper* only when the interval excludes 1 (and the 1% "
+    "around it that counts as no effect) on the paper's side, *unlike the "
+    "paper* only when it excludes them on the other, *inconclusive* otherwise. "
+    "≤/≥: seeds that missed the target (counted as one round past the last) "
+    "make the ratio a bound."
 )
 
 

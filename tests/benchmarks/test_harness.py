@@ -21,6 +21,7 @@ from benchmarks import evidence
 from benchmarks.evidence import (
     CLAIMS_FILE,
     LEVEL,
+    NO_EFFECT_MARGIN,
     ClaimRow,
     Comparison,
     Direction,
@@ -224,6 +225,9 @@ def test_an_interval_holding_1_is_never_read_as_the_paper(
         assert high < 1 if direction == "below" else low > 1
     if result == "unlike the paper":
         assert low > 1 if direction == "below" else high < 1
+    if low <= 1 + NO_EFFECT_MARGIN and high >= 1 - NO_EFFECT_MARGIN:
+        # Touching the no-effect band around 1 is no finding either way.
+        assert result == "inconclusive"
 
 
 def test_a_verdict_needs_an_interval() -> None:
