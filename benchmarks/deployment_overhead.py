@@ -9,8 +9,9 @@ loop, Flower's ``FedAvg``, torch and numpy only), the simulation app with
 strategy. Every run trains the same MLP on the same digits partitions with the
 same local work (``local-steps`` SGD steps of ``batch-size`` samples, as in
 :mod:`benchmarks.client_overhead`); the plain app reads its partition from an
-``.npz`` file written here from the same split. The plain app runs first and
-last, and its mean is the baseline (the machine's load drifts during a run).
+``.npz`` file written here from the same split. The plain app runs before
+and after every other run, and each run is compared with the mean of its two
+neighbours (the machine's load drifts during a benchmark).
 
 Each SuperNode starts a new ``flwr-clientapp`` process for every message, so a
 message costs a whole process: interpreter start, imports, loading the app,
@@ -31,8 +32,8 @@ process's message type. Reported per run:
 It also times importing each app's ClientApp module in a fresh interpreter.
 Times vary between runs and machines.
 
-    python -m benchmarks.deployment_overhead          # quick: plain, fedavg
-    python -m benchmarks.deployment_overhead --full   # + every library strategy
+    python -m benchmarks.deployment_overhead          # quick: fedavg, 2 rounds
+    python -m benchmarks.deployment_overhead --full   # + library strategies, 3 rounds
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -71,6 +72,8 @@ CLIENTS_PER_ROUND = 2
 TARGET_RATIO = 1.5
 #: Seconds between two looks at ``/proc`` (a process's end is known to this).
 POLL_SECONDS = 0.05
+#: Seconds the SuperNodes may take to start their SuperExecs.
+SUPEREXEC_TIMEOUT = 120.0
 #: Seconds a run may take, ServerApp start-up included, on a loaded machine.
 RUN_TIMEOUT = 600.0
 
@@ -106,6 +109,8 @@ class ClientAppProcess:
     start: float
     end: float | None = None
     message_type: str = ""
+    #: Its command line was seen to run ``flwr-clientapp``.
+    confirmed: bool = False
 
     @property
     def seconds(self) -> float:
@@ -118,22 +123,45 @@ class ClientAppProcess:
 class ClientAppWatcher:
     """Records every ClientApp process of a deployment's SuperNodes from ``/proc``.
 
-    A process is the SuperNode's when its command line runs ``flwr-clientapp``
-    against that node's address (``node_addresses[i]`` for node ``i``). Times
-    are seconds since boot, the clock of ``/proc/<pid>/stat``'s ``starttime``.
+    Each SuperNode starts one SuperExec, and the SuperExec starts a ClientApp
+    process per message: a new process whose parent is the SuperExec of
+    SuperNode ``supernode_pids[i]`` and whose command line, once it has
+    exec'd (a child shows its parent's until then), runs ``flwr-clientapp`` is
+    a ClientApp of node ``i``. Times are seconds since boot, the clock of
+    ``/proc/<pid>/stat``'s ``starttime``.
     """
 
-    def __init__(self, node_addresses: Sequence[str]) -> None:
-        self.node_addresses = list(node_addresses)
+    def __init__(self, supernode_pids: Sequence[int]) -> None:
+        self.supernode_pids = list(supernode_pids)
         self.processes: dict[int, ClientAppProcess] = {}
+        self._superexecs: dict[int, int] = {}
         self._known: set[int] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._ticks = os.sysconf("SC_CLK_TCK")
 
     def __enter__(self) -> ClientAppWatcher:
-        # Processes already there (an earlier run's, maybe zombies) are not ours.
-        self._known = self._pids()
+        # A SuperNode starts its SuperExec once it is up (and other, short-lived
+        # children: the SuperExec is the one running flower-superexec).
+        deadline = time.monotonic() + SUPEREXEC_TIMEOUT
+        while set(self._superexecs.values()) != set(range(len(self.supernode_pids))):
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"SuperExecs of nodes {sorted(self._superexecs.values())} only, "
+                    f"after {SUPEREXEC_TIMEOUT:.0f} s"
+                )
+            time.sleep(POLL_SECONDS)
+            # Processes already there (an earlier run's, maybe zombies) are not
+            # ClientApps of this run; the SuperExecs are among them.
+            self._known = self._pids()
+            for pid in self._known:
+                fields = self._stat_fields(pid)
+                if (
+                    fields is not None
+                    and int(fields[1]) in self.supernode_pids
+                    and self._runs(pid, b"flower-superexec")
+                ):
+                    self._superexecs[pid] = self.supernode_pids.index(int(fields[1]))
         self._thread.start()
         return self
 
@@ -154,52 +182,44 @@ class ClientAppWatcher:
         for pid, process in self.processes.items():
             if process.end is None and not self._alive(pid):
                 process.end = now
-        # Parents first (lower pids), so that their children are recognized.
-        unsettled = set()
-        for pid in sorted(pids - self._known):
-            node = self._node_of(pid)
-            if node == "unsettled":
-                unsettled.add(pid)
-                continue
+            elif not process.confirmed:
+                process.confirmed = self._runs(pid, b"flwr-clientapp")
+        for pid in pids - self._known:
             fields = self._stat_fields(pid)
-            # A child forked by a ClientApp (to run a command) shows the same
-            # command line until it execs: only the SuperExec's children count.
-            if node is None or fields is None or int(fields[1]) in self.processes:
-                continue
-            # Field 22 of stat (starttime) is the 20th after the name; clock ticks.
-            self.processes[pid] = ClientAppProcess(node, int(fields[19]) / self._ticks)
-        self._known = pids - unsettled
+            if fields is not None and int(fields[1]) in self._superexecs:
+                # Field 22 of stat (starttime) is the 20th after the name.
+                self.processes[pid] = ClientAppProcess(
+                    self._superexecs[int(fields[1])], int(fields[19]) / self._ticks
+                )
+        self._known = pids
+
+    @property
+    def clientapps(self) -> list[ClientAppProcess]:
+        """The ClientApp processes seen (other children of a SuperExec left out)."""
+        return [process for process in self.processes.values() if process.confirmed]
+
+    @staticmethod
+    def _runs(pid: int, program: bytes) -> bool:
+        """Whether ``pid``'s command line runs ``program`` (a script or not)."""
+        try:
+            command = (Path("/proc") / str(pid) / "cmdline").read_bytes()
+        except OSError:
+            return False
+        return any(part.endswith(program) for part in command.split(b"\0")[:2])
 
     @staticmethod
     def _pids() -> set[int]:
         return {int(name) for name in os.listdir("/proc") if name.isdigit()}
 
-    def _node_of(self, pid: int) -> int | Literal["unsettled"] | None:
-        """The node whose ClientApp ``pid`` is, None if none, or ``"unsettled"``.
-
-        A SuperExec's child shows the SuperExec's command line until it execs
-        ``flwr-clientapp``: look at it again on the next poll.
-        """
-        try:
-            command = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            return None
-        if any(part.endswith(b"flower-superexec") for part in command[:2]):
-            return "unsettled"
-        if not any(part.endswith(b"flwr-clientapp") for part in command[:2]):
-            return None
-        for node, address in enumerate(self.node_addresses):
-            if address.encode() in command:
-                return node
-        return None
-
-    def _stat_fields(self, pid: int) -> list[str] | None:
+    @staticmethod
+    def _stat_fields(pid: int) -> list[str] | None:
         """The fields of ``/proc/<pid>/stat`` after the command name."""
         try:
             stat = (Path("/proc") / str(pid) / "stat").read_text()
         except OSError:
             return None
-        return stat[stat.rindex(")") + 2 :].split()
+        # Empty when read as the process is reaped.
+        return stat[stat.rindex(")") + 2 :].split() if ")" in stat else None
 
     def _alive(self, pid: int) -> bool:
         fields = self._stat_fields(pid)
@@ -255,15 +275,11 @@ def timed_run(
     run_config: Mapping[str, bool | int | float | str],
 ) -> RunTiming:
     """Submit one run, wait for it, and time its ClientApp processes."""
-    # The SuperNodes' processes follow the SuperLink's; each serves its
-    # ClientApps on the address of its --port.
-    node_addresses = [
-        f"127.0.0.1:{_option(process.args, '--port')}"
-        for process in running.processes[1:]
-    ]
     rounds = int(run_config["num-server-rounds"])
+    # The SuperNodes' processes follow the SuperLink's.
+    supernode_pids = [process.pid for process in running.processes[1:]]
     start = time.perf_counter()
-    with ClientAppWatcher(node_addresses) as watcher:
+    with ClientAppWatcher(supernode_pids) as watcher:
         run_id = running.submit(app_dir, run_config)
         status = running.wait([run_id], timeout=RUN_TIMEOUT)[run_id]
         # The last process may still be exiting after the run is marked done.
@@ -276,7 +292,7 @@ def timed_run(
         raise RuntimeError(f"{name}: run {run_id} {status}; logs in {running.work_dir}")
     timing = RunTiming(name, rounds, wall_seconds=time.perf_counter() - start)
     by_node: defaultdict[int, list[ClientAppProcess]] = defaultdict(list)
-    for process in watcher.processes.values():
+    for process in watcher.clientapps:
         by_node[process.node].append(process)
     for node in range(NUM_SUPERNODES):
         processes = sorted(by_node[node], key=lambda process: process.start)
@@ -294,13 +310,6 @@ def timed_run(
             process.message_type = message_type
         timing.processes += processes
     return timing
-
-
-def _option(command: object, name: str) -> str:
-    """The value of ``name=value`` in a process's command line."""
-    assert isinstance(command, list)
-    (value,) = [arg.split("=", 1)[1] for arg in command if arg.startswith(f"{name}=")]
-    return str(value)
 
 
 def write_plain_data(data_dir: Path) -> None:
@@ -354,40 +363,53 @@ def import_seconds(module: str, cwd: Path, repeats: int = 3) -> float:
     return statistics.median(seconds)
 
 
+def run_row(timing: RunTiming) -> dict[str, Any]:
+    """One run's seconds per message type and per round, and its processes."""
+    return {
+        "run": timing.name,
+        "rounds": timing.rounds,
+        "seconds_per_train": timing.seconds_per_message("train"),
+        "seconds_per_round": timing.seconds_per_round,
+        "seconds_by_type": {
+            kind: timing.seconds_per_message(kind)
+            for kind in timing.processes_per_round
+        },
+        "processes_per_round": timing.processes_per_round,
+        "wall_seconds": timing.wall_seconds,
+    }
+
+
 def rows(timings: Sequence[RunTiming]) -> list[dict[str, Any]]:
-    """Per run: seconds per train message and per round, and their ratios."""
-    plain = [timing for timing in timings if timing.name == PLAIN]
-    plain_train = statistics.fmean(t.seconds_per_message("train") for t in plain)
-    plain_round = statistics.fmean(t.seconds_per_round for t in plain)
-    return [
-        {
-            "run": timing.name,
-            "rounds": timing.rounds,
-            "seconds_per_train": timing.seconds_per_message("train"),
-            "ratio_per_train": timing.seconds_per_message("train") / plain_train,
-            "seconds_per_round": timing.seconds_per_round,
-            "ratio_per_round": timing.seconds_per_round / plain_round,
-            "seconds_by_type": {
-                kind: timing.seconds_per_message(kind)
-                for kind in timing.processes_per_round
-            },
-            "processes_per_round": timing.processes_per_round,
-            "wall_seconds": timing.wall_seconds,
-        }
-        for timing in timings
-    ]
+    """Each app run against the mean of the plain runs just before and after it.
+
+    ``timings`` alternate: plain, app, plain, app, ..., plain. The machine's
+    load drifts over a benchmark; the neighbouring plain runs saw the closest.
+    """
+    table = []
+    for index in range(1, len(timings), 2):
+        before, timing, after = timings[index - 1 : index + 2]
+        if {before.name, after.name} != {PLAIN} or timing.name == PLAIN:
+            raise ValueError("runs must alternate plain, app, plain")
+        row = run_row(timing)
+        for key in ("seconds_per_train", "seconds_per_round"):
+            plain = statistics.fmean(run_row(each)[key] for each in (before, after))
+            row[f"plain_{key}"] = plain
+            row[f"ratio_{key.removeprefix('seconds_')}"] = row[key] / plain
+        table.append(row)
+    return table
 
 
 def overhead_table(table: Sequence[Mapping[str, Any]]) -> str:
     """The rows as a markdown table."""
     columns = [
-        "run",
+        "strategy",
         "s per train message",
-        "vs plain",
+        "plain",
+        "ratio",
         "s per round",
-        "vs plain",
+        "plain",
+        "ratio",
         "ClientApp processes per round (mean s)",
-        "run wall s",
     ]
     cells = []
     for row in table:
@@ -399,11 +421,12 @@ def overhead_table(table: Sequence[Mapping[str, Any]]) -> str:
             [
                 row["run"],
                 f"{row['seconds_per_train']:.2f}",
+                f"{row['plain_seconds_per_train']:.2f}",
                 format_ratio(row["ratio_per_train"]),
                 f"{row['seconds_per_round']:.2f}",
+                f"{row['plain_seconds_per_round']:.2f}",
                 format_ratio(row["ratio_per_round"]),
                 processes,
-                f"{row['wall_seconds']:.0f}",
             ]
         )
     return markdown_table(columns, cells)
@@ -426,7 +449,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     write_plain_data(work_dir / "data")
     plain_config = plain_run_config(work_dir / "data", rounds)
     with deployment(NUM_SUPERNODES, work_dir / "deployment") as running:
-        for name in [PLAIN, *strategies, PLAIN]:
+        # Each app run between two plain runs (see rows).
+        for name in [PLAIN, *(run for each in strategies for run in (each, PLAIN))]:
             if name == PLAIN:
                 timing = timed_run(running, name, PLAIN_APP_DIR, plain_config)
             else:
@@ -450,6 +474,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "target_ratio_per_train": TARGET_RATIO,
         "fedavg_within_target": fedavg["ratio_per_train"] <= TARGET_RATIO,
         "leftover_processes": leftover,
+        "plain_runs": [run_row(each) for each in timings if each.name == PLAIN],
         "rows": table,
     }
     (args.output_dir / "results.json").write_text(json.dumps(results, indent=1))
@@ -459,9 +484,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"Loopback deployment, {NUM_SUPERNODES} SuperNodes (a new ClientApp "
         f"process per message), {rounds} rounds, {CLIENTS_PER_ROUND} clients per "
         f"round, {LOCAL_STEPS} local steps of {BATCH_SIZE} samples, MLP on digits. "
-        "`plain`: a plain FedAvg app (torch and numpy only), run first and last, "
-        "the baseline is their mean; the others: the simulation app with that "
-        "strategy. Seconds per message: a ClientApp process from start to exit; "
+        "Each run of the simulation app with a strategy is compared with the mean "
+        "of a plain FedAvg app's runs (torch and numpy only) just before and "
+        "after it. Seconds per message: a ClientApp process from start to exit; "
         "per round: first ClientApp start to last exit over the rounds. Importing "
         f"the ClientApp module: plain {imports[PLAIN]:.2f} s, simulation app "
         f"{imports['simulation app']:.2f} s. The app's seconds per train message "
