@@ -27,7 +27,10 @@ process's message type. Reported per run:
   one's exit, divided by the rounds (ServerApp start-up left out), and its
   ratio to the plain app's;
 - ClientApp processes per round, by message type (OCS and MMFL train every
-  node in ``query.norm``; their ``train`` only sends the kept update).
+  node in ``query.norm``; their ``train`` only sends the kept update). A
+  node's first message of a run builds the digits split and keeps its
+  partition in the node state (:func:`simulations.task.node_data`): the size
+  queries of the size-based methods pay for that, otherwise round 1's train.
 
 It also times importing each app's ClientApp module in a fresh interpreter.
 Times vary between runs and machines.
@@ -491,7 +494,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"the ClientApp module: plain {imports[PLAIN]:.2f} s, simulation app "
         f"{imports['simulation app']:.2f} s. The app's seconds per train message "
         f"are {fedavg['ratio_per_train']:.2f}x the plain app's, {verdict} the "
-        f"{TARGET_RATIO}x target. Times vary between runs and machines.\n\n"
+        f"{TARGET_RATIO}x target. A node's first message of a run builds the "
+        "digits split (the size queries, where a method sends them). Times vary "
+        "between runs and machines.\n\n"
         f"{overhead_table(table)}\n"
     )
     (args.output_dir / "summary.md").write_text(text)
