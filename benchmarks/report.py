@@ -385,23 +385,34 @@ def claim_table(runs: Sequence[BenchmarkRun], results_link: str) -> str:
         A markdown table, or a line saying no benchmark wrote claims. The
         verdicts are recomputed from the intervals, never copied.
     """
-    rows = [
-        [
-            f"{row.claim} ({row.paper}). *{row.comparison}*: {row.method} / "
-            f"{row.baseline}, {row.statistic}",
-            row.interval.text(),
-            row.verdict,
-            row.data,
-            f"[{run.name}]({results_link}#{heading_anchor(section_title(run.name))})",
-        ]
-        for run in runs
-        for row in run.claims
-    ]
+    rows = []
+    for run in runs:
+        section = (
+            f"[{run.name}]({results_link}#{heading_anchor(section_title(run.name))})"
+        )
+        previous_claim = None
+        for row in run.claims:
+            # A claim's text, data and section once, on its first row: the
+            # rows below it are its comparisons.
+            first = (row.paper, row.claim) != previous_claim
+            previous_claim = (row.paper, row.claim)
+            rows.append(
+                [
+                    f"{row.claim} ({row.paper})" if first else "",
+                    f"*{row.comparison}*: {row.method} / {row.baseline}, "
+                    f"{row.statistic}",
+                    row.interval.text(),
+                    row.verdict,
+                    row.data if first else "",
+                    section if first else "",
+                ]
+            )
     if not rows:
         return "No benchmark wrote claim rows (`claims.json`)."
     return markdown_table(
         [
             "claim",
+            "comparison",
             "our ratio [95% interval]",
             "verdict",
             "data used",

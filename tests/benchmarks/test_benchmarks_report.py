@@ -247,7 +247,7 @@ def test_saved_confirmations_load_back(tmp_path: Path) -> None:
 
 
 CLAIM_LINE = (
-    "| ISFedAvg needs fewer rounds than FedAvg (Rizk et al., ICASSP 2021). "
+    "| ISFedAvg needs fewer rounds than FedAvg (Rizk et al., ICASSP 2021) | "
     "*matched*: isfedavg / fedavg, rounds to target | 0.62 [0.50, 0.80] | "
     "as the paper | synthetic logistic regression | "
 )
