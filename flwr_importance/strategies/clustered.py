@@ -10,6 +10,7 @@ import numpy as np
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
+from flwr_importance.registry import CannedVariant, MethodSpec
 from flwr_importance.sampling import (
     DISTANCES,
     Distance,
@@ -376,3 +377,42 @@ class RepresentativeGradients:
         square = self._distances[np.ix_(rows, rows)]
         self._distances[np.ix_(rows, rows)] = (square + square.T) / 2
         self._distances[rows, rows] = 0.0
+
+
+METHOD = MethodSpec(
+    name="clustered",
+    strategy=ClusteredSampling,
+    paper="Fraboni, Vidal, Kameni, Lorenzi, ICML 2021",
+    client_handlers="flwr_importance.clientapps.clustered:make_clustered_handlers",
+    headline_preset="clustered-digits",
+    canned=(
+        CannedVariant(
+            name="clustered-size",
+            label="ClusteredSampling (size, Alg. 1)",
+            arguments=lambda setup: {
+                "clients_per_round": setup.clients_per_round,
+                "method": "size",
+                "fraction_evaluate": 0.0,
+                "min_available_nodes": 1,
+            },
+            replies={"query.sizes": "sizes", "train": "model"},
+        ),
+        CannedVariant(
+            name="clustered-similarity",
+            label="ClusteredSampling (similarity, Alg. 2)",
+            arguments=lambda setup: {
+                "clients_per_round": setup.clients_per_round,
+                "method": "similarity",
+                "projection_dim": setup.projection_dim,
+                "fraction_evaluate": 0.0,
+                "min_available_nodes": 1,
+            },
+            replies={"query.sizes": "sizes", "train": "model"},
+        ),
+    ),
+    equal_work=lambda work: {"clustered-method": "similarity"},
+    smoke={"partitioning": "iid"},
+    legacy="flwr_importance.compat.clustered:ClusteredSampling",
+    benchmark="clustered",
+    benchmark_title="Clustered sampling vs MD sampling (Fraboni et al., ICML 2021)",
+)

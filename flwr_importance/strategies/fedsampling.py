@@ -30,6 +30,7 @@ from flwr_importance.protocol import (
     SIZES_QUERY,
     query_message_type,
 )
+from flwr_importance.registry import CannedVariant, MethodSpec
 from flwr_importance.sampling import estimate_total_size, ldp_alpha
 from flwr_importance.strategies.common import (
     CheckedFedAvg,
@@ -442,3 +443,36 @@ class FedSampling(CheckedFedAvg):
             "num-updates": float(num_updates),
         }
         return MetricRecord(dict(values))
+
+
+METHOD = MethodSpec(
+    name="fedsampling",
+    strategy=FedSampling,
+    paper="Qi, Wu, Lyu, Huang, Xie, IJCAI 2023",
+    client_handlers="flwr_importance.clientapps.fedsampling:make_fedsampling_handlers",
+    headline_preset="fedsampling-lognormal-sigma2",
+    canned=(
+        CannedVariant(
+            name="fedsampling",
+            label="FedSampling",
+            arguments=lambda setup: {
+                "samples_per_round": setup.total_size // 10,
+                "max_size": setup.max_size,
+                "fraction_evaluate": 0.0,
+                "min_available_nodes": 1,
+            },
+            replies={"query.sizes": "size-response", "train": "gradient-sum"},
+            # Every node answers the size query and trains on its kept samples.
+            baseline="fedavg-all",
+        ),
+    ),
+    equal_work=lambda work: {
+        "fedsampling-local-steps": work.local_steps,
+        "fedsampling-samples-per-round": work.clients_per_round * work.batch_size,
+    },
+    smoke_preset="fedsampling-lognormal-sigma1",
+    legacy="flwr_importance.compat.fedsampling:FedSampling",
+    benchmark="fedsampling",
+    benchmark_title="FedSampling vs client-level sampling (Qi et al., IJCAI 2023)",
+    clients_per_round=False,
+)

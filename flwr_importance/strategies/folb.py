@@ -44,6 +44,7 @@ from flwr_importance.protocol import (
     PROXIMAL_MU,
     SERVER_ROUND,
 )
+from flwr_importance.registry import CannedVariant, MethodSpec
 from flwr_importance.sampling import uniform_client_set
 from flwr_importance.strategies.common import (
     CheckedFedAvg,
@@ -527,3 +528,34 @@ def _metric_content(reply: CheckedReply) -> RecordDict:
     """The reply's metrics as the content Flower's metric aggregators read."""
     metrics: dict[str, int | float | list[int] | list[float]] = dict(reply.metrics)
     return RecordDict({"metrics": MetricRecord(metrics)})
+
+
+METHOD = MethodSpec(
+    name="folb",
+    strategy=FOLB,
+    paper="Nguyen, Sehwag, Hosseinalipour, Brinton, Chiang, Poor, IEEE JSAC 2021",
+    client_handlers="flwr_importance.clientapps.folb:make_folb_handlers",
+    headline_preset="folb-synthetic-1-1",
+    canned=(
+        CannedVariant(
+            name="folb",
+            label="FOLB",
+            arguments=lambda setup: {
+                "clients_per_round": setup.clients_per_round,
+                "proximal_mu": 0.01,
+                "fraction_evaluate": 0.0,
+                "min_available_nodes": setup.clients_per_round,
+            },
+            replies={"train": "folb-train"},
+            # Two-set FOLB's gradient set costs about m more nodes' work.
+            baseline="fedavg-2m",
+        ),
+    ),
+    equal_work=lambda work: {"proximal-mu": 0.01},
+    # The digits run is the short one; IID so that two rounds improve.
+    smoke_preset="folb-digits",
+    smoke={"partitioning": "iid", "local-lr": 0.2},
+    legacy="flwr_importance.compat.folb:FOLB",
+    benchmark="folb",
+    benchmark_title="FOLB vs FedProx and FedAvg (Nguyen et al., JSAC 2021, Table I)",
+)

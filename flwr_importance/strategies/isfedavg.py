@@ -36,6 +36,7 @@ from flwr_importance.protocol import (
     NUM_EXAMPLES,
     SERVER_ROUND,
 )
+from flwr_importance.registry import CannedVariant, MethodSpec
 from flwr_importance.sampling import systematic_sample
 from flwr_importance.strategies.common import (
     CheckedFedAvg,
@@ -397,3 +398,34 @@ def _metric_record(reply: CheckedReply) -> MetricRecord:
     """The reply's metrics as a MetricRecord (for Flower's metric averaging)."""
     values: dict[str, int | float | list[int] | list[float]] = dict(reply.metrics)
     return MetricRecord(values)
+
+
+METHOD = MethodSpec(
+    name="isfedavg",
+    strategy=ISFedAvg,
+    paper="Rizk, Vlaski, Sayed, ICASSP 2021",
+    client_handlers="flwr_importance.clientapps.isfedavg:make_isfedavg_handlers",
+    headline_preset="isfedavg-logistic",
+    canned=(
+        CannedVariant(
+            name="isfedavg",
+            label="ISFedAvg",
+            arguments=lambda setup: {
+                "clients_per_round": setup.clients_per_round,
+                "fraction_evaluate": 0.0,
+                "min_available_nodes": 1,
+            },
+            replies={"train": "isfedavg-train"},
+        ),
+    ),
+    # Fixed E_k and B_k: the same steps and batch as a FedAvg client.
+    equal_work=lambda work: {
+        "isfedavg-min-local-steps": work.local_steps,
+        "isfedavg-max-local-steps": work.local_steps,
+        "isfedavg-min-batch-size": work.batch_size,
+        "isfedavg-max-batch-size": work.batch_size,
+    },
+    legacy="flwr_importance.compat.isfedavg:ISFedAvg",
+    benchmark="isfedavg",
+    benchmark_title="ISFedAvg vs FedAvg (Rizk et al., ICASSP 2021)",
+)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+from flwr_importance.registry import CannedVariant, MethodSpec
 from flwr_importance.sampling import md_sample
 from flwr_importance.strategies._multiset import MultisetSampling
 
@@ -83,3 +84,28 @@ class MDSampling(MultisetSampling):
 #: ``num-examples`` (it refreshes the size), and the defaults are MD's:
 #: ``fraction_evaluate=1.0`` (was 0.0), ``min_available_nodes=1`` (was 2).
 SizeWeightedSampling = MDSampling
+
+
+METHOD = MethodSpec(
+    name="md",
+    strategy=MDSampling,
+    paper="Fraboni, Vidal, Kameni, Lorenzi, ICML 2021 (Li et al.'s scheme)",
+    client_handlers="flwr_importance.clientapps.clustered:make_clustered_handlers",
+    headline_preset="clustered-digits-md",
+    canned=(
+        CannedVariant(
+            name="md",
+            label="MDSampling",
+            arguments=lambda setup: {
+                "clients_per_round": setup.clients_per_round,
+                "fraction_evaluate": 0.0,
+                "min_available_nodes": 1,
+            },
+            replies={"query.sizes": "sizes", "train": "model"},
+        ),
+    ),
+    smoke={"partitioning": "iid"},
+    legacy="flwr_importance.compat.md:MDSampling",
+    # FedSampling's comparisons call it size-weighted client sampling.
+    app_aliases=("sizeweighted",),
+)

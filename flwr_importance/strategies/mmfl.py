@@ -30,6 +30,7 @@ from flwr_importance.protocol import (
     UPDATE_NORM,
     model_record_name,
 )
+from flwr_importance.registry import CannedVariant, MethodSpec
 from flwr_importance.sampling import assign_models, estimator_variance, mmfl_probs
 from flwr_importance.strategies.common import (
     CheckedFedAvg,
@@ -347,3 +348,30 @@ class MultiModelSampling(CheckedFedAvg):
     ) -> Iterable[Message]:
         """No federated evaluation: each model is evaluated centrally."""
         return []
+
+
+METHOD = MethodSpec(
+    name="mmfl",
+    strategy=MultiModelSampling,
+    paper="Zhang, Li, Gong, Siew, Joe-Wong, El-Azouzi, ICDCS 2024",
+    client_handlers="flwr_importance.clientapps.optimal:make_mmfl_handlers",
+    headline_preset="mmfl-digits",
+    canned=(
+        CannedVariant(
+            name="mmfl",
+            label="MultiModelSampling (S=1, gradnorm)",
+            arguments=lambda setup: {
+                "num_models": 1,
+                "clients_per_round": setup.clients_per_round,
+                "variant": "gradnorm",
+            },
+            replies={"query.norm": "norm", "train": "kept-update"},
+            packed_models=True,
+        ),
+    ),
+    equal_work=lambda work: {"mmfl-tasks": "digits", "mmfl-variant": "gradnorm"},
+    smoke={"mmfl-tasks": "digits:iid,digits:iid", "clients-per-round": 4},
+    # Several models in one round trip: the legacy API carries one Parameters.
+    legacy_api=False,
+    benchmark="optimal_sampling",
+)

@@ -41,6 +41,7 @@ from flwr_importance.protocol import (
     per_model_key,
     query_message_type,
 )
+from flwr_importance.registry import CannedVariant, MethodSpec
 from flwr_importance.sampling import (
     aocs_probs,
     estimator_variance,
@@ -453,3 +454,27 @@ class OptimalClientSampling(CheckedFedAvg):
             metrics["variance"] = estimator_variance(self._norms, probs)
             metrics["uniform-variance"] = estimator_variance(self._norms, uniform)
         return model, MetricRecord(dict(metrics))
+
+
+METHOD = MethodSpec(
+    name="ocs",
+    strategy=OptimalClientSampling,
+    paper="Chen, Horvath, Richtarik, TMLR 2022",
+    client_handlers="flwr_importance.clientapps.optimal:make_ocs_handlers",
+    headline_preset="ocs-digits-lognormal",
+    canned=(
+        CannedVariant(
+            name="ocs",
+            label="OptimalClientSampling",
+            arguments=lambda setup: {
+                "clients_per_round": setup.clients_per_round,
+                "min_available_nodes": 1,
+            },
+            replies={"query.norm": "norm", "train": "kept-update"},
+        ),
+    ),
+    legacy="flwr_importance.compat.ocs:OptimalClientSampling",
+    benchmark="optimal_sampling",
+    benchmark_title="OCS/AOCS vs uniform, MMFL vs random (Chen et al. 2022; "
+    "Zhang et al. 2024)",
+)
