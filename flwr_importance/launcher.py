@@ -1,4 +1,4 @@
-"""Run ``flwr run`` on a project-local, self-contained Flower simulation.
+r"""Run ``flwr run`` on a project-local, self-contained Flower simulation.
 
 ``flwr run`` starts a managed SuperLink that outlives the command, keeps its
 configuration in ``~/.flwr`` and, by default, installs the app's dependencies into
@@ -18,7 +18,7 @@ that is a multi-GB CUDA build). This module runs it the way this project needs:
 
 Command line::
 
-    python -m flwr_importance.launcher \\
+    python -m flwr_importance.launcher \
         --run-config simulations/presets/isfedavg-regression.toml
 
 The number of virtual SuperNodes is the run config's ``num-supernodes`` (the
@@ -29,7 +29,7 @@ a warning saying how to choose it.
 Comparing strategies, each through its own ``flwr run`` with the same run
 config and seed, the first the baseline (:func:`compare_strategies`)::
 
-    python -m flwr_importance.launcher --compare md,clustered \\
+    python -m flwr_importance.launcher --compare md,clustered \
         --run-config simulations/presets/main.toml
 
 The deployment engine on loopback (:func:`deployment`): a real
@@ -353,7 +353,7 @@ def supernodes_for_run(
 
 
 def flower_environment(flwr_home: Path) -> dict[str, str]:
-    """This process's environment, set up for Flower processes under ``flwr_home``.
+    """The environment of this process, set up for Flower processes under ``flwr_home``.
 
     ``flwr run`` and the SuperLink/SuperNode start Flower's other commands
     (``flower-superexec``, ``flwr-serverapp``, ``flwr-clientapp``) by name, so

@@ -42,8 +42,10 @@ def federated_data(config: ExperimentConfig, num_partitions: int) -> FederatedSp
 
 
 class DataShapes(Protocol):
-    """The shapes a model is built for (a :class:`FederatedSplit` or
-    :class:`NodeData`)."""
+    """The shapes a model is built for.
+
+    A :class:`FederatedSplit` or a :class:`NodeData`.
+    """
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -82,7 +84,7 @@ class NodeData:
 
 
 def node_data(context: Context) -> NodeData:
-    """This node's partition of the run's data set, kept in ``context.state``.
+    """The node's partition of the run's data set, kept in ``context.state``.
 
     The deployment engine starts a ClientApp process per message, and building
     a split costs more than the rest of a message (the digits: scikit-learn, HF

@@ -1,5 +1,7 @@
-"""ISFedAvg's probability maths (Rizk, Vlaski, Sayed, "Optimal importance
-sampling for federated learning"; docs/methods.md §1).
+"""ISFedAvg's probability maths.
+
+Rizk, Vlaski, Sayed, "Optimal importance sampling for federated learning";
+docs/methods.md §1.
 
 Pure NumPy, shared by the strategy (client probabilities, eq. 28) and the
 ClientApp (the ``sigma2_k`` report of eq. 22 and the realized sample

@@ -96,7 +96,7 @@ def round_generators(
 
 
 def round_local_steps(task: LocalTask, numpy_rng: np.random.Generator) -> int | None:
-    """This round's number of local steps (random when ``heterogeneous_steps``)."""
+    """The round's number of local steps (random when ``heterogeneous_steps``)."""
     if task.local_steps is None or not task.heterogeneous_steps:
         return task.local_steps
     return random_local_steps(task.local_steps, numpy_rng)
@@ -149,7 +149,7 @@ def server_round_of(message: Message) -> int:
 def train_round(
     task: LocalTask, server_round: int, proximal_mu: float = 0.0
 ) -> dict[str, float]:
-    """This round's local SGD on ``task.model``, from the weights it holds now.
+    """The round's local SGD on ``task.model``, from the weights it holds now.
 
     Uses the node's round randomness (:func:`round_generators`), so every method
     that trains locally sees the same mini-batches and step counts for the same

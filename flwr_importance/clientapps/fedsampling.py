@@ -1,5 +1,7 @@
-"""FedSampling on the client (Qi et al., "FedSampling: A Better Sampling Strategy
-for Federated Learning", IJCAI 2023, Algorithm 1).
+"""FedSampling on the client.
+
+Qi et al., "FedSampling: A Better Sampling Strategy for Federated Learning",
+IJCAI 2023, Algorithm 1.
 
 Privacy contract: the node's true size ``|D_c|`` and the number of samples it
 kept ``|S_c|`` never leave it. The size query is answered by randomized
@@ -176,7 +178,7 @@ def add_private_size_query(
 
 @dataclass(frozen=True)
 class FedSamplingRound:
-    """This round's data sample, as the server's config decides it.
+    """The round's data sample, as the server's config decides it.
 
     Attributes
     ----------

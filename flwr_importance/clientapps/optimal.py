@@ -302,7 +302,7 @@ def _keep_updates(
 def _kept_update(
     context: Context, server_round: int, model_index: int
 ) -> tuple[ArrayRecord, MetricRecord]:
-    """This round's kept update of ``model_index`` and its reply metrics.
+    """The round's kept update of ``model_index`` and its reply metrics.
 
     Raises
     ------

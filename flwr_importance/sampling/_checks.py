@@ -1,5 +1,8 @@
-"""Input validation shared by the samplers: every public function rejects bad
-input with a ``ValueError`` that says what is wrong, before any maths runs."""
+"""Input validation shared by the samplers.
+
+Every public function rejects bad input with a ``ValueError`` that says what is
+wrong, before any maths runs.
+"""
 
 from __future__ import annotations
 

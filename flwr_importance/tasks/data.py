@@ -193,8 +193,10 @@ def _generate(
     regression_dimension: int,
     regression_rho: float,
 ) -> FederatedSplit:
-    """One of the generated data sets (see :func:`load_dataset`), memoized on
-    the options it uses."""
+    """One of the generated data sets, memoized on the options it uses.
+
+    See :func:`load_dataset`.
+    """
     if partitioning != "iid":
         logger.info(
             "dataset %r is split by construction (one generating model per client); "

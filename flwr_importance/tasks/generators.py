@@ -1,5 +1,7 @@
-"""Generated federated data sets: FedProx Synthetic(alpha, beta), ISFedAvg's two,
-and a Gaussian mixture over clients of log-normal sizes (FedSampling's scale).
+"""Generated federated data sets.
+
+FedProx Synthetic(alpha, beta), ISFedAvg's two, and a Gaussian mixture over
+clients of log-normal sizes (FedSampling's scale).
 
 Each client (device, agent) has its own generating model, so the split over
 clients is part of the generator. All draws come from one

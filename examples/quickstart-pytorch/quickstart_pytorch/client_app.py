@@ -46,7 +46,7 @@ def received_model(msg: Message) -> tuple[Net, torch.device]:
 
 
 def node_data(context: Context, task: int = 0) -> tuple[DataLoader, DataLoader]:
-    """This node's train and test DataLoaders (of ``task``, for the multi-model run)."""
+    """The node's train and test DataLoaders (of ``task``, for the multi-model run)."""
     return load_data(
         int(context.node_config["partition-id"]),
         int(context.node_config["num-partitions"]),
@@ -186,7 +186,7 @@ def train_fedsampling(msg: Message, context: Context) -> Message:
 # clustered, md: the true size; fedsampling: a randomized-response size.
 @app.query("sizes")
 def sizes(msg: Message, context: Context) -> Message:
-    """This node's training-set size, privatized for FedSampling."""
+    """The node's training-set size, privatized for FedSampling."""
     num_examples = num_train_examples(context)
     if str(context.run_config["strategy"]) == "fedsampling":
         return private_size_reply(msg, num_examples=num_examples)

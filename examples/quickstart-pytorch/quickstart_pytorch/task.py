@@ -63,7 +63,7 @@ def _images() -> tuple[torch.Tensor, torch.Tensor]:
 def load_data(
     partition_id: int, num_partitions: int, batch_size: int, task: int = 0
 ) -> tuple[DataLoader, DataLoader]:
-    """This partition's train and test DataLoaders (an IID split of the digits).
+    """The partition's train and test DataLoaders (an IID split of the digits).
 
     ``task`` picks another split of the same images: the multi-model strategy
     trains one model per task.
