@@ -36,6 +36,14 @@ def weighted_sum(
     -------
     NDArray[np.floating]
         The weighted sum, float32 or wider.
+
+    Examples
+    --------
+    >>> vectors = [np.array([1.0, 2.0]), np.array([3.0, 4.0])]
+    >>> weighted_sum(vectors, [0.5, 0.5]).tolist()
+    [2.0, 3.0]
+    >>> weighted_sum([np.ones(2, np.float32)], [2.0]).dtype
+    dtype('float32')
     """
     weights = np.asarray(weights, dtype=np.float64)
     if weights.ndim != 1:
@@ -53,6 +61,11 @@ def mean(vectors: Iterable[NDArray[np.floating]]) -> NDArray[np.floating]:
 
     Accumulated one vector at a time, in the vectors' precision, as
     :func:`weighted_sum`.
+
+    Examples
+    --------
+    >>> mean(iter([np.array([1.0, 2.0]), np.array([3.0, 4.0])])).tolist()
+    [2.0, 3.0]
     """
     total, count = _accumulate(vectors, None)
     total /= count

@@ -43,6 +43,13 @@ def server_update(
     -------
     NDArray[np.float64]
         The new flattened model.
+
+    Examples
+    --------
+    >>> model = np.array([1.0, 1.0])
+    >>> updates = [np.array([0.5, 0.0]), np.array([0.5, 1.0])]
+    >>> server_update(model, updates, server_lr=0.1).tolist()
+    [0.9, 0.9]
     """
     if not (np.isfinite(server_lr) and server_lr > 0):
         raise ValueError(f"server_lr must be positive and finite, got {server_lr}")

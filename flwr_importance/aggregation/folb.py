@@ -342,7 +342,18 @@ def single_set_weights(
     negative: NegativeRule = "flip",
     denominator: Denominator = "abs",
 ) -> FolbWeights:
-    """Eq. 13: ``a_k = n_k c_k / sum_{i in S} n_i |c_i|``, ``c_k = <g_k, gS>``."""
+    """Eq. 13: ``a_k = n_k c_k / sum_{i in S} n_i |c_i|``, ``c_k = <g_k, gS>``.
+
+    Examples
+    --------
+    The device against the estimate has its update subtracted, or dropped:
+
+    >>> grads = [np.array([1.0, 0.0]), np.array([1.0, 0.0]), np.array([-1.0, 0.0])]
+    >>> np.round(single_set_weights(grads).weights, 3).tolist()
+    [0.333, 0.333, -0.333]
+    >>> single_set_weights(grads, negative="drop").weights.tolist()
+    [0.5, 0.5, 0.0]
+    """
     return folb_weights(
         gradients,
         multiplicities,
@@ -363,7 +374,14 @@ def two_set_weights(
     negative: NegativeRule = "flip",
     denominator: Denominator = "abs",
 ) -> FolbWeights:
-    """Eqs. 9-10: ``c_k = <g_k, gS2>`` for ``k in S1``, ``gS2`` from ``S2``."""
+    """Eqs. 9-10: ``c_k = <g_k, gS2>`` for ``k in S1``, ``gS2`` from ``S2``.
+
+    Examples
+    --------
+    >>> grads = [np.array([1.0, 0.0]), np.array([0.0, 1.0])]
+    >>> two_set_weights(grads, [np.array([1.0, 0.0])]).weights.tolist()
+    [1.0, 0.0]
+    """
     return folb_weights(
         gradients,
         multiplicities,
@@ -387,7 +405,17 @@ def heterogeneity_aware_weights(
     negative: NegativeRule = "flip",
     denominator: Denominator = "abs",
 ) -> FolbWeights:
-    """Eq. 18: ``d_k = c_k - psi gamma_k ||g_k|| ||gS||``, weights ``n_k d_k``."""
+    """Eq. 18: ``d_k = c_k - psi gamma_k ||g_k|| ||gS||``, weights ``n_k d_k``.
+
+    Examples
+    --------
+    The same gradient, the second device inexact (``gamma = 1``):
+
+    >>> grads = [np.array([1.0, 0.0]), np.array([1.0, 0.0])]
+    >>> weights = heterogeneity_aware_weights(grads, [0.0, 1.0], psi=0.5).weights
+    >>> np.round(weights, 3).tolist()
+    [0.667, 0.333]
+    """
     return folb_weights(
         gradients,
         multiplicities,

@@ -50,6 +50,11 @@ def model_variability_weight(
     ------
     ValueError
         If the shapes differ or a value is below 1 or not finite.
+
+    Examples
+    --------
+    >>> model_variability_weight([1, 2], [1, 3]).tolist()
+    [9.0, 4.0]
     """
     steps = np.asarray(local_steps, dtype=np.float64)
     sizes = np.asarray(batch_sizes, dtype=np.float64)
@@ -90,6 +95,11 @@ def client_importance(
     ------
     ValueError
         If an input is negative, not finite, or the shapes differ.
+
+    Examples
+    --------
+    >>> client_importance([0.0, 1.0], [1.0, 0.0], [1, 1], [1, 1]).tolist()
+    [3.0, 1.0]
     """
     variances = nonnegative_vector("sigma2", sigma2)
     sq_norms = nonnegative_vector("gradient_sq_norms", gradient_sq_norms)
@@ -146,6 +156,16 @@ def update_client_probs(
         If ``client_probs`` is not a distribution, ``participants`` repeats or
         leaves the range, a statistic is negative or not finite, or the
         lengths differ.
+
+    Examples
+    --------
+    Participants 0 and 1 keep their total 0.5, split 3:1 as their importances:
+
+    >>> update_client_probs(
+    ...     [0.25] * 4, [0, 1], [0.0, 1.0], [1.0, 0.0], [1, 1], [1, 1],
+    ...     min_relative_prob=0,
+    ... ).tolist()
+    [0.375, 0.125, 0.25, 0.25]
     """
     probs = probability_distribution("client_probs", client_probs)
     indices = distinct_indices("participants", participants, probs.size)
@@ -187,6 +207,13 @@ def realized_normalized_probs(
     ------
     ValueError
         If ``probs`` is not a distribution or ``sample_size`` is out of range.
+
+    Examples
+    --------
+    ``2 p_0 = 1.4`` is capped at 1, so ``p_0`` is really 1/2:
+
+    >>> np.round(realized_normalized_probs([0.7, 0.1, 0.1, 0.1], 2), 4).tolist()
+    [0.5, 0.1667, 0.1667, 0.1667]
     """
     distribution = probability_distribution("probs", probs)
     size = sample_count("sample_size", sample_size, distribution.size)
@@ -232,6 +259,13 @@ def local_gradient_variance(
     ValueError
         If the shapes differ, a probability is not positive, no sample was
         seen, a seen norm is negative or not finite, or ``E_k``/``B_k`` < 1.
+
+    Examples
+    --------
+    The unseen sample takes the seen one's squared norm:
+
+    >>> local_gradient_variance([0.5, 0.5], [1.0, np.nan], [True, False], 1, 1)
+    6.0
     """
     probs = probability_distribution("sample_probs", sample_probs)
     seen_mask = np.asarray(seen, dtype=bool)

@@ -43,6 +43,13 @@ def size_fractions(num_examples: ArrayLike) -> NDArray[np.float64]:
     ------
     ValueError
         If an entry is negative or not finite, or the array is not 1-D or 2-D.
+
+    Examples
+    --------
+    >>> size_fractions([1, 3]).tolist()
+    [0.25, 0.75]
+    >>> size_fractions([[1, 0], [3, 0]]).tolist()
+    [[0.25, 0.0], [0.75, 0.0]]
     """
     sizes = np.asarray(num_examples, dtype=np.float64)
     if sizes.ndim not in (1, 2):
@@ -73,6 +80,13 @@ def unbiased_weights(fractions: ArrayLike, probs: ArrayLike) -> NDArray[np.float
     ValueError
         If the shapes differ, a fraction is negative or a probability is not in
         ``(0, 1]``.
+
+    Examples
+    --------
+    A participant drawn with probability 1/2 counts twice its data share:
+
+    >>> unbiased_weights([0.25, 0.75], [0.5, 1.0]).tolist()
+    [0.5, 0.75]
     """
     fractions_array = nonnegative_vector("fractions", fractions)
     probs_array = probability_array("probs", probs)
@@ -110,6 +124,12 @@ def unbiased_update(
     ------
     ValueError
         As :func:`unbiased_weights`, or for no updates or unequal lengths.
+
+    Examples
+    --------
+    >>> updates = [np.array([1.0, 0.0]), np.array([0.0, 1.0])]
+    >>> unbiased_update(updates, [0.25, 0.75], [0.5, 1.0]).tolist()
+    [0.5, 0.75]
     """
     return weighted_sum(updates, unbiased_weights(fractions, probs))
 
@@ -125,6 +145,11 @@ def uniform_assignment_prob(num_clients: int, num_models: int, m: int) -> float:
     ------
     ValueError
         If ``num_clients`` or ``num_models`` is below 1 or ``m`` is negative.
+
+    Examples
+    --------
+    >>> uniform_assignment_prob(num_clients=10, num_models=2, m=4)
+    0.2
     """
     if num_clients < 1 or num_models < 1 or m < 0:
         raise ValueError(

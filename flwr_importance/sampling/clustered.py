@@ -93,6 +93,17 @@ def clustered_distributions_by_size(sizes: ArrayLike, m: int) -> NDArray[np.floa
     ValueError
         If ``sizes`` is not a vector of non-negative integers with a positive
         sum, or ``m`` is not an integer in ``[1, N]``.
+
+    Examples
+    --------
+    Client 2 holds half the data, so it owns one distribution; clients 0 and 1
+    share the other. Column ``i`` sums to ``m n_i / M_tot``:
+
+    >>> r = clustered_distributions_by_size([10, 10, 20], 2)
+    >>> r.tolist()
+    [[0.0, 0.0, 1.0], [0.5, 0.5, 0.0]]
+    >>> r.sum(axis=0).tolist()
+    [0.5, 0.5, 1.0]
     """
     units, total, m = _checked_units(sizes, m)
     table, open_rows, residual = _dedicate_heavy_clients(units, total, m)
@@ -158,6 +169,15 @@ def clustered_distributions_by_similarity(
         On invalid ``sizes`` or ``m`` (as for Algorithm 1), gradients that are
         not a finite ``(N, d)`` array (for ``arccos`` and ``l2``, also finite
         ones whose squared norms overflow), or an unknown ``distance``.
+
+    Examples
+    --------
+    Clients 0 and 2 point one way, 1 and 3 the other: each pair shares a
+    distribution, so a round draws one client of each direction.
+
+    >>> grads = [[1.0, 0.0], [0.0, 1.0], [1.0, 0.1], [0.1, 1.0]]
+    >>> clustered_distributions_by_similarity([1, 1, 1, 1], grads, 2).tolist()
+    [[0.5, 0.0, 0.5, 0.0], [0.0, 0.5, 0.0, 0.5]]
     """
     units, total, m = _checked_units(sizes, m)
     grads = _checked_gradients(representative_grads, units.size)
@@ -198,6 +218,13 @@ def clustered_distributions_from_distances(
         On invalid ``sizes`` or ``m`` (as for Algorithm 1), or if
         ``distances`` is not a finite, non-negative, symmetric ``(N, N)``
         matrix.
+
+    Examples
+    --------
+    >>> grads = [[1.0, 0.0], [0.0, 1.0], [1.0, 0.1], [0.1, 1.0]]
+    >>> distances = pairwise_distances(grads)
+    >>> clustered_distributions_from_distances([1, 1, 1, 1], distances, 2).tolist()
+    [[0.5, 0.0, 0.5, 0.0], [0.0, 0.5, 0.0, 0.5]]
     """
     units, total, m = _checked_units(sizes, m)
     matrix = nonnegative_matrix("distances", distances)
@@ -236,6 +263,15 @@ def pairwise_distances(
         If the gradients are not a finite 2-D array (for ``arccos`` and
         ``l2``, also finite ones whose squared norms overflow) or ``distance``
         is unknown.
+
+    Examples
+    --------
+    A zero gradient is orthogonal (angle pi/2) to every other gradient:
+
+    >>> np.round(pairwise_distances([[1, 0], [0, 1], [0, 0]]), 4).tolist()
+    [[0.0, 1.5708, 1.5708], [1.5708, 0.0, 1.5708], [1.5708, 1.5708, 0.0]]
+    >>> pairwise_distances([[1, 0], [0, 2]], "l1").tolist()
+    [[0.0, 3.0], [3.0, 0.0]]
     """
     grads = _checked_gradients(representative_grads)
     return _distance_matrix(grads, _checked_distance_name(distance))
@@ -285,6 +321,11 @@ def cross_distances(
         columns (for ``arccos`` and ``l2``, also finite ones whose squared
         norms overflow), ``distance`` is unknown, or ``rows`` are not
         distinct indices of rows of ``left_grads``.
+
+    Examples
+    --------
+    >>> np.round(cross_distances([[1, 0]], [[1, 0], [0, 2]], "l2"), 4).tolist()
+    [[0.0, 2.2361]]
     """
     left = _checked_gradients(left_grads)
     right = _checked_gradients(right_grads)
@@ -338,6 +379,12 @@ def sample_from_distributions(
     ValueError
         If ``distributions`` is not 2-D with entries in [0, 1] and rows
         summing to one.
+
+    Examples
+    --------
+    >>> rows = [[0.0, 0.0, 1.0], [0.5, 0.5, 0.0]]
+    >>> sample_from_distributions(rows, np.random.default_rng(0)).tolist()
+    [2, 0]
     """
     probabilities = _checked_distributions(distributions)
     cumulative = np.cumsum(probabilities, axis=1)
@@ -374,6 +421,14 @@ def aggregation_weight_variance(distributions: ArrayLike) -> NDArray[np.float64]
     ------
     ValueError
         If ``distributions`` is not a valid distribution matrix.
+
+    Examples
+    --------
+    A client that owns a distribution has a certain weight:
+
+    >>> r = clustered_distributions_by_size([10, 10, 20], 2)
+    >>> aggregation_weight_variance(r).tolist()
+    [0.0625, 0.0625, 0.0]
     """
     probabilities = _checked_distributions(distributions)
     draws = probabilities.shape[0]
@@ -403,6 +458,14 @@ def md_aggregation_weight_variance(p: ArrayLike, m: int) -> NDArray[np.float64]:
     ------
     ValueError
         If ``p`` has entries outside [0, 1] or ``m`` is not a positive integer.
+
+    Examples
+    --------
+    MD sampling with the same ``p`` as the clustered example of
+    :func:`aggregation_weight_variance`: every variance is larger (eq. 17).
+
+    >>> md_aggregation_weight_variance([0.25, 0.25, 0.5], 2).tolist()
+    [0.09375, 0.09375, 0.125]
     """
     probabilities = probability_array("p", p)
     return probabilities * (1 - probabilities) / _positive_integer("m", m)
@@ -540,6 +603,14 @@ def project_gradients(grads: ArrayLike, dim: int, seed: int) -> NDArray[np.float
     ------
     ValueError
         If ``grads`` is not a finite 1-D or 2-D array or ``dim`` < 1.
+
+    Examples
+    --------
+    >>> sketch = project_gradients(np.ones((3, 1000)), 16, seed=0)
+    >>> sketch.shape, sketch.dtype
+    ((3, 16), dtype('float32'))
+    >>> bool(np.array_equal(sketch[0], project_gradients(np.ones(1000), 16, seed=0)))
+    True
     """
     vectors = np.asarray(grads, dtype=np.float32)
     if vectors.ndim not in (1, 2):

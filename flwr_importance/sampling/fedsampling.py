@@ -35,6 +35,11 @@ def keep_probability(samples_per_round: int, estimated_total_size: float) -> flo
     ValueError
         If ``K < 1`` or ``N_tilde`` is not finite or is below ``K`` (a server
         must clamp its estimate: a probability above one is no probability).
+
+    Examples
+    --------
+    >>> keep_probability(64, 1000.0)
+    0.064
     """
     if nonnegative_integer("samples_per_round", samples_per_round) < 1:
         raise ValueError("samples_per_round must be >= 1")
@@ -73,6 +78,14 @@ def bernoulli_keep(
     -------
     NDArray[np.bool_]
         Mask of length ``num_samples``: ``True`` for the kept samples.
+
+    Examples
+    --------
+    About ``K / N_tilde`` of the samples are kept:
+
+    >>> kept = bernoulli_keep(10_000, 0.25, np.random.default_rng(0))
+    >>> kept.shape, round(float(kept.mean()), 2)
+    ((10000,), 0.25)
     """
     nonnegative_integer("num_samples", num_samples)
     if not 0 <= probability <= 1:

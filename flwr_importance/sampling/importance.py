@@ -59,6 +59,15 @@ def importance_batch(
     ValueError
         If ``sample_probs`` is not a distribution, or ``batch_size`` is not an
         integer in ``[0, N]`` or exceeds the number of positive probabilities.
+
+    Examples
+    --------
+    Only samples with a positive probability can be drawn, each at most once:
+
+    >>> importance_batch([0.5, 0.5, 0.0, 0.0], 2, np.random.default_rng(0)).tolist()
+    [0, 1]
+    >>> importance_batch([0.1, 0.2, 0.3, 0.4], 2, np.random.default_rng(0)).tolist()
+    [1, 2]
     """
     probs = probability_distribution("sample_probs", sample_probs)
     batch_size = sample_count("batch_size", batch_size, probs.size)
@@ -109,6 +118,14 @@ def update_sample_probs(
         out-of-range indices, ``grad_norms`` is negative, non-finite or not
         the length of ``batch``, or ``min_relative_prob`` is outside
         ``[0, 1]``.
+
+    Examples
+    --------
+    The batch {0, 1} keeps its total 0.5, split 1:3 as its gradient norms:
+
+    >>> probs = update_sample_probs([0.25] * 4, [0, 1], [1.0, 3.0], min_relative_prob=0)
+    >>> probs.tolist()
+    [0.125, 0.375, 0.25, 0.25]
     """
     probs = probability_distribution("sample_probs", sample_probs).copy()
     batch_indices = distinct_indices("batch", batch, probs.size)

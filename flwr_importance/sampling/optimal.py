@@ -69,6 +69,18 @@ def optimal_client_probs(norms: ArrayLike, m: int) -> NDArray[np.float64]:
     ValueError
         If ``norms`` is not a finite nonnegative vector or ``m`` is not a
         nonnegative integer.
+
+    Examples
+    --------
+    Equal norms give equal probabilities; a large norm saturates at 1; the
+    probabilities sum to ``m``:
+
+    >>> optimal_client_probs([1, 1, 1, 1], 2).tolist()
+    [0.5, 0.5, 0.5, 0.5]
+    >>> np.round(optimal_client_probs([1, 1, 1, 10], 2), 3).tolist()
+    [0.333, 0.333, 0.333, 1.0]
+    >>> np.round(optimal_client_probs([0, 1, 1, 1], 2), 3).tolist()
+    [0.0, 0.667, 0.667, 0.667]
     """
     norms = nonnegative_vector("norms", norms)
     budget = min(nonnegative_integer("m", m), int(np.count_nonzero(norms)))
@@ -103,6 +115,14 @@ def mmfl_probs(norms: ArrayLike, m: int) -> NDArray[np.float64]:
     ValueError
         If ``norms`` is not a finite nonnegative 2-D array or ``m`` is not a
         nonnegative integer.
+
+    Examples
+    --------
+    Both clients have the total norm 4, so each participates with probability
+    0.5, split over the models in proportion to its norms:
+
+    >>> mmfl_probs([[1, 3], [2, 2]], 1).tolist()
+    [[0.125, 0.375], [0.25, 0.25]]
     """
     norms = nonnegative_matrix("norms", norms)
     client_totals = norms.sum(axis=1, keepdims=True)
@@ -138,6 +158,11 @@ def assign_models(probs: ArrayLike, rng: np.random.Generator) -> NDArray[np.intp
     ValueError
         If ``probs`` is not 2-D, has entries outside ``[0, 1]`` or a row sum
         above 1.
+
+    Examples
+    --------
+    >>> assign_models([[1, 0], [0, 1], [0, 0]], np.random.default_rng(0)).tolist()
+    [0, 1, -1]
     """
     probs = probability_array("probs", probs, ndim=2)
     row_totals = probs.sum(axis=1)
@@ -182,6 +207,19 @@ def estimator_variance(norms: ArrayLike, probs: ArrayLike) -> float:
     ValueError
         If the shapes differ, ``norms`` has negative or non-finite entries or
         ``probs`` has entries outside ``[0, 1]``.
+
+    Examples
+    --------
+    Full participation has no variance; OCS beats uniform sampling at the same
+    expected number of participants:
+
+    >>> estimator_variance([1, 2], [1, 1])
+    0.0
+    >>> norms = [1, 1, 1, 10]
+    >>> estimator_variance(norms, [0.5] * 4)
+    103.0
+    >>> round(estimator_variance(norms, optimal_client_probs(norms, 2)), 6)
+    6.0
     """
     norms_array = np.asarray(norms, dtype=np.float64)
     norms_array = (
@@ -242,6 +280,15 @@ def aocs_probs(
     ValueError
         If ``norms`` is not a finite nonnegative vector or ``m`` or
         ``max_iterations`` is not a nonnegative integer.
+
+    Examples
+    --------
+    No iteration is the proportional start; one reaches OCS here:
+
+    >>> np.round(aocs_probs([1, 1, 1, 10], 2, max_iterations=0), 3).tolist()
+    [0.154, 0.154, 0.154, 1.0]
+    >>> np.round(aocs_probs([1, 1, 1, 10], 2), 3).tolist()
+    [0.333, 0.333, 0.333, 1.0]
     """
     norms = nonnegative_vector("norms", norms)
     budget = min(nonnegative_integer("m", m), norms.size)

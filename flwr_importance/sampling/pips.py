@@ -61,6 +61,19 @@ def capped_inclusion_probs(weights: ArrayLike, m: int) -> NDArray[np.float64]:
         If the weights are not a finite nonnegative vector, ``m`` is not an
         integer in ``[0, N]``, or fewer than ``m`` weights are positive (only
         positive-weight units can be included, so ``m`` would be out of reach).
+
+    Examples
+    --------
+    Equal weights give equal probabilities; a heavy unit is capped at 1 and the
+    others share the rest of the budget; the probabilities sum to ``m``:
+
+    >>> capped_inclusion_probs([1, 1, 1, 1], 2).tolist()
+    [0.5, 0.5, 0.5, 0.5]
+    >>> capped_inclusion_probs([1, 1, 8], 2).tolist()
+    [0.5, 0.5, 1.0]
+    >>> probs = capped_inclusion_probs([1, 2, 3, 0], 2)
+    >>> np.round(probs, 3).tolist(), float(probs.sum())
+    ([0.333, 0.667, 1.0, 0.0], 2.0)
     """
     weights = nonnegative_vector("weights", weights)
     m = sample_count("m", m, weights.size)
@@ -129,6 +142,14 @@ def systematic_sample(
     ValueError
         If the probabilities are not a 1-D array in ``[0, 1]`` or their sum is
         more than ``INTEGER_TOTAL_TOLERANCE`` from an integer.
+
+    Examples
+    --------
+    A unit with probability 1 is always in the sample, which has exactly
+    ``sum(inclusion_probs)`` units:
+
+    >>> systematic_sample([0.5, 0.5, 1.0], np.random.default_rng(0)).tolist()
+    [0, 2]
     """
     probs = probability_array("inclusion_probs", inclusion_probs)
     total = float(probs.sum())
@@ -167,6 +188,11 @@ def poisson_sample(probs: ArrayLike, rng: np.random.Generator) -> NDArray[np.int
     ------
     ValueError
         If ``probs`` is not a 1-D array of values in ``[0, 1]``.
+
+    Examples
+    --------
+    >>> poisson_sample([0.0, 1.0, 1.0, 0.0], np.random.default_rng(0)).tolist()
+    [1, 2]
     """
     probs = probability_array("probs", probs)
     return np.flatnonzero(rng.random(probs.size) < probs)
@@ -197,6 +223,13 @@ def md_sample(p: ArrayLike, m: int, rng: np.random.Generator) -> NDArray[np.intp
     ------
     ValueError
         If ``p`` is not a distribution or ``m`` is not a nonnegative integer.
+
+    Examples
+    --------
+    Draws with replacement; a unit of probability 0 is never drawn:
+
+    >>> md_sample([0.5, 0.5, 0.0], 6, np.random.default_rng(0)).tolist()
+    [1, 0, 0, 0, 1, 1]
     """
     distribution = probability_distribution("p", p)
     draws = nonnegative_integer("m", m)

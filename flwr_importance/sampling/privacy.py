@@ -49,6 +49,13 @@ def ldp_alpha(epsilon: float, max_size: int) -> float:
     ValueError
         If ``epsilon`` is not positive and finite or ``max_size`` is not an
         integer of at least 3.
+
+    Examples
+    --------
+    >>> round(ldp_alpha(3.0, 100), 4)
+    0.1616
+    >>> ldp_alpha(1000.0, 100)
+    1.0
     """
     _check_epsilon(epsilon)
     _check_max_size(max_size)
@@ -90,6 +97,14 @@ def privatize_size(
     ValueError
         If ``size`` is not a non-negative integer, or on invalid
         ``max_size``/``epsilon`` (see :func:`ldp_alpha`).
+
+    Examples
+    --------
+    With a huge budget the reply is the clipped true size:
+
+    >>> rng = np.random.default_rng(0)
+    >>> privatize_size(40, 100, 1000.0, rng), privatize_size(0, 100, 1000.0, rng)
+    (40, 1)
     """
     alpha = ldp_alpha(epsilon, max_size)
     clipped = _clipped_size(size, max_size)
@@ -121,6 +136,16 @@ def size_reply_probabilities(
     ------
     ValueError
         On invalid input, as :func:`privatize_size`.
+
+    Examples
+    --------
+    A distribution whose true-size entry is ``e^eps`` times any other:
+
+    >>> probs = size_reply_probabilities(40, 100, 3.0)
+    >>> probs.shape, round(float(probs.sum()), 12)
+    ((99,), 1.0)
+    >>> bool(np.isclose(probs[39] / probs[0], math.exp(3.0)))
+    True
     """
     alpha = ldp_alpha(epsilon, max_size)
     clipped = _clipped_size(size, max_size)
@@ -162,6 +187,17 @@ def estimate_total_size(responses: ArrayLike, max_size: int, epsilon: float) -> 
     ValueError
         If a reply is not an integer in ``{1..M-1}``, or on invalid
         ``max_size``/``epsilon``.
+
+    Examples
+    --------
+    10,000 clients of 50 samples each, total 500,000:
+
+    >>> rng = np.random.default_rng(0)
+    >>> replies = [privatize_size(50, 100, 3.0, rng) for _ in range(10_000)]
+    >>> round(estimate_total_size(replies, 100, 3.0) / 500_000, 2)
+    0.97
+    >>> estimate_total_size([10, 20, 30], 100, 50.0)
+    60.0
     """
     alpha = ldp_alpha(epsilon, max_size)
     replies = nonnegative_vector("responses", responses)
