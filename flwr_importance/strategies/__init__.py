@@ -16,6 +16,7 @@ from flwr_importance.strategies.mmfl import (
     unpack_models,
 )
 from flwr_importance.strategies.ocs import OptimalClientSampling
+from flwr_importance.strategies.power_of_choice import PowerOfChoice
 
 __all__ = [
     "FOLB",
@@ -25,6 +26,7 @@ __all__ = [
     "MDSampling",
     "MultiModelSampling",
     "OptimalClientSampling",
+    "PowerOfChoice",
     "SizeWeightedSampling",
     "pack_models",
     "unpack_models",

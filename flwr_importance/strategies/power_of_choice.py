@@ -1,0 +1,505 @@
+"""Power-of-Choice client selection (Cho, Wang, Joshi, AISTATS 2022).
+
+Each round ``d`` candidates are drawn without replacement with probabilities
+proportional to their sizes, and the ``m`` of them with the highest local loss
+at the current global model train; the new model is the plain mean of their
+models. The selection leans towards clients the model fits worst, on purpose:
+it converges faster than unbiased sampling and pays with a bias that does not
+vanish (docs/methods.md, §6).
+
+The maths are the two pure functions :func:`draw_candidates` and
+:func:`select_highest`; :class:`PowerOfChoice` keeps the size table and the
+plain mean of :class:`~flwr_importance.strategies._multiset.MultisetSampling`
+(a selection without repeats is a multiset whose counts are all one).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from logging import INFO, WARNING
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from numpy.typing import ArrayLike, NDArray
+
+from flwr_importance.protocol import (
+    LOSS,
+    LOSS_QUERY,
+    SERVER_ROUND,
+    TRAIN_LOSS,
+    model_record_name,
+    per_model_key,
+    query_message_type,
+)
+from flwr_importance.registry import CannedVariant, MethodSpec
+from flwr_importance.strategies._multiset import MultisetSampling
+from flwr_importance.strategies.base import (
+    ImportanceStrategy,
+    StrategyOptions,
+    check_choice,
+    check_count,
+    log_settings,
+)
+from flwr_importance.strategies.replies import check_replies
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+#: ``pow-d``: the candidates' losses are asked at the current model
+#: (``query.loss``); ``rpow-d``: no query, each candidate ranks by the mean
+#: training loss it reported the last time it trained.
+Variant = Literal["pow-d", "rpow-d"]
+VARIANTS: tuple[Variant, ...] = ("pow-d", "rpow-d")
+
+#: The loss the candidates report in their ``query.loss`` reply (model 0).
+CANDIDATE_LOSS = per_model_key(LOSS, 0)
+
+
+def draw_candidates(
+    sizes: ArrayLike, d: int, rng: np.random.Generator
+) -> NDArray[np.intp]:
+    """``d`` distinct positions, each draw proportional to size among those left.
+
+    The candidate set ``A`` of Power-of-Choice: ``d`` successive draws without
+    replacement, the first with ``p_k = n_k / sum_l n_l`` and each next one
+    from the same probabilities renormalised over the clients not yet drawn
+    (NumPy's ``Generator.choice(..., replace=False, p=p)``). A client with no
+    samples is never drawn.
+
+    Parameters
+    ----------
+    sizes : array_like
+        ``n_k``, each client's sample count (non-negative, finite).
+    d : int
+        Candidates to draw, at most the number of clients with ``n_k > 0``.
+    rng : numpy.random.Generator
+        The draws' generator.
+
+    Returns
+    -------
+    numpy.ndarray
+        The ``d`` positions in ``sizes``, in the order they were drawn.
+
+    Raises
+    ------
+    ValueError
+        Negative or non-finite sizes, ``d < 1``, or fewer positive sizes
+        than ``d``.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> sorted(draw_candidates([5, 0, 3, 2], 3, rng).tolist())
+    [0, 2, 3]
+    >>> draw_candidates([10, 0, 0], 1, rng).tolist()
+    [0]
+    """
+    weights = np.asarray(sizes, dtype=np.float64)
+    if weights.ndim != 1 or not np.all(np.isfinite(weights)) or np.any(weights < 0):
+        raise ValueError("sizes must be a vector of finite, non-negative numbers")
+    d = check_count("d", d)
+    positive = int(np.count_nonzero(weights))
+    if d > positive:
+        raise ValueError(
+            f"cannot draw {d} distinct candidates from {positive} sizes > 0"
+        )
+    drawn: NDArray[np.intp] = rng.choice(
+        weights.size, size=d, replace=False, p=weights / weights.sum()
+    )
+    return drawn
+
+
+def select_highest(losses: ArrayLike, m: int) -> NDArray[np.intp]:
+    """The positions of the ``m`` highest losses, highest first.
+
+    Ties go to the earlier position: with the candidates in the order they
+    were drawn, to the candidate drawn first. ``+inf`` (a loss not known yet,
+    ``rpow-d``) ranks above every finite loss. Fewer than ``m`` losses: all
+    of them.
+
+    Parameters
+    ----------
+    losses : array_like
+        One loss per candidate; no NaN.
+    m : int
+        How many to keep (>= 1).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``min(m, len(losses))`` positions in ``losses``.
+
+    Raises
+    ------
+    ValueError
+        ``losses`` is not a vector or holds NaN; ``m < 1``.
+
+    Examples
+    --------
+    >>> select_highest([0.2, 0.9, 0.5, 0.9], 2).tolist()
+    [1, 3]
+    >>> select_highest([0.2, float("inf"), 0.5], 2).tolist()
+    [1, 2]
+    >>> select_highest([0.3], 2).tolist()
+    [0]
+    """
+    values = np.asarray(losses, dtype=np.float64)
+    if values.ndim != 1 or np.any(np.isnan(values)):
+        raise ValueError("losses must be a vector without NaN")
+    m = check_count("m", m)
+    # A stable sort of the negated losses keeps equal losses in input order.
+    order: NDArray[np.intp] = np.argsort(-values, kind="stable")
+    return order[:m]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """One round's Power-of-Choice selection, for its round metrics.
+
+    Attributes
+    ----------
+    server_round : int
+        The round.
+    candidates : int
+        ``|A|``, the candidates drawn.
+    ranked : int
+        The candidates with a loss to rank by (pow-d: those that answered
+        ``query.loss`` usably).
+    selected_losses : tuple[float, ...]
+        The losses the selected clients were ranked by (``inf``: not known).
+    """
+
+    server_round: int
+    candidates: int
+    ranked: int
+    selected_losses: tuple[float, ...]
+
+    def metrics(self) -> dict[str, int | float]:
+        """``candidates``, ``ranked-candidates``, ``selected`` and ``selected-loss``.
+
+        ``selected-loss`` is the mean of the selected clients' known losses;
+        it is left out when none is known.
+        """
+        known = [loss for loss in self.selected_losses if math.isfinite(loss)]
+        metrics: dict[str, int | float] = {
+            "candidates": self.candidates,
+            "ranked-candidates": self.ranked,
+            "selected": len(self.selected_losses),
+        }
+        if known:
+            metrics["selected-loss"] = float(np.mean(known))
+        return metrics
+
+
+class PowerOfChoice(MultisetSampling):
+    """Power-of-Choice: the ``m`` highest losses of ``d`` candidates drawn by size.
+
+    Cho, Wang, Joshi, "Towards Understanding Biased Client Selection in
+    Federated Learning", AISTATS 2022 (arXiv:2010.01243; first titled
+    "Client Selection in Federated Learning: Convergence Analysis and
+    Power-of-Choice Selection Strategies"), Algorithm 1. Each round:
+
+    1. draw the candidate set ``A`` of ``d`` clients without replacement,
+       with probabilities ``p_k = n_k / n`` (:func:`draw_candidates`);
+    2. rank them by their local loss ``F_k(w^t)`` at the current global
+       model and keep the ``m`` highest (:func:`select_highest`; ties go to
+       the candidate drawn first);
+    3. those ``m`` train, and the new model is their plain mean
+       ``w^{t+1} = (1/m) sum_{k in S} w_k`` (no size weights: the sizes
+       entered through the draw).
+
+    ``d = m`` is the paper's unbiased baseline ``rand`` (size-proportional
+    sampling without replacement); ``d = N`` trains the ``m`` highest-loss
+    clients of the whole federation every round.
+
+    The selection is biased by design. Clients with a high loss are picked
+    more often than their share ``p_k``, so the model moves faster at first
+    (the paper's speed-up grows with ``d``) but the expected update is not
+    the gradient of the global objective ``sum_k p_k F_k``: the paper's
+    bound keeps a bias term that does not vanish with the rounds. Larger
+    ``d`` is faster and more biased; prefer an unbiased method where the
+    final error matters more than the rounds to get close.
+
+    Variants (the paper's Section 5):
+
+    * ``pow-d`` (default): the server sends the current model to the ``d``
+      candidates in a ``query.loss`` round trip and ranks by the losses they
+      report. A candidate that fails, times out or sends no finite
+      ``loss-0`` is not selected (logged); when fewer than ``m`` answer,
+      those that did train.
+    * ``cpow-d`` (computation-efficient): the same server; the clients'
+      loss handler evaluates ``F_k`` on a mini-batch of ``b`` samples
+      instead of all local data (register
+      :func:`~flwr_importance.clientapps.add_loss_query` with an evaluate
+      function that does so).
+    * ``rpow-d`` (communication- and computation-efficient): no extra round
+      trip; each candidate ranks by the mean training loss (``train-loss``)
+      of its latest train reply. A client never heard from ranks first
+      (``+inf``: it is explored before a client known to fit well), and a
+      client that leaves is forgotten.
+
+    Parameters
+    ----------
+    clients_per_round : int
+        ``m``, the clients trained per round (>= 1).
+    candidates : int, optional
+        ``d``, the candidates drawn per round (>= ``m``); default ``2 m``,
+        the smallest ``d > m`` of the paper's experiments. With fewer
+        clients than ``d`` known, all of them are candidates (logged).
+    variant : {"pow-d", "rpow-d"} (default: "pow-d")
+        Where the losses come from (above).
+    **options
+        The shared settings of
+        :class:`~flwr_importance.strategies.base.ImportanceStrategy`, with
+        its defaults: ``seed`` seeds the candidate draws, ``query_timeout``
+        bounds the wait for the ``query.sizes`` and ``query.loss`` replies.
+
+    Raises
+    ------
+    TypeError, ValueError
+        A setting of the wrong type or out of range (``candidates < m``, an
+        unknown variant).
+
+    Notes
+    -----
+    Client contract:
+
+    - ``query.sizes`` (a node's first round): config ``server-round``; the
+      reply's MetricRecord holds ``num-examples``, as for
+      :class:`~flwr_importance.strategies.MDSampling`
+      (:func:`~flwr_importance.clientapps.add_size_query`).
+    - ``query.loss`` (``pow-d``, each round, candidates only): the current
+      model as the ArrayRecord ``model-0`` and config ``server-round``; the
+      reply's MetricRecord holds ``loss-0``, the mean local loss of that
+      model (any finite number; higher ranks first), and
+      ``num-examples-0``. :func:`~flwr_importance.clientapps.add_loss_query`
+      answers it from the user's evaluate function, no training.
+    - ``train``: as Flower's ``FedAvg`` (model under ``arrays``, config with
+      ``server-round``); the reply holds the local model and
+      ``num-examples`` (refreshing the size) and, for ``rpow-d``,
+      ``train-loss``.
+    - ``evaluate``: as Flower's ``FedAvg``.
+
+    Round metrics: ``candidates`` (``|A|``), ``ranked-candidates`` (those
+    with a loss), ``selected``, ``selected-loss`` (the mean loss the selected
+    were ranked by, known ones only) and those of
+    :class:`~flwr_importance.strategies.MDSampling`
+    (``distinct-clients``, ``aggregated-draws``, the replies' mean metrics).
+    """
+
+    fewer_nodes_effect = "every client is a candidate and all of them train"
+
+    def __init__(
+        self,
+        *,
+        clients_per_round: int,
+        candidates: int | None = None,
+        variant: Variant = "pow-d",
+        **options: Unpack[StrategyOptions],
+    ) -> None:
+        super().__init__(clients_per_round=clients_per_round, **options)
+        check_choice("variant", variant, VARIANTS)
+        if candidates is None:
+            candidates = 2 * self.clients_per_round
+        self.candidates = check_count("candidates", candidates)
+        if self.candidates < self.clients_per_round:
+            raise ValueError(
+                f"candidates (d = {self.candidates}) must be >= clients_per_round "
+                f"(m = {self.clients_per_round}): the m selected are drawn from them"
+            )
+        self.variant: Variant = variant
+        self._train_losses: dict[int, float] = {}
+        self._round_inputs: tuple[int, ArrayRecord, Grid] | None = None
+        self._selection: Selection | None = None
+
+    @property
+    def train_losses(self) -> dict[int, float]:
+        """``rpow-d``'s table: each node's latest reported ``train-loss``."""
+        return dict(self._train_losses)
+
+    def summary(self) -> None:
+        """Log ``m``, ``d`` and the variant, then the shared settings."""
+        log_settings(
+            "Power-of-Choice",
+            {
+                "Selected per round (m)": self.clients_per_round,
+                "Candidates per round (d)": self.candidates,
+                "Variant": self.variant,
+            },
+        )
+        ImportanceStrategy.summary(self)
+
+    # -- Flower's Strategy API ---------------------------------------------------
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Draw ``d`` candidates, keep the ``m`` highest losses, send them ``train``."""
+        self._round_inputs = (server_round, arrays, grid)
+        self._selection = None
+        try:
+            return super().configure_train(server_round, arrays, config, grid)
+        finally:
+            self._round_inputs = None
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The plain mean of the selected clients' models, with the selection's metrics.
+
+        ``rpow-d`` also keeps each aggregated reply's ``train-loss``.
+        """
+        replies = list(replies)
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        if arrays is None or metrics is None:
+            return arrays, metrics
+        if self.variant == "rpow-d":
+            self._remember_train_losses(server_round, replies)
+        selection = self._selection
+        if selection is not None and selection.server_round == server_round:
+            metrics = MetricRecord({**metrics, **selection.metrics()})
+        return arrays, metrics
+
+    # -- the selection -------------------------------------------------------------
+    def track_nodes(self, node_ids: Sequence[int]) -> None:
+        """Forget the training losses of nodes that are gone."""
+        for node_id in set(self._train_losses) - set(node_ids):
+            del self._train_losses[node_id]
+
+    def draw_clients(
+        self, node_ids: Sequence[int], sizes: NDArray[np.int64]
+    ) -> NDArray[np.intp]:
+        """The ``m`` highest-loss candidates of ``d`` drawn by size (positions)."""
+        if self._round_inputs is None:
+            raise RuntimeError("draw_clients runs inside configure_train only")
+        server_round, arrays, grid = self._round_inputs
+        positive = int(np.count_nonzero(sizes))
+        if positive < self.candidates:
+            log(
+                WARNING,
+                "configure_train: %d clients with a known, positive size, fewer "
+                "than candidates=%d: all of them are candidates",
+                positive,
+                self.candidates,
+            )
+        candidates = draw_candidates(sizes, min(self.candidates, positive), self.rng)
+        candidate_ids = [node_ids[position] for position in candidates]
+        if self.variant == "pow-d":
+            losses = self._query_losses(server_round, arrays, grid, candidate_ids)
+        else:
+            losses = {
+                node_id: self._train_losses.get(node_id, math.inf)
+                for node_id in candidate_ids
+            }
+        ranked = [position for position in candidates if node_ids[position] in losses]
+        ranked_losses = [losses[node_ids[position]] for position in ranked]
+        chosen = select_highest(ranked_losses, self.clients_per_round)
+        self._selection = Selection(
+            server_round,
+            candidates=len(candidates),
+            ranked=len(ranked),
+            selected_losses=tuple(ranked_losses[index] for index in chosen),
+        )
+        log(
+            INFO,
+            "configure_train: %s selected %d of %d candidates (%d ranked)",
+            self.variant,
+            len(chosen),
+            len(candidates),
+            len(ranked),
+        )
+        return np.array([ranked[index] for index in chosen], dtype=np.intp)
+
+    def _query_losses(
+        self,
+        server_round: int,
+        arrays: ArrayRecord,
+        grid: Grid,
+        candidate_ids: Sequence[int],
+    ) -> dict[int, float]:
+        """``pow-d``: each candidate's ``loss-0`` at the current model, by node.
+
+        Candidates that fail, do not answer or send no finite loss are left
+        out (logged by node).
+        """
+        config = ConfigRecord({SERVER_ROUND: server_round})
+        replies = self.query(
+            grid,
+            dict.fromkeys(candidate_ids, config),
+            LOSS_QUERY,
+            {model_record_name(0): arrays},
+        )
+        checked = check_replies(
+            replies.values(),
+            metric_keys=[CANDIDATE_LOSS],
+            expected_nodes=set(candidate_ids),
+            context=query_message_type(LOSS_QUERY),
+        )
+        if len(checked) < len(candidate_ids):
+            log(
+                WARNING,
+                "configure_train: %d of %d candidates gave no usable loss and "
+                "cannot be selected",
+                len(candidate_ids) - len(checked),
+                len(candidate_ids),
+            )
+        return {reply.node_id: reply.metrics[CANDIDATE_LOSS] for reply in checked}
+
+    def _remember_train_losses(
+        self, server_round: int, replies: Sequence[Message]
+    ) -> None:
+        """``rpow-d``: keep the ``train-loss`` of every reply that was aggregated."""
+        plan = self.plan_for(server_round)
+        if plan is None:
+            return
+        aggregated = check_replies(
+            replies,
+            expected_arrays=plan.arrays,
+            expected_nodes=plan.nodes,
+            context="rpow-d train-loss",
+        )
+        missing = 0
+        for reply in aggregated:
+            loss = reply.metrics.get(TRAIN_LOSS)
+            if loss is None or not math.isfinite(loss):
+                missing += 1
+            else:
+                self._train_losses[reply.node_id] = loss
+        if missing:
+            log(
+                WARNING,
+                "aggregate_train: %d of %d replies carry no finite '%s'; rpow-d "
+                "ranks those clients by their previous one",
+                missing,
+                len(aggregated),
+                TRAIN_LOSS,
+            )
+
+
+METHOD = MethodSpec(
+    name="poc",
+    strategy=PowerOfChoice,
+    paper="Cho, Wang, Joshi, AISTATS 2022",
+    headline_preset="poc-digits-dirichlet",
+    canned=(
+        CannedVariant(
+            name="poc",
+            label="PowerOfChoice (pow-d, d = 2m)",
+            arguments=lambda setup: {
+                "clients_per_round": setup.clients_per_round,
+                "fraction_evaluate": 0.0,
+                "min_available_nodes": 1,
+            },
+            replies={"query.sizes": "sizes", "query.loss": "loss", "train": "model"},
+        ),
+    ),
+    benchmark="poc",
+    benchmark_title="Power-of-Choice vs MD and uniform sampling (Cho et al., "
+    "AISTATS 2022)",
+    client_queries=("sizes", "loss"),
+    app_options={"poc-candidates": "candidates", "poc-variant": "variant"},
+)
