@@ -44,6 +44,7 @@ from benchmarks.harness import (
     prepare_run,
     save_figure,
 )
+from flwr_importance.registry import LocalWork, RunConfigValue, methods
 from flwr_importance.testing import InProcessGrid
 from simulations.client_app import app as simulation_client_app
 from simulations.config import ExperimentConfig
@@ -66,27 +67,18 @@ COMMON: dict[str, bool | int | float | str] = {
     "batch-size": BATCH_SIZE,
     "heterogeneous-steps": False,
 }
-#: Each method's run-config overrides (same local work as FedAvg).
-METHODS: dict[str, dict[str, bool | int | float | str]] = {
+#: Each method's run-config overrides (same local work as FedAvg): Flower's
+#: FedAvg and every app name of every registry method.
+METHODS: dict[str, Mapping[str, RunConfigValue]] = {
     "fedavg": {"strategy": "fedavg"},
-    "isfedavg": {
-        "strategy": "isfedavg",
-        "isfedavg-min-local-steps": LOCAL_STEPS,
-        "isfedavg-max-local-steps": LOCAL_STEPS,
-        "isfedavg-min-batch-size": BATCH_SIZE,
-        "isfedavg-max-batch-size": BATCH_SIZE,
+    **{
+        name: {
+            "strategy": name,
+            **spec.equal_work(LocalWork(LOCAL_STEPS, BATCH_SIZE, CLIENTS_PER_ROUND)),
+        }
+        for spec in methods()
+        for name in spec.app_names
     },
-    "folb": {"strategy": "folb", "proximal-mu": 0.01},
-    "fedsampling": {
-        "strategy": "fedsampling",
-        "fedsampling-local-steps": LOCAL_STEPS,
-        "fedsampling-samples-per-round": CLIENTS_PER_ROUND * BATCH_SIZE,
-    },
-    "sizeweighted": {"strategy": "sizeweighted"},
-    "md": {"strategy": "md"},
-    "clustered": {"strategy": "clustered", "clustered-method": "similarity"},
-    "ocs": {"strategy": "ocs"},
-    "mmfl": {"strategy": "mmfl", "mmfl-tasks": "digits", "mmfl-variant": "gradnorm"},
 }
 
 

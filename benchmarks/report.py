@@ -43,6 +43,7 @@ from typing import Any
 
 from benchmarks.evidence import CLAIMS_FILE, ClaimRow, read_claims
 from benchmarks.harness import benchmark_parser, markdown_table
+from flwr_importance.registry import methods
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS_DIR = REPO_ROOT / "benchmarks"
@@ -61,14 +62,14 @@ TIMING_BENCHMARKS = (
     "import_time",
     "deployment_overhead",
 )
-#: Section titles; a benchmark not listed is titled by its module.
+#: Section titles: each method's comparison as its registry declaration names
+#: it, then the other benchmarks; a benchmark not listed is titled by its module.
 TITLES = {
-    "isfedavg": "ISFedAvg vs FedAvg (Rizk et al., ICASSP 2021)",
-    "folb": "FOLB vs FedProx and FedAvg (Nguyen et al., JSAC 2021, Table I)",
-    "fedsampling": "FedSampling vs client-level sampling (Qi et al., IJCAI 2023)",
-    "clustered": "Clustered sampling vs MD sampling (Fraboni et al., ICML 2021)",
-    "optimal_sampling": "OCS/AOCS vs uniform, MMFL vs random (Chen et al. 2022; "
-    "Zhang et al. 2024)",
+    **{
+        spec.benchmark: spec.benchmark_title
+        for spec in methods()
+        if spec.benchmark and spec.benchmark_title
+    },
     "failures": "Every strategy under failed replies",
     "server_overhead": "Server time per round vs Flower's FedAvg",
     "client_overhead": "Client time per round vs a FedAvg client",
@@ -79,16 +80,9 @@ TITLES = {
 }
 README_START = "<!-- results:start -->"
 README_END = "<!-- results:end -->"
-#: Per method, the preset of its paper's headline experiment (``flwr run`` check).
-HEADLINE_PRESETS = {
-    "ISFedAvg": "isfedavg-logistic",
-    "FOLB": "folb-synthetic-1-1",
-    "FedSampling": "fedsampling-lognormal-sigma2",
-    "ClusteredSampling": "clustered-digits",
-    "MDSampling": "clustered-digits-md",
-    "OptimalClientSampling": "ocs-digits-lognormal",
-    "MultiModelSampling": "mmfl-digits",
-}
+#: Per method (its strategy class name), the preset of its paper's headline
+#: experiment (``flwr run`` check).
+HEADLINE_PRESETS = {spec.strategy.__name__: spec.headline_preset for spec in methods()}
 FLWR_RUN_TIMEOUT = 300.0
 CONFIRMATIONS_FILE = "flwr_run_confirmations.json"
 IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+\.png)\)")
@@ -330,7 +324,7 @@ def confirmation_table(confirmations: Sequence[Confirmation]) -> str:
 
 
 def duration_text(seconds: float, reused: Sequence[str]) -> str:
-    """``This report took 12.5 min``, naming the steps it reused, if any."""
+    """The line ``This report took 12.5 min``, naming the steps it reused, if any."""
     text = f"This report took {seconds / 60:.1f} min"
     if reused:
         text += f" (reusing earlier outputs of {', '.join(reused)})"

@@ -65,8 +65,9 @@ from benchmarks.harness import (
     save_figure,
 )
 from flwr_importance.aggregation import weighted_sum
+from flwr_importance.registry import canned_variants
+from flwr_importance.strategies.arrays import all_finite, array_values, combine_arrays
 from flwr_importance.strategies.clustered import ClusteredSampling
-from flwr_importance.strategies.common import all_finite, array_values, combine_arrays
 from flwr_importance.strategies.mmfl import pack_models
 from flwr_importance.testing.canned import (
     CannedReplyGrid,
@@ -165,16 +166,10 @@ def build_strategy(method: str, num_nodes: int, fleet: Fleet) -> Strategy:
     )
 
 
-#: Compared methods, each with its FedAvg baseline.
+#: Compared methods: every canned variant of every registry method, each with
+#: the Flower FedAvg that does the same client work.
 METHODS: dict[str, str] = {
-    "isfedavg": "fedavg",
-    "folb": "fedavg-2m",
-    "fedsampling": "fedavg-all",
-    "md": "fedavg",
-    "clustered-size": "fedavg",
-    "clustered-similarity": "fedavg",
-    "ocs": "fedavg",
-    "mmfl": "fedavg",
+    name: variant.baseline for name, (_, variant) in canned_variants().items()
 }
 #: Flower's FedAvg over m nodes, over all nodes, over 2m nodes.
 BASELINES = ("fedavg", "fedavg-all", "fedavg-2m")
@@ -182,15 +177,7 @@ LABELS = {
     "fedavg": "Flower FedAvg (m nodes)",
     "fedavg-all": "Flower FedAvg (all nodes)",
     "fedavg-2m": "Flower FedAvg (2m nodes)",
-    "isfedavg": "ISFedAvg",
-    "folb": "FOLB",
-    "fedsampling": "FedSampling",
-    "md": "MDSampling",
-    "clustered-size": "ClusteredSampling (size, Alg. 1)",
-    "clustered-similarity": f"ClusteredSampling (similarity, Alg. 2, "
-    f"projection {PROJECTION_DIM})",
-    "ocs": "OptimalClientSampling",
-    "mmfl": "MultiModelSampling (S=1, gradnorm)",
+    **{name: variant.label for name, (_, variant) in canned_variants().items()},
 }
 
 
@@ -250,7 +237,8 @@ def time_strategy(method: str, num_nodes: int, repeats: int) -> Timing:
     if method == "clustered-similarity":
         assert isinstance(strategy, ClusteredSampling)
         clock.attach(strategy)
-    arrays = pack_models([fleet.model]) if method == "mmfl" else fleet.model
+    packed = method in METHODS and canned_variants()[method][1].packed_models
+    arrays = pack_models([fleet.model]) if packed else fleet.model
     timed_rounds = []
     for server_round in range(1, repeats + 2):
         grid.reset_clock()

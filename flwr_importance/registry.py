@@ -124,7 +124,9 @@ class MethodSpec:
         Short citation (authors, venue, year); docs/methods.md has the rest.
     client_handlers : str
         ``"module:function"``: the ready-made ClientApp handlers, built from a
-        :class:`~flwr_importance.clientapps.LocalTask` factory.
+        :class:`~flwr_importance.clientapps.LocalTask` factory; empty: FedAvg's
+        train and evaluate plus the standard handlers of ``client_queries``
+        (:func:`flwr_importance.clientapps.standard.standard_handlers`).
     headline_preset : str
         The preset of the paper's headline experiment (``simulations/presets``).
     canned : tuple[CannedVariant, ...]
@@ -152,14 +154,23 @@ class MethodSpec:
     clients_per_round : bool
         Whether the constructor takes ``clients_per_round`` (FedSampling
         samples data, not clients).
+    client_queries : tuple[str, ...]
+        The standard queries (``"sizes"``, ``"loss"``) the strategy sends,
+        answered by the ready-made client side when ``client_handlers`` is
+        empty.
+    app_options : Mapping[str, str]
+        For a method without its own module in ``simulations/methods/``: per
+        run-config key (declared in ``pyproject.toml``), the constructor
+        argument it sets; the app passes ``clients_per_round`` and ``seed``
+        itself.
     """
 
     name: str
     strategy: type[Strategy]
     paper: str
-    client_handlers: str
     headline_preset: str
     canned: tuple[CannedVariant, ...]
+    client_handlers: str = ""
     equal_work: Callable[[LocalWork], Mapping[str, RunConfigValue]] = lambda work: {}
     smoke_preset: str = ""
     smoke: Mapping[str, RunConfigValue] = field(default_factory=dict)
@@ -169,6 +180,13 @@ class MethodSpec:
     benchmark_title: str = ""
     app_aliases: tuple[str, ...] = ()
     clients_per_round: bool = True
+    client_queries: tuple[str, ...] = ()
+    app_options: Mapping[str, str] = field(default_factory=dict)
+
+    def build(self, **arguments: Any) -> Strategy:
+        """A new instance of the strategy with these keyword arguments."""
+        factory: Callable[..., Strategy] = self.strategy
+        return factory(**arguments)
 
     @property
     def smoke_run(self) -> tuple[str, Mapping[str, RunConfigValue]]:

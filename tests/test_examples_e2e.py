@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from flwr_importance.launcher import flwr_run, processes_mentioning
+from flwr_importance.registry import methods
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 QUICKSTART_DIR = EXAMPLES_DIR / "quickstart-pytorch"
@@ -28,7 +29,10 @@ ExampleRun = Callable[[Path, dict[str, object], int], Any]
 
 
 def quickstart_strategies() -> list[str]:
-    """The strategies the quickstart's server knows, from its own table."""
+    """The strategies the quickstart's server knows, from its own table.
+
+    The table adds every registry method itself: a test below checks it.
+    """
     sys.path.insert(0, str(QUICKSTART_DIR))
     try:
         from quickstart_pytorch.server_app import STRATEGIES
@@ -79,10 +83,14 @@ def test_quickstart_example_runs_every_strategy(
     assert all(0.0 <= row["accuracy"] <= 1.0 for row in history.values())
 
 
+#: Every method on the legacy API, but OCS (tests/compat/test_compat_e2e_legacy.py).
+LEGACY_STRATEGIES = [
+    spec.name for spec in methods() if spec.legacy_api and spec.name != "ocs"
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "strategy", ["isfedavg", "folb", "fedsampling", "clustered", "md"]
-)  # ocs: tests/compat/test_compat_e2e_legacy.py
+@pytest.mark.parametrize("strategy", LEGACY_STRATEGIES)
 def test_legacy_example_runs_every_strategy(
     strategy: str, run_example: ExampleRun
 ) -> None:
@@ -92,3 +100,7 @@ def test_legacy_example_runs_every_strategy(
         10,
     )
     assert [row["round"] for row in history] == list(range(ROUNDS + 1))
+
+
+def test_quickstart_example_knows_every_method() -> None:
+    assert {spec.name for spec in methods()} <= set(quickstart_strategies())

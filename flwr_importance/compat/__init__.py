@@ -27,6 +27,10 @@ An argument that cannot apply (``fraction_fit``, ``min_fit_clients``,
 ``inplace``; FedSampling's federated evaluation) raises at construction,
 naming what replaces it.
 
+A method declared in :mod:`flwr_importance.registry` without a hand-written
+class here gets one generated on first use, under its Message-API class name
+(``compat.PowerOfChoice``): :func:`legacy_class` wraps any registry strategy.
+
 The server side imports no ML framework; the client side (:mod:`.clients`,
 torch) loads only when :class:`HandlerClient` or :func:`handler_client_fn` is
 first used, so a TensorFlow, JAX or scikit-learn project can run these
@@ -37,7 +41,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from flwr_importance.compat.adapter import LegacyOptions, LegacyStrategyAdapter
+from flwr_importance.compat.adapter import (
+    LegacyOptions,
+    LegacyStrategyAdapter,
+    legacy_class,
+)
 from flwr_importance.compat.clustered import ClusteredSampling
 from flwr_importance.compat.fedsampling import FedSampling
 from flwr_importance.compat.folb import FOLB
@@ -53,11 +61,20 @@ _CLIENT_SIDE = frozenset({"HandlerClient", "handler_client_fn"})
 
 
 def __getattr__(name: str) -> Any:
-    """Load the client-side names on first use (PEP 562)."""
+    """Load the client-side names and generated legacy classes on first use.
+
+    PEP 562: a name not defined here is a client-side name (loaded with
+    torch) or a registry method's strategy class name (its legacy class).
+    """
     if name in _CLIENT_SIDE:
         from flwr_importance.compat import clients
 
         return getattr(clients, name)
+    from flwr_importance.registry import methods
+
+    for spec in methods():
+        if spec.strategy.__name__ == name and spec.legacy_api:
+            return legacy_class(spec.name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -72,4 +89,5 @@ __all__ = [
     "MDSampling",
     "OptimalClientSampling",
     "handler_client_fn",
+    "legacy_class",
 ]

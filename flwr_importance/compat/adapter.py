@@ -9,11 +9,11 @@ APIs (and give the same models, see ``tests/compat``).
 
 from __future__ import annotations
 
-import inspect
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from logging import INFO, WARNING
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from flwr.app import ConfigRecord, Message
 from flwr.common import FitIns, FitRes, MetricsAggregationFn, NDArrays, Parameters
@@ -141,13 +141,15 @@ class LegacyStrategyAdapter(FedAvg):
     (:class:`LegacyOptions`, directly or as ``legacy``), refuses those it
     cannot (:data:`NOT_APPLICABLE`), and passes the rest on to the
     Message-API strategy, with ``min_available_clients`` as its
-    ``min_available_nodes`` and the evaluation fraction where it takes one.
+    ``min_available_nodes`` and the legacy evaluation settings as its own
+    (every strategy of the library takes them, see
+    :class:`~flwr_importance.strategies.base.StrategyOptions`).
 
     Parameters
     ----------
-    *args, **options
-        The Message-API strategy's arguments, and Flower's legacy ``FedAvg``
-        arguments (:class:`LegacyOptions`).
+    **options
+        The Message-API strategy's (keyword-only) arguments, and Flower's
+        legacy ``FedAvg`` arguments (:class:`LegacyOptions`).
     legacy : LegacyOptions, optional
         The legacy ``FedAvg`` arguments, bundled (keyword arguments win).
 
@@ -164,14 +166,12 @@ class LegacyStrategyAdapter(FedAvg):
     #: Legacy options this method refuses, with the reason.
     refused_options: ClassVar[Mapping[str, str]] = {}
 
-    def __init__(
-        self, *args: Any, legacy: LegacyOptions | None = None, **options: Any
-    ) -> None:
+    def __init__(self, *, legacy: LegacyOptions | None = None, **options: Any) -> None:
         legacy_options = self._legacy_options(legacy, options)
         self._forward_to_method(legacy_options, options)
         # The method first: its own checks (e.g. FedSampling refusing
         # federated evaluation) explain a refusal better than FedAvg's would.
-        self.strategy = self.message_strategy_class(*args, **options)
+        self.strategy = self.message_strategy_class(**options)
         super().__init__(
             fraction_fit=1.0,
             fraction_evaluate=legacy_options.fraction_evaluate,
@@ -233,7 +233,6 @@ class LegacyStrategyAdapter(FedAvg):
         Its ``fraction_evaluate`` is the legacy one, so that what it logs
         about federated evaluation is what the legacy server does.
         """
-        accepted = inspect.signature(cls.message_strategy_class).parameters
         forwarded = {
             "min_available_nodes": legacy_options.min_available_clients,
             "fraction_evaluate": legacy_options.fraction_evaluate,
@@ -250,7 +249,7 @@ class LegacyStrategyAdapter(FedAvg):
                 f"{options['min_available_nodes']} name the same setting: give one"
             )
         for name, value in forwarded.items():
-            if value is not None and name in accepted and name not in options:
+            if value is not None and name not in options:
                 options[name] = value
 
     def __repr__(self) -> str:
@@ -334,3 +333,42 @@ class LegacyStrategyAdapter(FedAvg):
 def _without_layout(metrics: ScalarDict) -> ScalarDict:
     """A fit result's metrics without the transport's array layout."""
     return {key: value for key, value in metrics.items() if key != ARRAY_LAYOUT_KEY}
+
+
+@functools.cache
+def legacy_class(name: str) -> type[LegacyStrategyAdapter]:
+    """The legacy-API class of the registry method ``name``.
+
+    Its hand-written class where the declaration names one, otherwise a
+    :class:`LegacyStrategyAdapter` subclass running the method's Message-API
+    strategy, named like it; the same class on every call.
+
+    Raises
+    ------
+    ValueError
+        The method does not run on the legacy API (e.g. several models).
+
+    Examples
+    --------
+    >>> legacy_class("md").__name__
+    'MDSampling'
+    """
+    from flwr_importance.registry import load_attribute, method
+
+    spec = method(name)
+    if not spec.legacy_api:
+        raise ValueError(f"method '{spec.name}' has no legacy-API class")
+    if spec.legacy:
+        return cast(type[LegacyStrategyAdapter], load_attribute(spec.legacy))
+    strategy = spec.strategy
+    return type(
+        strategy.__name__,
+        (LegacyStrategyAdapter,),
+        {
+            "message_strategy_class": strategy,
+            "__module__": "flwr_importance.compat",
+            "__qualname__": strategy.__name__,
+            "__doc__": f"{strategy.__name__} ({spec.paper}) as a legacy ``FedAvg``;"
+            " see :class:`LegacyStrategyAdapter` and the Message-API class.",
+        },
+    )

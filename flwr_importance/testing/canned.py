@@ -1,13 +1,13 @@
 """Canned replies: run a strategy's server side with no ClientApp at all.
 
 :class:`CannedReplyGrid` answers every message at once with a reply built by a
-:data:`Responder`; :func:`canned_responders` gives, for each method of the
-library, replies of the shape its client contract asks for (model-shaped
-arrays, the metrics, the query answers), drawn from a :class:`Fleet` of
-per-node values; :func:`canned_strategy` builds the method's strategy over such
-a fleet. Only server work runs, so timing a round (the server-overhead
-benchmark) or spoiling one reply of it (the bad-input tests) measures the
-strategy alone.
+:data:`Responder`; :func:`canned_responders` gives, for each canned variant a
+method declares in :mod:`flwr_importance.registry`, replies of the kinds its
+declaration names (model-shaped arrays, the metrics, the query answers), drawn
+from a :class:`Fleet` of per-node values; :func:`canned_strategy` builds the
+variant's strategy over such a fleet. Only server work runs, so timing a round
+(the server-overhead benchmark) or spoiling one reply of it (the bad-input
+tests) measures the strategy alone.
 """
 
 from __future__ import annotations
@@ -26,14 +26,11 @@ from flwr.supercore.task_identity import TaskIdentity
 from numpy.typing import NDArray
 
 from flwr_importance.local_grid import LocalGrid
-from flwr_importance.strategies import (
-    FOLB,
-    ClusteredSampling,
-    FedSampling,
-    ISFedAvg,
-    MDSampling,
-    MultiModelSampling,
-    OptimalClientSampling,
+from flwr_importance.registry import (
+    CannedSetup,
+    CannedVariant,
+    MethodSpec,
+    canned_variants,
 )
 
 #: Builds a reply's content from the message it answers.
@@ -170,9 +167,8 @@ def canned_responders(
     Parameters
     ----------
     method : str
-        ``fedavg`` (Flower's ``FedAvg``), ``isfedavg``, ``folb``,
-        ``fedsampling``, ``md``, ``clustered-size``, ``clustered-similarity``,
-        ``ocs`` or ``mmfl`` (one model).
+        ``fedavg`` (Flower's ``FedAvg``) or the name of a canned variant of a
+        registry method (:func:`flwr_importance.registry.canned_variants`).
     fleet : Fleet
         The per-node values the replies carry.
     node_index : Callable[[int], int]
@@ -182,6 +178,25 @@ def canned_responders(
     -------
     dict[str, Responder]
         Per message type (``train``, ``query.sizes`` ...), its responder.
+    """
+    kinds = reply_kinds(fleet=fleet, node_index=node_index)
+    if method == "fedavg":
+        return {"train": kinds["model"]}
+    _, variant = _variant(method)
+    return {message_type: kinds[kind] for message_type, kind in variant.replies.items()}
+
+
+def reply_kinds(
+    *, fleet: Fleet, node_index: Callable[[int], int]
+) -> dict[str, Responder]:
+    """Every kind of canned reply a registry declaration may name.
+
+    ``model`` (FedAvg's train reply: the model and ``num-examples``),
+    ``isfedavg-train`` (plus eq. 29's and eq. 14's reports), ``folb-train``
+    (update, gradient and ``gamma``), ``sizes`` (``num-examples``),
+    ``size-response`` (FedSampling's randomized size), ``gradient-sum``
+    (FedSampling's ``G_c``), ``norm`` and ``loss`` (the query replies of model
+    0) and ``kept-update`` (the OCS/MMFL train reply).
     """
 
     def size_of(message: Message) -> int:
@@ -201,17 +216,14 @@ def canned_responders(
 
         return respond
 
-    def sizes(message: Message) -> RecordDict:
-        return metrics({"num-examples": size_of(message)})
+    def model_zero_metric(key: str, values: NDArray[np.floating]) -> Responder:
+        def respond(message: Message) -> RecordDict:
+            index = node_index(message.metadata.dst_node_id)
+            return metrics(
+                {f"{key}-0": float(values[index]), "num-examples-0": size_of(message)}
+            )
 
-    def norm(message: Message) -> RecordDict:
-        index = node_index(message.metadata.dst_node_id)
-        return metrics(
-            {
-                "update-norm-0": float(fleet.norms[index]),
-                "num-examples-0": int(fleet.sizes[index]),
-            }
-        )
+        return respond
 
     def kept_update(message: Message) -> RecordDict:
         model_index = message.content.config_records["config"]["model-index"]
@@ -231,48 +243,47 @@ def canned_responders(
         content["gradient"] = arrays_of(message, offset=1)
         return content
 
-    def size_response(message: Message) -> RecordDict:
-        return metrics({"size-response": min(size_of(message), MAX_SIZE - 1)})
-
-    def gradient_sum(message: Message) -> RecordDict:
-        return RecordDict({"arrays": arrays_of(message)})
-
-    plain_train = model_reply(lambda message: {})
-    table: dict[str, dict[str, Responder]] = {
-        "fedavg": {"train": plain_train},
-        "isfedavg": {
-            "train": model_reply(
-                lambda message: {"isfedavg-sigma2": 0.5, "isfedavg-g2": 1.0}
-            )
-        },
-        "folb": {"train": folb_train},
-        "fedsampling": {"query.sizes": size_response, "train": gradient_sum},
-        "md": {"query.sizes": sizes, "train": plain_train},
-        "clustered-size": {"query.sizes": sizes, "train": plain_train},
-        "clustered-similarity": {"query.sizes": sizes, "train": plain_train},
-        "ocs": {"query.norm": norm, "train": kept_update},
-        "mmfl": {"query.norm": norm, "train": kept_update},
+    return {
+        "model": model_reply(lambda message: {}),
+        "isfedavg-train": model_reply(
+            lambda message: {"isfedavg-sigma2": 0.5, "isfedavg-g2": 1.0}
+        ),
+        "folb-train": folb_train,
+        "sizes": lambda message: metrics({"num-examples": size_of(message)}),
+        "size-response": lambda message: metrics(
+            {"size-response": min(size_of(message), MAX_SIZE - 1)}
+        ),
+        "gradient-sum": lambda message: RecordDict({"arrays": arrays_of(message)}),
+        # Norms double as losses: both only need to differ between nodes.
+        "norm": model_zero_metric("update-norm", fleet.norms),
+        "loss": model_zero_metric("loss", fleet.norms),
+        "kept-update": kept_update,
     }
-    return table[method]
+
+
+def _variant(name: str) -> tuple[MethodSpec, CannedVariant]:
+    variants = canned_variants()
+    if name not in variants:
+        raise ValueError(f"unknown method {name!r}; known: {', '.join(variants)}")
+    return variants[name]
 
 
 def canned_strategy(
     method: str, *, clients_per_round: int, fleet: Fleet, projection_dim: int
 ) -> Strategy:
-    """The library's strategy ``method``, answered by :func:`canned_responders`.
+    """The registry method's strategy of variant ``method``, for canned replies.
 
-    Every strategy trains ``clients_per_round`` nodes per round except
-    FedSampling, which trains every node (with ``K`` a tenth of the fleet's
-    samples); federated evaluation is off.
+    Each variant's declaration gives its arguments (federated evaluation off;
+    FedSampling trains every node with ``K`` a tenth of the fleet's samples).
 
     Parameters
     ----------
     method : str
-        A method of :func:`canned_responders` other than ``fedavg``.
+        A canned variant's name (:func:`flwr_importance.registry.canned_variants`).
     clients_per_round : int
         ``m``.
     fleet : Fleet
-        The nodes (FedSampling's ``K`` is read from their sizes).
+        The nodes (their sizes give the total size).
     projection_dim : int
         Clustered sampling's ``projection_dim`` (similarity variant).
 
@@ -281,39 +292,11 @@ def canned_strategy(
     Strategy
         A fresh strategy, seeded with its default seed.
     """
-    m = clients_per_round
-    if method == "isfedavg":
-        return ISFedAvg(m, fraction_evaluate=0.0, min_available_nodes=1)
-    if method == "folb":
-        return FOLB(
-            clients_per_round=m,
-            proximal_mu=0.01,
-            fraction_evaluate=0.0,
-            min_available_nodes=m,
-        )
-    if method == "fedsampling":
-        return FedSampling(
-            int(fleet.sizes.sum() // 10),
-            max_size=MAX_SIZE,
-            fraction_evaluate=0.0,
-            min_available_nodes=1,
-        )
-    if method == "md":
-        return MDSampling(m, fraction_evaluate=0.0, min_available_nodes=1)
-    if method == "clustered-size":
-        return ClusteredSampling(
-            m, method="size", fraction_evaluate=0.0, min_available_nodes=1
-        )
-    if method == "clustered-similarity":
-        return ClusteredSampling(
-            m,
-            method="similarity",
-            projection_dim=projection_dim,
-            fraction_evaluate=0.0,
-            min_available_nodes=1,
-        )
-    if method == "ocs":
-        return OptimalClientSampling(m, min_available_nodes=1)
-    if method == "mmfl":
-        return MultiModelSampling(1, m, variant="gradnorm")
-    raise ValueError(f"unknown method {method!r}")
+    spec, variant = _variant(method)
+    setup = CannedSetup(
+        clients_per_round=clients_per_round,
+        total_size=int(fleet.sizes.sum()),
+        max_size=MAX_SIZE,
+        projection_dim=projection_dim,
+    )
+    return spec.build(**variant.arguments(setup))

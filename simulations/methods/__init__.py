@@ -12,7 +12,11 @@ Optionally, a method that trains several models at once (``mmfl``) defines
 and the ServerApp calls it instead of starting ``build_strategy``'s strategy on
 one model itself.
 
-Adding a method is adding a module here: nothing else needs to change.
+A library method declared in :mod:`flwr_importance.registry` with
+``app_options`` needs no module here: :class:`RegistryMethod` builds its
+strategy from those run-config keys and serves its client side from the
+registry. The library's methods are the registry's; ``fedavg`` and
+``fedprox`` are Flower's baselines.
 """
 
 from __future__ import annotations
@@ -25,22 +29,16 @@ from typing import Protocol, TypedDict, cast
 from flwr.serverapp.strategy import Strategy
 
 from flwr_importance.clientapps import ClientHandler, TaskFactory
+from flwr_importance.clientapps.standard import method_handlers
+from flwr_importance.registry import MethodSpec, app_method_names
+from flwr_importance.registry import method as registry_method
 from simulations.config import ExperimentConfig
 
 # ClientApp query handlers must be registered by name when the app is imported.
 QUERY_ACTIONS = ("sizes", "gradient", "norm", "loss", "update")
 
 #: The library's own strategies: every method but Flower's fedavg/fedprox baselines.
-LIBRARY_METHODS = (
-    "isfedavg",
-    "folb",
-    "fedsampling",
-    "sizeweighted",
-    "clustered",
-    "md",
-    "ocs",
-    "mmfl",
-)
+LIBRARY_METHODS = app_method_names()
 
 
 class Method(Protocol):
@@ -54,11 +52,8 @@ class Method(Protocol):
 
 
 @functools.cache
-def available_methods() -> tuple[str, ...]:
-    """Names accepted by the ``strategy`` run-config key.
-
-    Listed once per process: the ClientApp resolves its method on every message.
-    """
+def method_modules() -> tuple[str, ...]:
+    """The methods with their own module here."""
     return tuple(
         sorted(
             module.name for module in pkgutil.iter_modules(__path__) if not module.ispkg
@@ -66,13 +61,54 @@ def available_methods() -> tuple[str, ...]:
     )
 
 
+@functools.cache
+def available_methods() -> tuple[str, ...]:
+    """Names accepted by the ``strategy`` run-config key.
+
+    Listed once per process: the ClientApp resolves its method on every message.
+    """
+    return tuple(sorted({*method_modules(), *LIBRARY_METHODS}))
+
+
+class RegistryMethod:
+    """The app side of a registry method that has no module here."""
+
+    def __init__(self, spec: MethodSpec) -> None:
+        if not spec.app_options:
+            raise ValueError(
+                f"method '{spec.name}' has neither a module in simulations/methods "
+                "nor app_options in its METHOD declaration"
+            )
+        self.spec = spec
+
+    def build_strategy(self, config: ExperimentConfig, num_clients: int) -> Strategy:
+        """The strategy with ``clients-per-round``, ``seed`` and its options.
+
+        Federated evaluation is off: the ServerApp evaluates centrally.
+        """
+        options = {
+            argument: config.option(key)
+            for key, argument in self.spec.app_options.items()
+        }
+        if self.spec.clients_per_round:
+            options["clients_per_round"] = min(config.clients_per_round, num_clients)
+        return self.spec.build(seed=config.seed, fraction_evaluate=0.0, **options)
+
+    def client_handlers(self, task_factory: TaskFactory) -> dict[str, ClientHandler]:
+        """The registry's ready-made client side of the method."""
+        return method_handlers(self.spec, task_factory)
+
+
+@functools.cache
 def load_method(name: str) -> Method:
-    """The method module for ``strategy = name``."""
+    """The method for ``strategy = name``: its module here, or the registry's."""
     if name not in available_methods():
         raise ValueError(
             f"unknown strategy '{name}'; available: {', '.join(available_methods())}"
         )
-    return cast(Method, importlib.import_module(f"{__name__}.{name}"))
+    if name in method_modules():
+        return cast(Method, importlib.import_module(f"{__name__}.{name}"))
+    return RegistryMethod(registry_method(name))
 
 
 class FedAvgSampling(TypedDict):

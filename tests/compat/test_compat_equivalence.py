@@ -11,21 +11,22 @@ sample or another weight (one SGD step moves entries by ~1e-2).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from flwr.serverapp.strategy import Strategy
 
-from flwr_importance import compat, strategies
 from flwr_importance.clientapps import ClientHandler, TaskFactory
-from flwr_importance.clientapps.clustered import make_clustered_handlers
-from flwr_importance.clientapps.fedsampling import make_fedsampling_handlers
-from flwr_importance.clientapps.folb import make_folb_handlers
-from flwr_importance.clientapps.isfedavg import make_isfedavg_handlers
-from flwr_importance.clientapps.optimal import make_ocs_handlers
-from flwr_importance.compat.adapter import LegacyStrategyAdapter
+from flwr_importance.clientapps.standard import method_handlers
+from flwr_importance.compat import legacy_class
+from flwr_importance.registry import (
+    CannedSetup,
+    MethodSpec,
+    canned_variants,
+    method,
+    methods,
+)
 from tests.compat.compat_harness import TwinFederation, max_difference, run_legacy
 
 NUM_NODES = 6
@@ -36,86 +37,58 @@ ATOL = 1e-6
 
 @dataclass
 class Case:
-    """One method: both classes, their shared arguments, the client handlers."""
+    """One method variant: both classes, their shared arguments, the client side."""
 
-    strategy: str
-    message_class: Callable[..., Strategy]
-    legacy_class: Callable[..., LegacyStrategyAdapter]
-    handlers: Callable[[TaskFactory], Mapping[str, ClientHandler]]
+    name: str
+    spec: MethodSpec
     arguments: dict[str, Any]
 
+    def handlers(self, task_factory: TaskFactory) -> Mapping[str, ClientHandler]:
+        """The method's ready-made client handlers."""
+        return method_handlers(self.spec, task_factory)
 
-SHARED = {"seed": 3, "min_available_nodes": 1}
+
+SAMPLES_PER_CLIENT = 40
+#: Every canned variant of every method that runs on the legacy API, with
+#: three clients a round (OCS: in expectation), default seeds.
+SETUP = CannedSetup(
+    clients_per_round=3,
+    total_size=NUM_NODES * SAMPLES_PER_CLIENT,
+    max_size=100,
+    projection_dim=1024,
+)
 CASES = [
+    Case(variant.name, spec, dict(variant.arguments(SETUP)))
+    for spec in methods()
+    if spec.legacy_api
+    for variant in spec.canned
+] + [
+    # FOLB's two-set mode adds a gradient query: a legacy round trip of its own.
     Case(
-        "isfedavg",
-        strategies.ISFedAvg,
-        compat.ISFedAvg,
-        make_isfedavg_handlers,
-        {"clients_per_round": 3, "fraction_evaluate": 0.0, **SHARED},
-    ),
-    Case(
-        "folb",
-        strategies.FOLB,
-        compat.FOLB,
-        make_folb_handlers,
-        # Three distinct nodes a round (FOLB draws without replacement).
+        "folb-two-set",
+        method("folb"),
         {
-            "clients_per_round": 3,
+            **canned_variants()["folb"][1].arguments(SETUP),
             "mode": "two-set",
-            "fraction_evaluate": 0.0,
-            **SHARED,
-            "min_available_nodes": 3,
         },
-    ),
-    Case(
-        "fedsampling",
-        strategies.FedSampling,
-        compat.FedSampling,
-        make_fedsampling_handlers,
-        {"samples_per_round": 64, "server_lr": 0.5, "min_available_nodes": 1},
-    ),
-    Case(
-        "clustered",
-        strategies.ClusteredSampling,
-        compat.ClusteredSampling,
-        make_clustered_handlers,
-        {
-            "clients_per_round": 3,
-            "method": "similarity",
-            "fraction_evaluate": 0.0,
-            **SHARED,
-        },
-    ),
-    Case(
-        "md",
-        strategies.MDSampling,
-        compat.MDSampling,
-        make_clustered_handlers,
-        {"clients_per_round": 3, "fraction_evaluate": 0.0, **SHARED},
-    ),
-    Case(
-        "ocs",
-        strategies.OptimalClientSampling,
-        compat.OptimalClientSampling,
-        make_ocs_handlers,
-        {"clients_per_round": 2, **SHARED},
-    ),
+    )
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[case.strategy for case in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
 def test_legacy_strategy_gives_the_message_api_model(case: Case) -> None:
     overrides: dict[str, bool | int | float | str] = {
-        "strategy": case.strategy,
+        "strategy": case.spec.name,
         "local-steps": 5,
-        "samples-per-client": 40,
+        "samples-per-client": SAMPLES_PER_CLIENT,
     }
     federation = TwinFederation(overrides, NUM_NODES)
     message_model = federation.run_message_api(
-        case.message_class(**case.arguments), NUM_ROUNDS
+        case.spec.build(**case.arguments), NUM_ROUNDS
     )
-    legacy = case.legacy_class(legacy=federation.legacy_options(), **case.arguments)
+    legacy = legacy_class(case.spec.name)(
+        legacy=federation.legacy_options(), **case.arguments
+    )
     legacy_model = run_legacy(
         legacy, federation.legacy_client_manager(case.handlers), NUM_ROUNDS
     )

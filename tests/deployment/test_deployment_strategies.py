@@ -34,6 +34,7 @@ from flwr_importance.launcher import deployment
 from flwr_importance.protocol import (
     FEDSAMPLING_SIZE_RESPONSE,
 )
+from flwr_importance.registry import RunConfigValue, methods
 from simulations.config import ExperimentConfig
 from simulations.inprocess import load_preset, resolve_run_config
 from simulations.task import federated_data
@@ -56,19 +57,11 @@ SMALL = {
     "local-steps": 5,
     "local-epochs": 0,
 }
-# strategy -> (preset or None, extra overrides)
-RUNS: dict[str, tuple[str | None, dict[str, bool | int | float | str]]] = {
+# strategy -> (preset or None, extra overrides): Flower's FedAvg and each
+# registry method's short end-to-end check.
+RUNS: dict[str, tuple[str | None, Mapping[str, RunConfigValue]]] = {
     "fedavg": (None, {"strategy": "fedavg", "partitioning": "iid"}),
-    "isfedavg": ("isfedavg-logistic", {}),
-    "folb": ("folb-digits", {"partitioning": "iid", "local-lr": 0.2}),
-    "fedsampling": ("fedsampling-lognormal-sigma1", {}),
-    "clustered": ("clustered-digits", {"partitioning": "iid"}),
-    "md": ("clustered-digits-md", {"partitioning": "iid"}),
-    "ocs": ("ocs-digits-lognormal", {}),
-    "mmfl": (
-        "mmfl-digits",
-        {"mmfl-tasks": "digits:iid,digits:iid", "clients-per-round": 4},
-    ),
+    **{spec.name: spec.smoke_run for spec in methods()},
 }
 CAPTURED = "fedsampling"
 

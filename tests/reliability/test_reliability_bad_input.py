@@ -44,7 +44,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
-from flwr_importance.strategies.common import flatten
+from flwr_importance.registry import canned_variants
+from flwr_importance.strategies.arrays import flatten
 from flwr_importance.strategies.mmfl import pack_models
 from flwr_importance.testing import (
     CannedReplyGrid,
@@ -57,16 +58,8 @@ NUM_NODES = 30
 CLIENTS_PER_ROUND = 3
 #: Larger than the model: clustered similarity keeps whole representative gradients.
 PROJECTION_DIM = 1024
-METHODS = (
-    "isfedavg",
-    "folb",
-    "fedsampling",
-    "md",
-    "clustered-size",
-    "clustered-similarity",
-    "ocs",
-    "mmfl",
-)
+#: Every canned variant of every registry method.
+METHODS = tuple(canned_variants())
 CORRUPTIONS = (
     "error",
     "nan-array",
@@ -225,7 +218,8 @@ def new_strategy(method: str) -> Strategy:
 def one_round(method: str, grid: SpoilingGrid) -> NDArray[np.float64] | None:
     """Round 1 of a fresh strategy; the flattened new model (None: unchanged)."""
     strategy = new_strategy(method)
-    arrays = pack_models([FLEET.model]) if method == "mmfl" else FLEET.model
+    packed = canned_variants()[method][1].packed_models
+    arrays = pack_models([FLEET.model]) if packed else FLEET.model
     messages = strategy.configure_train(1, arrays, ConfigRecord(), grid)
     new_arrays, _ = strategy.aggregate_train(1, grid.send_and_receive(messages))
     return None if new_arrays is None else flatten(new_arrays)

@@ -2,26 +2,23 @@
 
 from __future__ import annotations
 
+import functools
+
 from flwr.app import Context
 from flwr.client import Client, ClientApp
 
-from flwr_importance.clientapps.clustered import make_clustered_handlers
-from flwr_importance.clientapps.fedsampling import make_fedsampling_handlers
-from flwr_importance.clientapps.folb import make_folb_handlers
-from flwr_importance.clientapps.isfedavg import make_isfedavg_handlers
-from flwr_importance.clientapps.optimal import make_ocs_handlers
+from flwr_importance.clientapps.standard import method_handlers
 from flwr_importance.compat import handler_client_fn
 from flwr_importance.compat.clients import HandlersFactory
+from flwr_importance.registry import methods
 from legacy_app.task import local_task
 
-#: Each method's client handlers (the same as on the Message API).
+#: Each method's ready-made client handlers (the same as on the Message API),
+#: for every method of the library that runs on the legacy API.
 HANDLERS: dict[str, HandlersFactory] = {
-    "isfedavg": make_isfedavg_handlers,
-    "folb": make_folb_handlers,
-    "fedsampling": make_fedsampling_handlers,
-    "clustered": make_clustered_handlers,
-    "md": make_clustered_handlers,
-    "ocs": make_ocs_handlers,
+    spec.name: functools.partial(method_handlers, spec)
+    for spec in methods()
+    if spec.legacy_api
 }
 
 

@@ -14,6 +14,7 @@ from flwr.server.strategy import Strategy
 
 from flwr_importance import compat
 from flwr_importance.compat.adapter import EvaluateFn
+from flwr_importance.registry import methods
 from flwr_importance.sampling import ldp_alpha
 from flwr_importance.strategies.fedsampling import (
     epsilon_for_usable_estimate,
@@ -116,7 +117,7 @@ def fedsampling(run_config: UserConfig, num_clients: int) -> compat.FedSampling:
         run_config["samples-per-round-factor"]
     )
     return compat.FedSampling(
-        samples_per_round,
+        samples_per_round=samples_per_round,
         max_size=max_size,
         epsilon=epsilon,
         server_lr=float(run_config["fedsampling-server-lr"]),
@@ -138,12 +139,11 @@ def build_strategy(run_config: UserConfig, num_clients: int) -> Strategy:
     if name == "fedsampling":
         return fedsampling(run_config, num_clients)
     clients_per_round = min(int(run_config["clients-per-round"]), num_clients)
-    client_sampling: dict[str, type[compat.LegacyStrategyAdapter]] = {
-        "isfedavg": compat.ISFedAvg,
-        "folb": compat.FOLB,
-        "clustered": compat.ClusteredSampling,
-        "md": compat.MDSampling,
-        "ocs": compat.OptimalClientSampling,
+    # Every client-sampling method of the library on the legacy API.
+    client_sampling = {
+        spec.name: compat.legacy_class(spec.name)
+        for spec in methods()
+        if spec.legacy_api and spec.clients_per_round
     }
     if name not in client_sampling:
         raise ValueError(

@@ -27,7 +27,11 @@ from flwr_importance.clientapps.folb import (
     local_gradient,
 )
 from flwr_importance.clientapps.isfedavg import ImportanceSampler
-from flwr_importance.clientapps.optimal import KeptUpdateMod, add_norm_query
+from flwr_importance.clientapps.optimal import (
+    KeptUpdateMod,
+    add_loss_query,
+    add_norm_query,
+)
 from flwr_importance.clientapps.sizes import size_reply
 from flwr_importance.protocol import MODEL_INDEX
 from quickstart_pytorch.task import Net, load_data
@@ -207,3 +211,19 @@ def evaluate(msg: Message, context: Context) -> Message:
     )
     content = RecordDict({"metrics": metrics})
     return Message(content=content, reply_to=msg)
+
+
+def local_loss(msg: Message, context: Context) -> Message:
+    """The received model's loss on this node's training data (no training)."""
+    model, device = received_model(msg)
+    task = int(msg.content.config_records["config"].get(MODEL_INDEX, 0))  # type: ignore[arg-type]
+    trainloader, _ = node_data(context, task)
+    loss, _ = test_fn(model, trainloader, device)
+    num_examples = len(trainloader.dataset)  # type: ignore[arg-type]
+    metrics = MetricRecord({"train_loss": loss, "num-examples": num_examples})
+    return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
+
+
+# Strategies that rank nodes by their local loss (mmfl's loss variant, poc):
+# answer query.loss with `local_loss` on each received model.
+add_loss_query(app, local_loss, loss_key="train_loss")

@@ -17,6 +17,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, Strategy
 
+from flwr_importance.registry import MethodSpec, methods
 from flwr_importance.strategies import (
     FOLB,
     ClusteredSampling,
@@ -36,9 +37,18 @@ app = ServerApp()
 #: Models the multi-model strategy trains at once (one per task of task.py).
 NUM_MODELS = 2
 
-#: ``clients per round -> strategy``: Flower's FedAvg and its replacements.
+
+def with_defaults(spec: MethodSpec) -> Callable[[int], Strategy]:
+    """``clients per round -> strategy``: the method with its default settings."""
+    return lambda m: spec.build(clients_per_round=m)
+
+
+#: ``clients per round -> strategy``: Flower's FedAvg and its replacements:
+#: every method of the library with its defaults, and those that need more
+#: arguments written out.
 STRATEGIES: dict[str, Callable[[int], Strategy]] = {
     "fedavg": lambda m: FedAvg(fraction_train=0.5),
+    **{spec.name: with_defaults(spec) for spec in methods() if spec.clients_per_round},
     "isfedavg": lambda m: ISFedAvg(clients_per_round=m),
     "folb": lambda m: FOLB(clients_per_round=m, proximal_mu=0.01),
     # A size bound above the largest partition (about 144 images) and an

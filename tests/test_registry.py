@@ -1,0 +1,158 @@
+"""The method registry accounts for every method module, and agrees with each layer.
+
+A method that exists in one layer but not in the registry would silently drop
+out of the reliability, failure, load, overhead, deployment and legacy-API
+runs, which all iterate over the registry: each test here names the layer.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tomllib
+from flwr.app import Array, ArrayRecord
+from flwr.serverapp.strategy import Strategy
+
+from flwr_importance import compat, strategies
+from flwr_importance.compat import LegacyStrategyAdapter, legacy_class
+from flwr_importance.registry import (
+    DECLARATION,
+    app_method_names,
+    canned_variants,
+    load_attribute,
+    method,
+    methods,
+)
+from flwr_importance.testing import Fleet
+from flwr_importance.testing.canned import reply_kinds
+from simulations.methods import LIBRARY_METHODS, available_methods, method_modules
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESETS = ROOT / "simulations" / "presets"
+#: Flower's own strategies the app runs as baselines.
+FLOWER_BASELINES = {"fedavg", "fedprox"}
+SPECS = {spec.name: spec for spec in methods()}
+
+
+def test_every_strategy_module_with_a_strategy_declares_its_method() -> None:
+    # Base classes (the strategy base, MD and clustered sampling's shared
+    # base) are not methods: each declared strategy subclasses them.
+    bases = {base for spec in methods() for base in spec.strategy.__mro__[1:]}
+    undeclared = []
+    for module_info in pkgutil.iter_modules(strategies.__path__):
+        module = importlib.import_module(f"{strategies.__name__}.{module_info.name}")
+        defined = [
+            value
+            for value in vars(module).values()
+            if inspect.isclass(value)
+            and issubclass(value, Strategy)
+            and value.__module__ == module.__name__
+            and value not in bases
+        ]
+        spec = getattr(module, DECLARATION, None)
+        if defined and (spec is None or spec.strategy not in defined):
+            undeclared.append(module.__name__)
+    assert undeclared == [], f"strategy modules without {DECLARATION}: {undeclared}"
+
+
+def test_every_exported_strategy_is_a_registry_method() -> None:
+    exported = {
+        getattr(strategies, name)
+        for name in strategies.__all__
+        if inspect.isclass(getattr(strategies, name))
+    }
+    assert exported == {spec.strategy for spec in methods()}
+
+
+def test_app_methods_are_the_registry_methods_and_flowers_baselines() -> None:
+    assert set(LIBRARY_METHODS) == set(app_method_names())
+    assert set(available_methods()) == set(app_method_names()) | FLOWER_BASELINES
+    unknown = set(method_modules()) - set(app_method_names()) - FLOWER_BASELINES
+    assert unknown == set(), f"app method modules no declaration names: {unknown}"
+    for spec in methods():
+        assert spec.name in method_modules() or spec.app_options, spec.name
+
+
+def test_aliases_resolve_to_their_method() -> None:
+    assert method("sizeweighted") is SPECS["md"]
+    with pytest.raises(KeyError, match="known: "):
+        method("no-such-method")
+
+
+def preset_strategy(name: str) -> str:
+    """The ``strategy`` a preset runs."""
+    path = PRESETS / f"{name}.toml"
+    assert path.is_file(), path
+    return str(tomllib.loads(path.read_text())["strategy"])
+
+
+def test_every_preset_runs_a_known_method() -> None:
+    for path in sorted(PRESETS.glob("*.toml")):
+        assert preset_strategy(path.stem) in available_methods(), path.name
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_declared_presets_run_the_method(name: str) -> None:
+    spec = SPECS[name]
+    smoke_preset, _ = spec.smoke_run
+    for preset in (spec.headline_preset, smoke_preset):
+        assert preset_strategy(preset) in spec.app_names, preset
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_declared_benchmark_exists(name: str) -> None:
+    spec = SPECS[name]
+    if spec.benchmark is not None:
+        assert (ROOT / "benchmarks" / f"{spec.benchmark}.py").is_file()
+
+
+def test_every_legacy_class_belongs_to_a_method() -> None:
+    exported = {
+        getattr(compat, name)
+        for name in compat.__all__
+        if inspect.isclass(getattr(compat, name))
+        and issubclass(getattr(compat, name), LegacyStrategyAdapter)
+        and getattr(compat, name) is not LegacyStrategyAdapter
+    }
+    declared = {load_attribute(spec.legacy) for spec in methods() if spec.legacy}
+    assert exported == declared
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_legacy_class_runs_the_method(name: str) -> None:
+    spec = SPECS[name]
+    if not spec.legacy_api:
+        with pytest.raises(ValueError, match="no legacy-API class"):
+            legacy_class(name)
+        return
+    cls = legacy_class(name)
+    assert cls.message_strategy_class is spec.strategy
+    assert getattr(compat, spec.strategy.__name__) is cls
+
+
+def client_handlers(spec_name: str) -> dict[str, object]:
+    """The app's ready-made client handlers of a method (never called here)."""
+    from simulations.methods import load_method
+
+    return dict(load_method(spec_name).client_handlers(lambda *args: None))
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_canned_replies_are_what_the_real_client_side_serves(name: str) -> None:
+    served = set(client_handlers(name))
+    for variant in SPECS[name].canned:
+        assert set(variant.replies) <= served, (variant.name, served)
+
+
+def test_canned_reply_kinds_exist_and_variant_names_are_unique() -> None:
+    model = ArrayRecord({"weight": Array(np.zeros(3, np.float32))})
+    fleet = Fleet.skewed(num_nodes=2, model=model, reply_models=[model])
+    kinds = reply_kinds(fleet=fleet, node_index=lambda node: 0)
+    for spec, variant in canned_variants().values():
+        assert set(variant.replies.values()) <= set(kinds), (spec.name, variant.name)
+        assert variant.baseline in {"fedavg", "fedavg-2m", "fedavg-all"}
