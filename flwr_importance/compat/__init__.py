@@ -28,8 +28,9 @@ An argument that cannot apply (``fraction_fit``, ``min_fit_clients``,
 naming what replaces it.
 
 A method declared in :mod:`flwr_importance.registry` without a hand-written
-class here gets one generated on first use, under its Message-API class name
-(``compat.PowerOfChoice``): :func:`legacy_class` wraps any registry strategy.
+class here (``compat.MDSampling``, ``compat.ClusteredSampling`` ...) gets one
+generated on first use, under its Message-API class name: :func:`legacy_class`
+wraps any registry strategy, the legacy transport carrying its queries.
 
 The server side imports no ML framework; the client side (:mod:`.clients`,
 torch) loads only when :class:`HandlerClient` or :func:`handler_client_fn` is
@@ -46,12 +47,11 @@ from flwr_importance.compat.adapter import (
     LegacyStrategyAdapter,
     legacy_class,
 )
-from flwr_importance.compat.clustered import ClusteredSampling
 from flwr_importance.compat.fedsampling import FedSampling
 from flwr_importance.compat.folb import FOLB
 from flwr_importance.compat.isfedavg import ISFedAvg
-from flwr_importance.compat.md import MDSampling
 from flwr_importance.compat.ocs import OptimalClientSampling
+from flwr_importance.registry import methods
 
 if TYPE_CHECKING:
     from flwr_importance.compat.clients import HandlerClient, handler_client_fn
@@ -70,8 +70,6 @@ def __getattr__(name: str) -> Any:
         from flwr_importance.compat import clients
 
         return getattr(clients, name)
-    from flwr_importance.registry import methods
-
     for spec in methods():
         if spec.strategy.__name__ == name and spec.legacy_api:
             return legacy_class(spec.name)
@@ -80,14 +78,18 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "FOLB",
-    "ClusteredSampling",
     "FedSampling",
     "HandlerClient",
     "ISFedAvg",
     "LegacyOptions",
     "LegacyStrategyAdapter",
-    "MDSampling",
     "OptimalClientSampling",
     "handler_client_fn",
     "legacy_class",
+    # The generated classes (see __getattr__).
+    *(
+        spec.strategy.__name__
+        for spec in methods()
+        if spec.legacy_api and spec.legacy is None
+    ),
 ]

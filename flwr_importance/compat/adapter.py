@@ -368,7 +368,20 @@ def legacy_class(name: str) -> type[LegacyStrategyAdapter]:
             "message_strategy_class": strategy,
             "__module__": "flwr_importance.compat",
             "__qualname__": strategy.__name__,
-            "__doc__": f"{strategy.__name__} ({spec.paper}) as a legacy ``FedAvg``;"
-            " see :class:`LegacyStrategyAdapter` and the Message-API class.",
+            "__doc__": GENERATED_DOC.format(name=strategy.__name__, paper=spec.paper),
         },
     )
+
+
+#: The docstring of a generated legacy class.
+GENERATED_DOC = """{name} ({paper}) as a legacy ``FedAvg`` subclass.
+
+    Runs :class:`flwr_importance.strategies.{name}`, whose docstring gives the
+    method, its parameters and its client contract. Takes that class's keyword
+    arguments and Flower's legacy ``FedAvg`` arguments that apply
+    (:class:`LegacyOptions`, directly or as ``legacy``). Its queries travel as
+    ``ClientProxy.get_properties`` calls (no arrays) or ``ClientProxy.fit``
+    calls (with the model) from inside ``configure_fit``, with the message
+    type in the config's ``compat-message-type``; ``handler_client_fn`` serves
+    them with the Message-API client handlers.
+    """

@@ -15,14 +15,10 @@ class ISFedAvg(LegacyStrategyAdapter):
 
     Parameters
     ----------
-    clients_per_round : int (default: 10)
+    clients_per_round : int
         ``L``.
     legacy : LegacyOptions, optional
-        Flower's legacy ``FedAvg`` arguments this class honours; they may also
-        be given directly (``initial_parameters=...``, ``evaluate_fn=...``),
-        see :class:`~flwr_importance.compat.LegacyOptions`. ``fraction_fit``
-        and ``min_fit_clients`` raise a ``TypeError``: ``clients_per_round``
-        replaces them.
+        Flower's legacy ``FedAvg`` arguments (:class:`LegacyStrategyAdapter`).
     **options
         The other parameters of the Message-API ``ISFedAvg``
         (``local_steps_range``, ``batch_size_range``, ``uniform``,

@@ -21,11 +21,7 @@ class OptimalClientSampling(LegacyStrategyAdapter):
     clients_per_round : int
         ``m``, the expected number of participants.
     legacy : LegacyOptions, optional
-        Flower's legacy ``FedAvg`` arguments this class honours; they may also
-        be given directly (``initial_parameters=...``, ``evaluate_fn=...``),
-        see :class:`~flwr_importance.compat.LegacyOptions`. ``fraction_fit``
-        and ``min_fit_clients`` raise a ``TypeError``: ``clients_per_round``
-        replaces them.
+        Flower's legacy ``FedAvg`` arguments (:class:`LegacyStrategyAdapter`).
     **options
         The other parameters of the Message-API ``OptimalClientSampling``
         (``approximate``, ``aocs_iterations``, ``server_lr``, ``seed``,
