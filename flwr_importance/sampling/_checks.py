@@ -10,39 +10,39 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 
-def nonnegative_vector(name: str, values: ArrayLike) -> NDArray[np.float64]:
-    """Return ``values`` as a 1-D float array, checking it is finite and >= 0."""
+def finite_array(name: str, values: ArrayLike, ndim: int) -> NDArray[np.float64]:
+    """Return ``values`` as an ``ndim``-D float array, checking it is finite."""
     array = np.asarray(values, dtype=np.float64)
-    if array.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {array.shape}")
+    if array.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {array.shape}")
     if not np.all(np.isfinite(array)):
         raise ValueError(f"{name} contains NaN or infinite values")
+    return array
+
+
+def nonnegative_array(name: str, values: ArrayLike, ndim: int) -> NDArray[np.float64]:
+    """Return ``values`` as an ``ndim``-D float array, finite and >= 0."""
+    array = finite_array(name, values, ndim)
     if np.any(array < 0):
         raise ValueError(f"{name} contains negative values (min {array.min():g})")
     return array
+
+
+def nonnegative_vector(name: str, values: ArrayLike) -> NDArray[np.float64]:
+    """Return ``values`` as a 1-D float array, checking it is finite and >= 0."""
+    return nonnegative_array(name, values, 1)
 
 
 def nonnegative_matrix(name: str, values: ArrayLike) -> NDArray[np.float64]:
     """Return ``values`` as a 2-D float array, checking it is finite and >= 0."""
-    array = np.asarray(values, dtype=np.float64)
-    if array.ndim != 2:
-        raise ValueError(f"{name} must be 2-D, got shape {array.shape}")
-    if not np.all(np.isfinite(array)):
-        raise ValueError(f"{name} contains NaN or infinite values")
-    if np.any(array < 0):
-        raise ValueError(f"{name} contains negative values (min {array.min():g})")
-    return array
+    return nonnegative_array(name, values, 2)
 
 
 def probability_array(
     name: str, values: ArrayLike, ndim: int = 1
 ) -> NDArray[np.float64]:
     """Return ``values`` as a float array of probabilities in [0, 1]."""
-    array = np.asarray(values, dtype=np.float64)
-    if array.ndim != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {array.shape}")
-    if not np.all(np.isfinite(array)):
-        raise ValueError(f"{name} contains NaN or infinite values")
+    array = finite_array(name, values, ndim)
     if np.any(array < 0) or np.any(array > 1):
         raise ValueError(
             f"{name} must lie in [0, 1], got range [{array.min():g}, {array.max():g}]"
