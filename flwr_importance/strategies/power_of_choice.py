@@ -30,6 +30,7 @@ from numpy.typing import ArrayLike, NDArray
 from flwr_importance.protocol import (
     LOSS,
     LOSS_QUERY,
+    NUM_EXAMPLES,
     SERVER_ROUND,
     TRAIN_LOSS,
     model_record_name,
@@ -56,8 +57,10 @@ if TYPE_CHECKING:
 Variant = Literal["pow-d", "rpow-d"]
 VARIANTS: tuple[Variant, ...] = ("pow-d", "rpow-d")
 
-#: The loss the candidates report in their ``query.loss`` reply (model 0).
+#: The loss and the sample count the candidates report in their ``query.loss``
+#: reply (model 0).
 CANDIDATE_LOSS = per_model_key(LOSS, 0)
+CANDIDATE_SIZE = per_model_key(NUM_EXAMPLES, 0)
 
 
 def draw_candidates(
@@ -229,13 +232,13 @@ class PowerOfChoice(MultisetSampling):
 
     * ``pow-d`` (default): the server sends the current model to the ``d``
       candidates in a ``query.loss`` round trip and ranks by the losses they
-      report. A candidate that fails, times out or sends no finite
-      ``loss-0`` is not selected (logged); when fewer than ``m`` answer,
-      those that did train.
+      report. A candidate that fails, times out or sends no finite,
+      non-negative ``loss-0`` and ``num-examples-0`` is not selected
+      (logged); when fewer than ``m`` answer, those that did train.
     * ``cpow-d`` (computation-efficient): the same server; the clients'
       loss handler evaluates ``F_k`` on a mini-batch of ``b`` samples
       instead of all local data (register
-      :func:`~flwr_importance.clientapps.add_loss_query` with an evaluate
+      :func:`~flwr_importance.clientapps.optimal.add_loss_query` with an evaluate
       function that does so).
     * ``rpow-d`` (communication- and computation-efficient): no extra round
       trip; each candidate ranks by the mean training loss (``train-loss``)
@@ -272,13 +275,13 @@ class PowerOfChoice(MultisetSampling):
     - ``query.sizes`` (a node's first round): config ``server-round``; the
       reply's MetricRecord holds ``num-examples``, as for
       :class:`~flwr_importance.strategies.MDSampling`
-      (:func:`~flwr_importance.clientapps.add_size_query`).
+      (:func:`~flwr_importance.clientapps.sizes.add_size_query`).
     - ``query.loss`` (``pow-d``, each round, candidates only): the current
       model as the ArrayRecord ``model-0`` and config ``server-round``; the
       reply's MetricRecord holds ``loss-0``, the mean local loss of that
-      model (any finite number; higher ranks first), and
-      ``num-examples-0``. :func:`~flwr_importance.clientapps.add_loss_query`
-      answers it from the user's evaluate function, no training.
+      model (finite, >= 0; higher ranks first), and ``num-examples-0``.
+      :func:`~flwr_importance.clientapps.optimal.add_loss_query` answers it from the
+      user's evaluate function, no training.
     - ``train``: as Flower's ``FedAvg`` (model under ``arrays``, config with
       ``server-round``); the reply holds the local model and
       ``num-examples`` (refreshing the size) and, for ``rpow-d``,
@@ -423,8 +426,8 @@ class PowerOfChoice(MultisetSampling):
     ) -> dict[int, float]:
         """``pow-d``: each candidate's ``loss-0`` at the current model, by node.
 
-        Candidates that fail, do not answer or send no finite loss are left
-        out (logged by node).
+        Candidates that fail, do not answer or send no finite, non-negative
+        loss and count are left out (logged by node).
         """
         config = ConfigRecord({SERVER_ROUND: server_round})
         replies = self.query(
@@ -435,7 +438,7 @@ class PowerOfChoice(MultisetSampling):
         )
         checked = check_replies(
             replies.values(),
-            metric_keys=[CANDIDATE_LOSS],
+            nonnegative_keys=[CANDIDATE_LOSS, CANDIDATE_SIZE],
             expected_nodes=set(candidate_ids),
             context=query_message_type(LOSS_QUERY),
         )
