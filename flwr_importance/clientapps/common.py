@@ -111,6 +111,31 @@ def load_global_model(task: LocalTask, message: Message) -> None:
     task.model.load_state_dict(record.to_torch_state_dict())
 
 
+def received_task(
+    task_factory: TaskFactory, message: Message, context: Context
+) -> LocalTask:
+    """The node's task from ``task_factory``, holding the message's model.
+
+    Parameters
+    ----------
+    task_factory : TaskFactory
+        Builds the node's :class:`LocalTask` from its ``Context``.
+    message : Message
+        The server's message; its single ArrayRecord is the global model.
+    context : Context
+        The node's context.
+
+    Returns
+    -------
+    LocalTask
+        A new task whose ``model`` holds the received weights
+        (:func:`load_global_model`).
+    """
+    task = task_factory(context)
+    load_global_model(task, message)
+    return task
+
+
 def model_reply(
     message: Message, model: torch.nn.Module, metrics: Mapping[str, float | int]
 ) -> Message:
@@ -193,8 +218,7 @@ def make_train_handler(task_factory: TaskFactory) -> ClientHandler:
     """
 
     def train(message: Message, context: Context) -> Message:
-        task = task_factory(context)
-        load_global_model(task, message)
+        task = received_task(task_factory, message, context)
         proximal_mu = config_number(message, "proximal-mu", 0.0)
         result = train_round(task, server_round_of(message), proximal_mu)
         return model_reply(message, task.model, {**result, "num-examples": len(task.x)})
@@ -206,8 +230,7 @@ def make_evaluate_handler(task_factory: TaskFactory) -> ClientHandler:
     """Federated evaluation of the received model on the node's local data."""
 
     def evaluate_handler(message: Message, context: Context) -> Message:
-        task = task_factory(context)
-        load_global_model(task, message)
+        task = received_task(task_factory, message, context)
         metrics = evaluate(task.model, task.x, task.y, task.objective)
         content = RecordDict(
             {"metrics": MetricRecord({**metrics, "num-examples": len(task.x)})}

@@ -62,7 +62,7 @@ from flwr_importance.clientapps.common import (
     ClientHandler,
     TaskFactory,
     config_number,
-    load_global_model,
+    received_task,
     round_generators,
     server_round_of,
     task_batches,
@@ -428,8 +428,7 @@ def make_fedsampling_train_handler(task_factory: TaskFactory) -> ClientHandler:
     """
 
     def train(message: Message, context: Context) -> Message:
-        task = task_factory(context)
-        load_global_model(task, message)
+        task = received_task(task_factory, message, context)
         numpy_rng, _ = round_generators(task, server_round_of(message))
         plan = fedsampling_round(message, num_examples=len(task.x), rng=numpy_rng)
         gradient = _fedsampling_gradient(

@@ -83,9 +83,9 @@ from flwr_importance.clientapps.common import (
     ClientHandler,
     TaskFactory,
     config_number,
-    load_global_model,
     make_evaluate_handler,
     make_train_handler,
+    received_task,
 )
 from flwr_importance.protocol import (
     FOLB_GAMMA,
@@ -396,8 +396,7 @@ def make_folb_train_handler(task_factory: TaskFactory) -> ClientHandler:
     fedprox_train = make_train_handler(task_factory)
 
     def train(message: Message, context: Context) -> Message:
-        task = task_factory(context)
-        load_global_model(task, message)
+        task = received_task(task_factory, message, context)
         gradient = gradient_record(
             task.model, full_gradient(task.model, task.x, task.y, task.objective)
         )
@@ -426,8 +425,7 @@ def make_folb_gradient_handler(task_factory: TaskFactory) -> ClientHandler:
     """FOLB's ``query.gradient``: ``g_k`` at the received model, no training."""
 
     def gradient_handler(message: Message, context: Context) -> Message:
-        task = task_factory(context)
-        load_global_model(task, message)
+        task = received_task(task_factory, message, context)
         gradient = full_gradient(task.model, task.x, task.y, task.objective)
         return gradient_reply(
             message, gradient_record(task.model, gradient), num_examples=len(task.x)

@@ -76,9 +76,9 @@ from flwr_importance.clientapps.common import (
     LocalTask,
     TaskFactory,
     config_number,
-    load_global_model,
     make_evaluate_handler,
     model_reply,
+    received_task,
     round_generators,
     server_round_of,
 )
@@ -591,8 +591,7 @@ def make_isfedavg_train_handler(task_factory: TaskFactory) -> ClientHandler:
     """
 
     def train(message: Message, context: Context) -> Message:
-        task = task_factory(context)
-        load_global_model(task, message)
+        task = received_task(task_factory, message, context)
         numpy_rng, _ = round_generators(task, server_round_of(message))
         sampler = ImportanceSampler.from_message(
             message, context, num_samples=len(task.x), rng=numpy_rng
