@@ -500,6 +500,9 @@ METHOD = MethodSpec(
             replies={"query.sizes": "sizes", "query.loss": "loss", "train": "model"},
         ),
     ),
+    # The deployment check's 4 nodes and m = 2: IID data (two rounds of the
+    # preset's label skew may not improve the model), d = 2m = 4.
+    smoke={"partitioning": "iid", "poc-candidates": 4},
     benchmark="poc",
     benchmark_title="Power-of-Choice vs MD and uniform sampling (Cho et al., "
     "AISTATS 2022)",
