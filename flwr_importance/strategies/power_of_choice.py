@@ -251,9 +251,10 @@ class PowerOfChoice(MultisetSampling):
     clients_per_round : int
         ``m``, the clients trained per round (>= 1).
     candidates : int, optional
-        ``d``, the candidates drawn per round (>= ``m``); default ``2 m``,
-        the smallest ``d > m`` of the paper's experiments. With fewer
-        clients than ``d`` known, all of them are candidates (logged).
+        ``d``, the candidates drawn per round (>= ``m``); None or 0 (a run
+        config cannot hold None): ``2 m``, the smallest ``d > m`` of the
+        paper's experiments. With fewer clients than ``d`` known, all of them
+        are candidates (logged).
     variant : {"pow-d", "rpow-d"} (default: "pow-d")
         Where the losses come from (above).
     **options
@@ -307,9 +308,11 @@ class PowerOfChoice(MultisetSampling):
     ) -> None:
         super().__init__(clients_per_round=clients_per_round, **options)
         check_choice("variant", variant, VARIANTS)
-        if candidates is None:
-            candidates = 2 * self.clients_per_round
-        self.candidates = check_count("candidates", candidates)
+        self.candidates = check_count(
+            "candidates", 0 if candidates is None else candidates, minimum=0
+        )
+        if self.candidates == 0:
+            self.candidates = 2 * self.clients_per_round
         if self.candidates < self.clients_per_round:
             raise ValueError(
                 f"candidates (d = {self.candidates}) must be >= clients_per_round "
@@ -501,8 +504,8 @@ METHOD = MethodSpec(
         ),
     ),
     # The deployment check's 4 nodes and m = 2: IID data (two rounds of the
-    # preset's label skew may not improve the model), d = 2m = 4.
-    smoke={"partitioning": "iid", "poc-candidates": 4},
+    # preset's label skew may not improve the model), d = 2m (0) = 4.
+    smoke={"partitioning": "iid", "poc-candidates": 0},
     benchmark="poc",
     benchmark_title="Power-of-Choice vs MD and uniform sampling (Cho et al., "
     "AISTATS 2022)",

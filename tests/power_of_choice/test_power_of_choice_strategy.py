@@ -298,6 +298,7 @@ def test_rpow_d_keeps_the_previous_loss_when_a_reply_has_none(
 def test_defaults_and_summary(caplog: pytest.LogCaptureFixture) -> None:
     strategy = PowerOfChoice(clients_per_round=4)
     assert strategy.candidates == 8  # d = 2m
+    assert PowerOfChoice(clients_per_round=4, candidates=0).candidates == 8
     assert strategy.variant == "pow-d"
     with caplog.at_level(logging.INFO):
         strategy.summary()
@@ -309,7 +310,7 @@ def test_defaults_and_summary(caplog: pytest.LogCaptureFixture) -> None:
     ("arguments", "error", "match"),
     [
         ({"clients_per_round": 3, "candidates": 2}, ValueError, r"d = 2\) must be >="),
-        ({"clients_per_round": 3, "candidates": 0}, ValueError, "candidates must be"),
+        ({"clients_per_round": 3, "candidates": -1}, ValueError, "candidates must be"),
         ({"clients_per_round": 3, "candidates": 4.0}, TypeError, "candidates must be"),
         ({"clients_per_round": 0}, ValueError, "clients_per_round must be >= 1"),
         ({"clients_per_round": 2, "variant": "cpow-d"}, ValueError, "variant must"),
