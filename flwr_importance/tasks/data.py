@@ -236,23 +236,13 @@ def _cached_digits(
 ) -> FederatedSplit:
     """Scikit-learn's 8x8 digits, split over clients (memoized)."""
     from sklearn.datasets import load_digits  # on first use, see top
-    from sklearn.model_selection import train_test_split
 
     digits = load_digits()
     # Pixel intensities are 0..16.
     images = (digits.images / 16.0).astype(np.float32)[:, np.newaxis]
     labels = digits.target.astype(np.int64)
-    train_index, test_index = train_test_split(
-        np.arange(len(labels)),
-        test_size=TEST_FRACTION,
-        stratify=labels,
-        random_state=seed,
-    )
     return _split_arrays(
-        images[train_index],
-        labels[train_index],
-        images[test_index],
-        labels[test_index],
+        *_hold_out_test(images, labels, seed),
         num_classes=10,
         num_partitions=num_partitions,
         partitioning=partitioning,
@@ -260,6 +250,41 @@ def _cached_digits(
         classes_per_client=classes_per_client,
         dirichlet_alpha=dirichlet_alpha,
         lognormal_sigma=lognormal_sigma,
+    )
+
+
+def _hold_out_test(
+    images: np.ndarray, labels: np.ndarray, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A stratified ``TEST_FRACTION`` of labelled images held out for testing.
+
+    Parameters
+    ----------
+    images : np.ndarray
+        The images, one per row.
+    labels : np.ndarray
+        Their labels, the strata.
+    seed : int
+        Seed of the split.
+
+    Returns
+    -------
+    tuple of np.ndarray
+        Training images, training labels, test images and test labels.
+    """
+    from sklearn.model_selection import train_test_split  # on first use, see top
+
+    train_index, test_index = train_test_split(
+        np.arange(len(labels)),
+        test_size=TEST_FRACTION,
+        stratify=labels,
+        random_state=seed,
+    )
+    return (
+        images[train_index],
+        labels[train_index],
+        images[test_index],
+        labels[test_index],
     )
 
 
@@ -380,7 +405,6 @@ def load_hub_dataset(
             f"unknown partitioning {partitioning!r}; valid: {', '.join(PARTITIONINGS)}"
         )
     from flwr_datasets import FederatedDataset  # on first use, see top
-    from sklearn.model_selection import train_test_split
 
     spec = _HUB_DATASETS[name]
     try:
@@ -396,16 +420,8 @@ def load_hub_dataset(
         ) from error
     train_images, train_labels = _images_and_labels(train, spec)
     if test is None:
-        train_index, test_index = train_test_split(
-            np.arange(len(train_labels)),
-            test_size=TEST_FRACTION,
-            stratify=train_labels,
-            random_state=seed,
-        )
-        test_images, test_labels = train_images[test_index], train_labels[test_index]
-        train_images, train_labels = (
-            train_images[train_index],
-            train_labels[train_index],
+        train_images, train_labels, test_images, test_labels = _hold_out_test(
+            train_images, train_labels, seed
         )
     else:
         test_images, test_labels = _images_and_labels(test, spec)
