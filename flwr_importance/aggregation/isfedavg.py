@@ -148,7 +148,7 @@ def update_client_probs(
     Returns
     -------
     NDArray[np.float64]
-        The updated probabilities, a new array summing to 1.
+        The updated client probabilities ``p_k``, a new array summing to 1.
 
     Raises
     ------

@@ -148,12 +148,8 @@ def add_private_size_query(
 
     Parameters
     ----------
-    app : ClientApp
-        The user's app; it must not have a ``query.sizes`` handler yet.
-    num_examples : callable, optional
-        ``context -> n``, the node's number of training samples.
-    node_config_key : str, optional
-        Read ``n`` from this node-config key instead (exactly one of the two).
+    app, num_examples, node_config_key
+        As in :func:`~flwr_importance.clientapps.sizes.add_size_query`.
     max_epsilon : float, optional
         The node's cap on the server's ``epsilon`` (see
         :func:`private_size_reply`).

@@ -141,15 +141,14 @@ def clustered_distributions_by_similarity(
     Parameters
     ----------
     sizes : ArrayLike
-        Sample count ``n_i >= 0`` of each of the ``N`` clients (integers, not
-        all zero).
+        As in :func:`clustered_distributions_by_size`.
     representative_grads : ArrayLike
         Array of shape ``(N, d)``: row ``i`` is client ``i``'s last update
         (returned model minus the global model it started from), zeros for a
         client never sampled.  float32 input is kept float32 for the Gram
         matrix (half the memory of float64, cosines to about 1e-7).
     m : int
-        Number of clients drawn per round, ``1 <= m <= N``.
+        As in :func:`clustered_distributions_by_size`.
     distance : {"arccos", "l2", "l1"}
         Dissimilarity between two gradients: angle between them (default, as
         in the paper's experiments), Euclidean or Manhattan distance.  Zero
@@ -197,20 +196,17 @@ def clustered_distributions_from_distances(
 
     Parameters
     ----------
-    sizes : ArrayLike
-        Sample count ``n_i >= 0`` of each of the ``N`` clients (integers, not
-        all zero).
+    sizes, m
+        As in :func:`clustered_distributions_by_size`.
     distances : ArrayLike
         Symmetric ``(N, N)`` matrix of non-negative dissimilarities, e.g. from
         :func:`pairwise_distances`; the diagonal is ignored.
-    m : int
-        Number of clients drawn per round, ``1 <= m <= N``.
 
     Returns
     -------
     NDArray[np.float64]
-        Distribution matrix ``r`` of shape ``(m, N)`` with the same exact
-        properties as :func:`clustered_distributions_by_size`.
+        The matrix :func:`clustered_distributions_by_similarity` gives for
+        gradients at these distances.
 
     Raises
     ------
