@@ -76,8 +76,8 @@ from flwr_importance.clientapps.common import (
 )
 from flwr_importance.clientapps.isfedavg import SampleState
 from flwr_importance.sampling import update_sample_probs
-from flwr_importance.strategies.common import node_messages
 from flwr_importance.strategies.isfedavg import ISFedAvg
+from flwr_importance.strategies.messages import node_messages
 from flwr_importance.tasks import FederatedSplit, Objective, evaluate
 from flwr_importance.testing import InProcessGrid
 from simulations.config import ExperimentConfig

@@ -15,7 +15,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from logging import INFO, WARNING
+from typing import TYPE_CHECKING
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
@@ -30,20 +32,29 @@ from flwr_importance.protocol import (
     SIZES_QUERY,
     query_message_type,
 )
-from flwr_importance.strategies.common import (
-    CheckedFedAvg,
-    CheckedReply,
-    check_replies,
-    combine_arrays,
-    connected_nodes,
-    flatten,
-    node_messages,
-    send_query,
-    warn_if_fewer_nodes,
+from flwr_importance.strategies.arrays import combine_arrays, flatten
+from flwr_importance.strategies.base import (
+    ImportanceStrategy,
+    RoundPlan,
+    StrategyOptions,
+    check_count,
+    log_settings,
 )
+from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
+from flwr_importance.strategies.replies import CheckedReply, check_replies
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
-class MultisetSampling(CheckedFedAvg, ABC):
+@dataclass(frozen=True)
+class DrawPlan(RoundPlan):
+    """A round's draws: how many times each node of ``nodes`` was drawn."""
+
+    drawn: Counter[int]
+
+
+class MultisetSampling(ImportanceStrategy[DrawPlan], ABC):
     """``m`` draws with repeats, one training per distinct client, mean with repeats.
 
     Keeps every connected node's sample count ``n_i``: asked with a
@@ -56,51 +67,22 @@ class MultisetSampling(CheckedFedAvg, ABC):
     ----------
     clients_per_round : int
         ``m``, the number of draws per round (>= 1).
-    seed : int
-        Seed of the server's draws (``numpy.random.default_rng``).
-    query_timeout : float
-        Seconds to wait for the size replies.
-    fraction_evaluate, min_evaluate_nodes, min_available_nodes
-        As in Flower's ``FedAvg`` (federated evaluation samples uniformly).
-    arrayrecord_key, configrecord_key
-        Keys of the model and the config in the messages sent.
+    **options
+        The shared settings of
+        :class:`~flwr_importance.strategies.base.ImportanceStrategy`, with its
+        defaults: ``seed`` seeds the draws, ``query_timeout`` bounds the wait
+        for the size replies.
     """
 
     #: What a round does when fewer nodes are connected than ``m`` (logged).
     fewer_nodes_effect = "the m draws repeat nodes"
 
     def __init__(
-        self,
-        clients_per_round: int,
-        *,
-        seed: int = 0,
-        query_timeout: float = 600.0,
-        fraction_evaluate: float = 1.0,
-        min_evaluate_nodes: int = 2,
-        min_available_nodes: int = 1,
-        arrayrecord_key: str = "arrays",
-        configrecord_key: str = "config",
+        self, *, clients_per_round: int, **options: Unpack[StrategyOptions]
     ) -> None:
-        if isinstance(clients_per_round, bool) or clients_per_round < 1:
-            raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
-        if query_timeout <= 0:
-            raise ValueError(f"query_timeout must be > 0, got {query_timeout}")
-        super().__init__(
-            fraction_evaluate=fraction_evaluate,
-            min_train_nodes=clients_per_round,
-            min_evaluate_nodes=min_evaluate_nodes,
-            min_available_nodes=min_available_nodes,
-            weighted_by_key=NUM_EXAMPLES,
-            arrayrecord_key=arrayrecord_key,
-            configrecord_key=configrecord_key,
-        )
-        self.clients_per_round = int(clients_per_round)
-        self.seed = seed
-        self.query_timeout = query_timeout
-        self.rng = np.random.default_rng(seed)
+        self.clients_per_round = check_count("clients_per_round", clients_per_round)
+        super().__init__(**options)
         self._sizes: dict[int, int] = {}
-        self._drawn: Counter[int] = Counter()
-        self._round_model: ArrayRecord | None = None
 
     # -- what a sampling scheme defines ------------------------------------------
     @abstractmethod
@@ -134,7 +116,7 @@ class MultisetSampling(CheckedFedAvg, ABC):
     @property
     def drawn_counts(self) -> dict[int, int]:
         """Times each node was drawn in the latest round (a node id -> count map)."""
-        return dict(self._drawn)
+        return {} if self.plan is None else dict(self.plan.drawn)
 
     @property
     def sizes(self) -> dict[int, int]:
@@ -142,11 +124,10 @@ class MultisetSampling(CheckedFedAvg, ABC):
         return dict(self._sizes)
 
     def summary(self) -> None:
-        """Log the sampling parameters, then Flower's ``FedAvg`` summary."""
-        log(INFO, "\t├──> %s:", type(self).__name__)
-        log(INFO, "\t│\t├── Draws per round (m): %d", self.clients_per_round)
-        log(INFO, "\t│\t├── Seed: %d", self.seed)
-        log(INFO, "\t│\t└── Size query timeout: %.0f s", self.query_timeout)
+        """Log the draws per round, then the shared settings."""
+        log_settings(
+            "Multiset sampling", {"Draws per round (m)": self.clients_per_round}
+        )
         super().summary()
 
     # -- Flower's Strategy API -------------------------------------------------
@@ -161,28 +142,23 @@ class MultisetSampling(CheckedFedAvg, ABC):
         self._refresh_sizes(server_round, sorted(connected), grid)
         node_ids = sorted(self._sizes)
         self.track_nodes(node_ids)
-        self._drawn = Counter()
         sizes = np.array([self._sizes[node_id] for node_id in node_ids], np.int64)
         if sizes.sum() == 0:
             log(WARNING, "configure_train: no client with a known, positive size")
             return []
         positions = self.draw_clients(node_ids, sizes)
-        self._drawn = Counter(node_ids[position] for position in positions)
-        self._round_model = arrays
+        drawn = Counter(node_ids[position] for position in positions)
+        self.keep_plan(DrawPlan(server_round, arrays, frozenset(drawn), drawn))
         log(
             INFO,
             "configure_train: %d draws, %d distinct clients (of %d)",
             len(positions),
-            len(self._drawn),
+            len(drawn),
             len(node_ids),
         )
         config[SERVER_ROUND] = server_round
-        return node_messages(
-            dict.fromkeys(sorted(self._drawn), config),
-            MessageType.TRAIN,
-            arrays,
-            self.arrayrecord_key,
-            self.configrecord_key,
+        return self.build_messages(
+            dict.fromkeys(sorted(drawn), config), MessageType.TRAIN, arrays
         )
 
     def aggregate_train(
@@ -194,29 +170,29 @@ class MultisetSampling(CheckedFedAvg, ABC):
         out and the mean is taken over the draws that came back (the paper
         assumes every drawn client answers).  No usable reply: the model stays.
         """
-        if self._round_model is None:
+        plan = self.plan_for(server_round)
+        if plan is None:
             return None, None
-        checked = check_replies(
+        usable = check_replies(
             replies,
             nonnegative_keys=[NUM_EXAMPLES],
-            expected_arrays=self._round_model,
-            context="aggregate_train",
+            expected_arrays=plan.arrays,
+            expected_nodes=plan.nodes,
         )
-        usable = [reply for reply in checked if self._was_drawn(reply)]
         if not usable:
             log(WARNING, "aggregate_train: no usable reply, the model is unchanged")
             return None, None
         for reply in usable:
             self._store_size(reply, "aggregate_train")
-        multiplicity = np.array([self._drawn[reply.node_id] for reply in usable])
+        multiplicity = np.array([plan.drawn[reply.node_id] for reply in usable])
         weights = multiplicity / multiplicity.sum()
         if self.keeps_updates():
             returned = {reply.node_id: flatten(reply.array_record) for reply in usable}
-            self.record_updates(returned, flatten(self._round_model))
+            self.record_updates(returned, flatten(plan.arrays))
         arrays = combine_arrays(
             [reply.array_record for reply in usable],
             lambda models: weighted_sum(models, weights),
-            self._round_model,
+            plan.arrays,
         )
         return arrays, _round_metrics(usable, weights, multiplicity)
 
@@ -231,12 +207,7 @@ class MultisetSampling(CheckedFedAvg, ABC):
         if not unknown:
             return
         query_config = ConfigRecord({SERVER_ROUND: server_round})
-        replies = send_query(
-            grid,
-            dict.fromkeys(unknown, query_config),
-            SIZES_QUERY,
-            timeout=self.query_timeout,
-        )
+        replies = self.query(grid, dict.fromkeys(unknown, query_config), SIZES_QUERY)
         context = query_message_type(SIZES_QUERY)
         for reply in check_replies(
             replies.values(), nonnegative_keys=[NUM_EXAMPLES], context=context
@@ -257,17 +228,6 @@ class MultisetSampling(CheckedFedAvg, ABC):
             )
             return
         self._sizes[reply.node_id] = int(size)
-
-    def _was_drawn(self, reply: CheckedReply) -> bool:
-        """Whether the reply's node was drawn this round (logged if not)."""
-        if reply.node_id in self._drawn:
-            return True
-        log(
-            WARNING,
-            "aggregate_train: reply from undrawn node %d ignored",
-            reply.node_id,
-        )
-        return False
 
 
 def _round_metrics(

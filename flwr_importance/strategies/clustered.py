@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from logging import INFO
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from flwr.common.logger import log
@@ -21,6 +21,15 @@ from flwr_importance.sampling import (
 )
 from flwr_importance.sampling.clustered import CountSketch
 from flwr_importance.strategies._multiset import MultisetSampling
+from flwr_importance.strategies.base import (
+    StrategyOptions,
+    check_choice,
+    check_count,
+    log_settings,
+)
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 ClusteringMethod = Literal["size", "similarity"]
 METHODS: tuple[ClusteringMethod, ...] = ("size", "similarity")
@@ -70,14 +79,11 @@ class ClusteredSampling(MultisetSampling):
         1024), cosines move by about ``1 / sqrt(projection_dim)``; L1
         distances are *not* preserved (a projection keeps L2 geometry), so
         prefer ``arccos`` or ``l2`` with a projection.  ``None``: no projection.
-    seed : int
-        Seed of the server's draws and of the sketch.
-    query_timeout : float
-        Seconds to wait for the replies to ``query.sizes``.
-    fraction_evaluate, min_evaluate_nodes, min_available_nodes
-        As in Flower's ``FedAvg``.
-    arrayrecord_key, configrecord_key
-        Keys of the model and the config in the messages sent.
+    **options
+        The shared settings of
+        :class:`~flwr_importance.strategies.base.ImportanceStrategy`, with its
+        defaults (``seed`` seeds the draws and the sketch, ``query_timeout``
+        bounds the wait for the replies to ``query.sizes``).
 
     Notes
     -----
@@ -106,51 +112,35 @@ class ClusteredSampling(MultisetSampling):
 
     def __init__(
         self,
-        clients_per_round: int,
         *,
+        clients_per_round: int,
         method: ClusteringMethod = "similarity",
         distance: Distance = "arccos",
         projection_dim: int | None = None,
-        seed: int = 0,
-        query_timeout: float = 600.0,
-        fraction_evaluate: float = 1.0,
-        min_evaluate_nodes: int = 2,
-        min_available_nodes: int = 1,
-        arrayrecord_key: str = "arrays",
-        configrecord_key: str = "config",
+        **options: Unpack[StrategyOptions],
     ) -> None:
-        if method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-        if distance not in DISTANCES:
-            raise ValueError(f"distance must be one of {DISTANCES}, got {distance!r}")
-        if projection_dim is not None and projection_dim < 1:
-            raise ValueError(f"projection_dim must be >= 1, got {projection_dim}")
-        super().__init__(
-            clients_per_round,
-            seed=seed,
-            query_timeout=query_timeout,
-            fraction_evaluate=fraction_evaluate,
-            min_evaluate_nodes=min_evaluate_nodes,
-            min_available_nodes=min_available_nodes,
-            arrayrecord_key=arrayrecord_key,
-            configrecord_key=configrecord_key,
-        )
+        check_choice("method", method, METHODS)
+        check_choice("distance", distance, DISTANCES)
+        if projection_dim is not None:
+            check_count("projection_dim", projection_dim)
+        super().__init__(clients_per_round=clients_per_round, **options)
         self.method = method
         self.distance = distance
         self.projection_dim = projection_dim
-        self.gradients = RepresentativeGradients(distance, projection_dim, seed)
+        self.gradients = RepresentativeGradients(distance, projection_dim, self.seed)
         # Algorithm 1's distributions and the (nodes, sizes, m) they were built for.
         self._size_distributions: tuple[_SizeKey, NDArray[np.float64]] | None = None
 
     def summary(self) -> None:
         """Log the clustering parameters, then the sampling summary."""
-        log(INFO, "\t├──> Clustered sampling:")
+        settings: dict[str, object] = {"Method": "size (Algorithm 1)"}
         if self.method == "similarity":
-            log(INFO, "\t│\t├── Method: similarity (Algorithm 2)")
-            log(INFO, "\t│\t├── Distance: %s", self.distance)
-            log(INFO, "\t│\t└── Projection dim: %s", self.projection_dim or "none")
-        else:
-            log(INFO, "\t│\t└── Method: size (Algorithm 1)")
+            settings = {
+                "Method": "similarity (Algorithm 2)",
+                "Distance": self.distance,
+                "Projection dim": self.projection_dim or "none",
+            }
+        log_settings("Clustered sampling", settings)
         super().summary()
 
     # -- MultisetSampling hooks ------------------------------------------------
@@ -412,7 +402,6 @@ METHOD = MethodSpec(
     ),
     equal_work=lambda work: {"clustered-method": "similarity"},
     smoke={"partitioning": "iid"},
-    legacy="flwr_importance.compat.clustered:ClusteredSampling",
     benchmark="clustered",
     benchmark_title="Clustered sampling vs MD sampling (Fraboni et al., ICML 2021)",
 )

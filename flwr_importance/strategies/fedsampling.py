@@ -6,15 +6,9 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from logging import INFO, WARNING
+from typing import TYPE_CHECKING
 
-from flwr.app import (
-    ArrayRecord,
-    ConfigRecord,
-    Message,
-    MessageType,
-    MetricRecord,
-    RecordDict,
-)
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -32,13 +26,20 @@ from flwr_importance.protocol import (
 )
 from flwr_importance.registry import CannedVariant, MethodSpec
 from flwr_importance.sampling import estimate_total_size, ldp_alpha
-from flwr_importance.strategies.common import (
-    CheckedFedAvg,
-    check_replies,
-    combine_arrays,
-    connected_nodes,
-    send_query,
+from flwr_importance.strategies.arrays import combine_arrays
+from flwr_importance.strategies.base import (
+    ImportanceStrategy,
+    RoundPlan,
+    StrategyOptions,
+    check_count,
+    check_positive,
+    log_settings,
 )
+from flwr_importance.strategies.messages import connected_nodes
+from flwr_importance.strategies.replies import check_replies
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 #: The size estimate is usable when its noise is at most this fraction of the
 #: largest total its replies can stand for, ``C (M - 1)``: three standard
@@ -77,9 +78,10 @@ def size_estimate_noise(num_replies: int, max_size: int, alpha: float) -> float:
 
 
 def nodes_for_usable_estimate(max_size: int, alpha: float) -> int:
-    """The fewest nodes whose estimate's noise is :data:`USABLE_NOISE_FRACTION`
-    of ``C (M - 1)``, the total when every node holds ``M - 1`` samples or more.
+    """The fewest nodes whose size estimate is usable.
 
+    Usable: its noise is :data:`USABLE_NOISE_FRACTION` of ``C (M - 1)``, the
+    total when every node holds ``M - 1`` samples or more.
     The noise grows like ``sqrt(C)`` and that total like ``C``; fewer samples
     per node need more nodes than this (the server cannot know how many).
     """
@@ -131,18 +133,19 @@ def binomial_upper_tail(successes: int, trials: int, probability: float) -> floa
 
 
 @dataclass(frozen=True)
-class _RoundPlan:
-    """What ``configure_train`` decided, for ``aggregate_train`` to apply."""
+class SizeEstimatePlan(RoundPlan):
+    """A round's size estimate: ``N_tilde`` (clamped to ``K``), raw, and its replies."""
 
-    arrays: ArrayRecord
     estimated_total_size: float
     raw_estimate: float
     num_size_replies: int
 
 
-class FedSampling(CheckedFedAvg):
-    """FedSampling (Qi et al., "FedSampling: A Better Sampling Strategy for
-    Federated Learning", IJCAI 2023), Algorithm 1.
+class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
+    """FedSampling, uniform data sampling with locally private client sizes.
+
+    Qi et al., "FedSampling: A Better Sampling Strategy for Federated
+    Learning", IJCAI 2023, Algorithm 1.
 
     Instead of sampling clients, every available node keeps each of its samples
     with the same probability ``K / N_tilde``, so a round uses about ``K``
@@ -181,18 +184,16 @@ class FedSampling(CheckedFedAvg):
     local_steps : int (default: 1)
         Extension, not in the paper: local steps per node on its kept samples
         (see :mod:`flwr_importance.clientapps.fedsampling`).
-    min_available_nodes : int (default: 2)
-        Nodes to wait for before a round.
-    fraction_evaluate : float (default: 0.0)
-        Must stay 0: there is no federated evaluation by design (Flower's
+    **options
+        The shared settings of
+        :class:`~flwr_importance.strategies.base.ImportanceStrategy`, with its
+        defaults except ``fraction_evaluate``: 0.0, and any other value is
+        refused, as there is no federated evaluation by design (Flower's
         ``FedAvg`` weights evaluation replies by ``num-examples``, which
         reveals the sizes); evaluate on the server with ``evaluate_fn``.
-    min_evaluate_nodes : int (default: 2)
-        As in ``FedAvg`` (unused).
-    query_timeout : float (default: 600.0)
-        Seconds to wait for the size replies.
-    arrayrecord_key, configrecord_key : str
-        Keys of the model and the config in the train messages.
+        ``query_timeout`` bounds the wait for the size replies; ``seed`` does
+        not apply (the server draws nothing, each node keeps its samples at
+        random).
 
     Client contract
     ---------------
@@ -224,67 +225,40 @@ class FedSampling(CheckedFedAvg):
     Handlers: :mod:`flwr_importance.clientapps.fedsampling`.
     """
 
+    no_federated_evaluation = NO_FEDERATED_EVALUATION
+    unused_settings = frozenset({"seed"})
+
     # pylint: disable=too-many-arguments
     def __init__(
         self,
+        *,
         samples_per_round: int,
         max_size: int = 100,
         epsilon: float = 3.0,
         server_lr: float = 1.0,
         local_steps: int = 1,
-        *,
-        min_available_nodes: int = 2,
-        fraction_evaluate: float = 0.0,
-        min_evaluate_nodes: int = 2,
-        query_timeout: float = 600.0,
-        arrayrecord_key: str = "arrays",
-        configrecord_key: str = "config",
+        **options: Unpack[StrategyOptions],
     ) -> None:
-        if samples_per_round < 1:
-            raise ValueError(f"samples_per_round must be >= 1, got {samples_per_round}")
-        if not server_lr > 0:
-            raise ValueError(f"server_lr must be > 0, got {server_lr}")
-        if local_steps < 1:
-            raise ValueError(f"local_steps must be >= 1, got {local_steps}")
-        if fraction_evaluate != 0:
-            raise ValueError(
-                f"fraction_evaluate={fraction_evaluate}: {NO_FEDERATED_EVALUATION}"
-            )
-        super().__init__(
-            fraction_train=1.0,
-            fraction_evaluate=fraction_evaluate,
-            min_train_nodes=1,
-            min_evaluate_nodes=min_evaluate_nodes,
-            min_available_nodes=min_available_nodes,
-            arrayrecord_key=arrayrecord_key,
-            configrecord_key=configrecord_key,
-        )
-        self.samples_per_round = samples_per_round
+        self.samples_per_round = check_count("samples_per_round", samples_per_round)
+        self.server_lr = check_positive("server_lr", server_lr)
+        self.local_steps = check_count("local_steps", local_steps)
+        super().__init__(**options)
         self.max_size = max_size
         self.epsilon = epsilon
         # Also validates max_size and epsilon, with the reason.
         self.alpha = ldp_alpha(epsilon, max_size)
-        self.server_lr = server_lr
-        self.local_steps = local_steps
-        self.query_timeout = query_timeout
-        self._plan: _RoundPlan | None = None
 
     def summary(self) -> None:
-        """Log FedSampling's parameters, then FedAvg's."""
-        log(INFO, "\t├──> FedSampling:")
-        log(INFO, "\t│\t├── Samples per round K: %d", self.samples_per_round)
-        log(
-            INFO,
-            "\t│\t├── Size threshold M: %d | epsilon: %g | alpha: %.4f",
-            self.max_size,
-            self.epsilon,
-            self.alpha,
-        )
-        log(
-            INFO,
-            "\t│\t└── Server learning rate: %g | local steps: %d",
-            self.server_lr,
-            self.local_steps,
+        """Log FedSampling's parameters, then the shared ones."""
+        log_settings(
+            "FedSampling",
+            {
+                "Samples per round K": self.samples_per_round,
+                "Size threshold M": self.max_size,
+                "epsilon (alpha)": f"{self.epsilon:g} ({self.alpha:.4f})",
+                "Server learning rate": f"{self.server_lr:g}",
+                "Local steps": self.local_steps,
+            },
         )
         super().summary()
 
@@ -292,7 +266,6 @@ class FedSampling(CheckedFedAvg):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Query private sizes, estimate ``N_tilde``, send the model to responders."""
-        self._plan = None
         available = connected_nodes(grid, self.min_available_nodes)
         responses = self._size_responses(server_round, available, grid)
         if not responses:
@@ -312,15 +285,23 @@ class FedSampling(CheckedFedAvg):
             estimate,
             self.alpha,
         )
-        self._plan = _RoundPlan(arrays, estimate, raw_estimate, len(responses))
+        self.keep_plan(
+            SizeEstimatePlan(
+                server_round,
+                arrays,
+                frozenset(responses),
+                estimate,
+                raw_estimate,
+                len(responses),
+            )
+        )
         config[SERVER_ROUND] = server_round
         config[FEDSAMPLING_SAMPLES_PER_ROUND] = self.samples_per_round
         config[FEDSAMPLING_ESTIMATED_TOTAL_SIZE] = estimate
         config[LOCAL_STEPS] = self.local_steps
-        record = RecordDict(
-            {self.arrayrecord_key: arrays, self.configrecord_key: config}
+        return self.build_messages(
+            dict.fromkeys(responses, config), MessageType.TRAIN, arrays
         )
-        return self._construct_messages(record, list(responses), MessageType.TRAIN)
 
     def _warn_estimate_below_k(self, raw_estimate: float, num_replies: int) -> None:
         """Say why ``N_tilde`` fell below ``K`` and what would make it usable."""
@@ -387,11 +368,10 @@ class FedSampling(CheckedFedAvg):
             FEDSAMPLING_EPSILON: self.epsilon,
             SERVER_ROUND: server_round,
         }
-        replies = send_query(
+        replies = self.query(
             grid,
             {node_id: ConfigRecord(dict(query)) for node_id in node_ids},
             SIZES_QUERY,
-            timeout=self.query_timeout,
         )
         checked = check_replies(
             replies.values(),
@@ -418,10 +398,12 @@ class FedSampling(CheckedFedAvg):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """``Theta - eta sum_c G_c`` over the usable replies; the round's metrics."""
-        plan = self._plan
+        plan = self.plan_for(server_round)
         if plan is None:
             return None, None
-        checked = check_replies(replies, expected_arrays=plan.arrays)
+        checked = check_replies(
+            replies, expected_arrays=plan.arrays, expected_nodes=plan.nodes
+        )
         metrics = self._round_metrics(plan, len(checked))
         if not checked:
             return None, metrics
@@ -434,7 +416,7 @@ class FedSampling(CheckedFedAvg):
         )
         return arrays, metrics
 
-    def _round_metrics(self, plan: _RoundPlan, num_updates: int) -> MetricRecord:
+    def _round_metrics(self, plan: SizeEstimatePlan, num_updates: int) -> MetricRecord:
         values: Mapping[str, float] = {
             "estimated-total-size": plan.estimated_total_size,
             "raw-size-estimate": plan.raw_estimate,

@@ -6,20 +6,13 @@ Nguyen et al., "Fast-convergent federated learning", IEEE JSAC 2021.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from logging import INFO, WARNING
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-from flwr.app import (
-    ArrayRecord,
-    ConfigRecord,
-    Message,
-    MessageType,
-    MetricRecord,
-    RecordDict,
-)
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -46,17 +39,22 @@ from flwr_importance.protocol import (
 )
 from flwr_importance.registry import CannedVariant, MethodSpec
 from flwr_importance.sampling import uniform_client_set
-from flwr_importance.strategies.common import (
-    CheckedFedAvg,
-    CheckedReply,
-    array_values,
-    check_replies,
-    combine_arrays,
-    connected_nodes,
-    node_messages,
-    send_query,
-    warn_if_fewer_nodes,
+from flwr_importance.strategies.arrays import array_values, combine_arrays
+from flwr_importance.strategies.base import (
+    ImportanceStrategy,
+    MetricsAggregation,
+    RoundPlan,
+    StrategyOptions,
+    check_choice,
+    check_count,
+    check_positive,
+    log_settings,
 )
+from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
+from flwr_importance.strategies.replies import CheckedReply, check_replies
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 Mode = Literal["single-set", "two-set"]
 MODES: tuple[Mode, ...] = ("single-set", "two-set")
@@ -69,21 +67,26 @@ TRAIN_STREAM = 0
 REFERENCE_STREAM = 1
 
 
-@dataclass
-class _RoundDraws:
-    """What ``configure_train`` decided, for ``aggregate_train`` of that round."""
+@dataclass(frozen=True)
+class FolbPlan(RoundPlan):
+    """A round's draws: ``S`` (who trains) and, in the two-set mode, ``S2``.
 
-    server_round: int
-    arrays: ArrayRecord
+    Attributes
+    ----------
+    train_draws : Counter[int]
+        ``S`` (``S1``) as node id -> draws; its keys are ``nodes``.
+    reference_draws : Counter[int]
+        ``S2`` as node id -> draws (empty in the single-set mode).
+    reference_gradients : dict[int, tuple[ArrayRecord, float]]
+        The ``S2`` nodes that only answered ``query.gradient``: gradient, ``n_j``.
+    """
+
     train_draws: Counter[int]
-    reference_draws: Counter[int] = field(default_factory=Counter)
-    #: ``S2`` nodes that only answered ``query.gradient``: gradient, ``n_j``.
-    reference_gradients: dict[int, tuple[ArrayRecord, float]] = field(
-        default_factory=dict
-    )
+    reference_draws: Counter[int]
+    reference_gradients: dict[int, tuple[ArrayRecord, float]]
 
 
-class FOLB(CheckedFedAvg):
+class FOLB(ImportanceStrategy[FolbPlan]):
     """FOLB (Nguyen et al., "Fast-convergent federated learning", IEEE JSAC 2021).
 
     Each round the server draws ``K`` devices uniformly, they run FedProx local
@@ -159,16 +162,18 @@ class FOLB(CheckedFedAvg):
         Devices with a negative score: update subtracted (default) or dropped.
     denominator : {"abs", "signed"}
         ``sum_i n_i |c_i|`` (default) or ``sum_i n_i c_i``.
-    seed : int
-        Seeds the device draws (>= 0), with the round.
-    query_timeout : float
-        Seconds to wait for ``S2``'s gradients.
-    min_available_nodes : int, optional
-        A round waits for this many connected nodes; default ``K``. Without
-        replacement it must be at least ``K``.
-    fraction_evaluate, min_evaluate_nodes, arrayrecord_key, configrecord_key,
-    train_metrics_aggr_fn, evaluate_metrics_aggr_fn
-        As in Flower's ``FedAvg``.
+    train_metrics_aggr_fn : callable, optional
+        Averages the train replies' metrics, weighted by ``weighted_by_key``
+        (as in Flower's ``FedAvg``).
+    **options
+        The shared settings of
+        :class:`~flwr_importance.strategies.base.ImportanceStrategy`, with its
+        defaults except one: ``min_available_nodes`` defaults to ``K``, since
+        without replacement a round draws ``K`` distinct devices (it must then
+        be at least ``K``). ``seed`` seeds the device draws, with the round
+        (:func:`~flwr_importance.sampling.uniform_client_set`, not
+        ``self.rng``); ``query_timeout`` bounds the wait for ``S2``'s
+        gradients (two-set mode only).
 
     Raises
     ------
@@ -198,10 +203,11 @@ class FOLB(CheckedFedAvg):
     The server learns each sampled device's full local gradient and update.
     """
 
+    # pylint: disable=too-many-arguments
     def __init__(
         self,
         *,
-        clients_per_round: int = 10,
+        clients_per_round: int,
         proximal_mu: float = 0.0,
         mode: Mode = "single-set",
         weighting: Weighting = "samples",
@@ -211,115 +217,74 @@ class FOLB(CheckedFedAvg):
         penalty: Penalty = "norm-product",
         negative: NegativeRule = "flip",
         denominator: Denominator = "abs",
-        seed: int = 0,
-        query_timeout: float = 600.0,
-        min_available_nodes: int | None = None,
-        fraction_evaluate: float = 1.0,
-        min_evaluate_nodes: int = 2,
-        arrayrecord_key: str = "arrays",
-        configrecord_key: str = "config",
-        train_metrics_aggr_fn: (
-            Callable[[list[RecordDict], str], MetricRecord] | None
-        ) = None,
-        evaluate_metrics_aggr_fn: (
-            Callable[[list[RecordDict], str], MetricRecord] | None
-        ) = None,
+        train_metrics_aggr_fn: MetricsAggregation | None = None,
+        **options: Unpack[StrategyOptions],
     ) -> None:
         check_options(penalty, negative, denominator, psi)
-        if clients_per_round < 1:
-            raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
+        self.clients_per_round = check_count("clients_per_round", clients_per_round)
         if not proximal_mu >= 0:
             raise ValueError(f"proximal_mu must be >= 0, got {proximal_mu}")
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if weighting not in WEIGHTINGS:
-            raise ValueError(
-                f"weighting must be one of {WEIGHTINGS}, got {weighting!r}"
-            )
+        check_choice("mode", mode, MODES)
+        check_choice("weighting", weighting, WEIGHTINGS)
         if not isinstance(replace, bool):
-            raise ValueError(f"replace must be True or False, got {replace!r}")
-        if not (np.isfinite(server_lr) and server_lr > 0):
-            raise ValueError(f"server_lr must be finite and > 0, got {server_lr}")
-        if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
-        if min_available_nodes is None:
-            min_available_nodes = clients_per_round
-        if not replace and min_available_nodes < clients_per_round:
+            raise TypeError(f"replace must be True or False, got {replace!r}")
+        self.server_lr = check_positive("server_lr", server_lr)
+        options.setdefault("min_available_nodes", clients_per_round)
+        super().__init__(train_metrics_aggr_fn=train_metrics_aggr_fn, **options)
+        if not replace and self.min_available_nodes < clients_per_round:
             raise ValueError(
                 f"without replacement a round draws {clients_per_round} distinct "
-                f"nodes, but min_available_nodes = {min_available_nodes} lets it "
-                "start with fewer; raise min_available_nodes or set replace=True"
+                f"nodes, but min_available_nodes = {self.min_available_nodes} lets "
+                "it start with fewer; raise min_available_nodes or set replace=True"
             )
-        super().__init__(
-            fraction_evaluate=fraction_evaluate,
-            min_evaluate_nodes=min_evaluate_nodes,
-            min_available_nodes=min_available_nodes,
-            weighted_by_key=NUM_EXAMPLES,
-            arrayrecord_key=arrayrecord_key,
-            configrecord_key=configrecord_key,
-            train_metrics_aggr_fn=train_metrics_aggr_fn,
-            evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
-        )
-        self.clients_per_round = clients_per_round
         self.proximal_mu = proximal_mu
         self.mode: Mode = mode
         self.weighting: Weighting = weighting
         self.replace = replace
-        self.server_lr = server_lr
         self.psi = psi
         self.penalty: Penalty = penalty
         self.negative: NegativeRule = negative
         self.denominator: Denominator = denominator
-        self.seed = seed
-        self.query_timeout = query_timeout
-        self._round: _RoundDraws | None = None
 
     @property
     def last_draws(self) -> tuple[Counter[int], Counter[int]]:
         """The last round's multisets ``(S or S1, S2)`` as node id -> draws."""
-        if self._round is None:
+        if self.plan is None:
             return Counter(), Counter()
-        return Counter(self._round.train_draws), Counter(self._round.reference_draws)
+        return Counter(self.plan.train_draws), Counter(self.plan.reference_draws)
+
+    def unused_settings_now(self) -> frozenset[str]:
+        """The shared settings unused: ``query_timeout`` in the single-set mode."""
+        if self.mode == "single-set":
+            return super().unused_settings_now() | {"query_timeout"}
+        return super().unused_settings_now()
 
     def summary(self) -> None:
-        """Log FOLB's settings."""
-        log(INFO, "\t├──> FOLB settings:")
-        log(
-            INFO,
-            "\t│\t├── Mode: %s, K = %d draws %s replacement",
-            self.mode,
-            self.clients_per_round,
-            "with" if self.replace else "without",
+        """Log FOLB's settings, then the shared ones."""
+        log_settings(
+            "FOLB",
+            {
+                "Mode": self.mode,
+                "Draws per set K": (
+                    f"{self.clients_per_round} "
+                    f"{'with' if self.replace else 'without'} replacement"
+                ),
+                "Weighting": self.weighting,
+                "Server lr": self.server_lr,
+                "Proximal mu": self.proximal_mu,
+                "psi": f"{self.psi} (penalty {self.penalty})",
+                "Negative scores": self.negative,
+                "Denominator": self.denominator,
+                "Train metrics weighted by": repr(self.weighted_by_key),
+            },
         )
-        log(
-            INFO,
-            "\t│\t├── Weighting: %s, server lr: %s",
-            self.weighting,
-            self.server_lr,
-        )
-        log(INFO, "\t│\t├── Proximal mu: %s", self.proximal_mu)
-        log(INFO, "\t│\t├── psi: %s (penalty %s)", self.psi, self.penalty)
-        log(
-            INFO,
-            "\t│\t├── Negative scores: %s, denominator: %s",
-            self.negative,
-            self.denominator,
-        )
-        log(INFO, "\t│\t└── Seed: %d", self.seed)
-        log(
-            INFO,
-            "\t└──> Evaluate: fraction %.2f, min nodes %d, min available %d",
-            self.fraction_evaluate,
-            self.min_evaluate_nodes,
-            self.min_available_nodes,
-        )
+        super().summary()
 
     # -- configure ---------------------------------------------------------------
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Draw ``S`` (and ``S2``), query ``S2``'s gradients, send train messages."""
-        self._round = None
         node_ids = connected_nodes(grid, self.min_available_nodes)
         if self.replace:  # without replacement, min_available_nodes >= K waits
             warn_if_fewer_nodes(
@@ -329,35 +294,36 @@ class FOLB(CheckedFedAvg):
             )
         config[SERVER_ROUND] = server_round
         config[PROXIMAL_MU] = self.proximal_mu
-        draws = _RoundDraws(
-            server_round, arrays, self._draw(node_ids, server_round, TRAIN_STREAM)
-        )
+        train_draws = self._draw(node_ids, server_round, TRAIN_STREAM)
+        reference_draws: Counter[int] = Counter()
+        reference_gradients: dict[int, tuple[ArrayRecord, float]] = {}
         if self.mode == "two-set":
-            draws.reference_draws = self._draw(node_ids, server_round, REFERENCE_STREAM)
-            draws.reference_gradients = self._query_gradients(
-                [
-                    node
-                    for node in draws.reference_draws
-                    if node not in draws.train_draws
-                ],
+            reference_draws = self._draw(node_ids, server_round, REFERENCE_STREAM)
+            reference_gradients = self._query_gradients(
+                [node for node in reference_draws if node not in train_draws],
                 arrays,
                 config,
                 grid,
             )
-        self._round = draws
+        self.keep_plan(
+            FolbPlan(
+                server_round,
+                arrays,
+                frozenset(train_draws),
+                train_draws,
+                reference_draws,
+                reference_gradients,
+            )
+        )
         log(
             INFO,
             "configure_train: %d draws -> %d distinct nodes train (out of %d)",
             self.clients_per_round,
-            len(draws.train_draws),
+            len(train_draws),
             len(node_ids),
         )
-        return node_messages(
-            dict.fromkeys(draws.train_draws, config),
-            MessageType.TRAIN,
-            arrays,
-            self.arrayrecord_key,
-            self.configrecord_key,
+        return self.build_messages(
+            dict.fromkeys(train_draws, config), MessageType.TRAIN, arrays
         )
 
     def _draw(
@@ -385,12 +351,8 @@ class FOLB(CheckedFedAvg):
         """``S2``'s gradients at ``arrays`` and ``n_j`` (1 if uniform), by node."""
         if not node_ids:
             return {}
-        answers = send_query(
-            grid,
-            dict.fromkeys(node_ids, config),
-            FOLB_GRADIENT_QUERY,
-            arrays,
-            self.query_timeout,
+        answers = self.query(
+            grid, dict.fromkeys(node_ids, config), FOLB_GRADIENT_QUERY, arrays
         )
         checked = check_replies(
             answers.values(),
@@ -417,11 +379,16 @@ class FOLB(CheckedFedAvg):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """``w^t + sum_k a_k dw_k`` with FOLB's weights ``a_k`` (eq. 13, 9 or 18)."""
-        draws = self._round
-        if draws is None or draws.server_round != server_round:
-            log(WARNING, "aggregate_train: round %d was not configured", server_round)
+        draws = self.plan_for(server_round)
+        if draws is None:
             return None, None
-        usable = self._usable_replies(replies, draws)
+        usable = check_replies(
+            replies,
+            metric_keys=(FOLB_GAMMA,),
+            nonnegative_keys=(FOLB_GAMMA, self.weighted_by_key),
+            expected_arrays={FOLB_UPDATE: draws.arrays, FOLB_GRADIENT: draws.arrays},
+            expected_nodes=draws.nodes,
+        )
         if not usable:
             log(WARNING, "aggregate_train: no usable reply; model unchanged")
             return None, None
@@ -440,33 +407,12 @@ class FOLB(CheckedFedAvg):
             lambda arrays: arrays[0] + weighted_sum(arrays[1:], step_weights),
             draws.arrays,
         )
-        metrics = self.train_metrics_aggr_fn(
-            [_metric_content(reply) for reply in usable],
-            self.weighted_by_key,
-        )
+        metrics = self.train_metrics(usable)
         metrics[FOLB_FALLBACK] = int(result.fallback_reason is not None)
         metrics[FOLB_NEGATIVE_WEIGHTS] = int(np.sum(result.weights < 0))
         return new_arrays, metrics
 
-    def _usable_replies(
-        self, replies: Iterable[Message], draws: _RoundDraws
-    ) -> list[CheckedReply]:
-        """Checked replies from nodes of this round's ``S``."""
-        checked = check_replies(
-            replies,
-            metric_keys=(FOLB_GAMMA,),
-            nonnegative_keys=(FOLB_GAMMA, self.weighted_by_key),
-            expected_arrays={FOLB_UPDATE: draws.arrays, FOLB_GRADIENT: draws.arrays},
-        )
-        usable = []
-        for reply in checked:
-            if reply.node_id in draws.train_draws:
-                usable.append(reply)
-            else:
-                log(WARNING, "aggregate_train: node %d was not sampled", reply.node_id)
-        return usable
-
-    def _weights(self, usable: list[CheckedReply], draws: _RoundDraws) -> FolbWeights:
+    def _weights(self, usable: list[CheckedReply], draws: FolbPlan) -> FolbWeights:
         """FOLB's weights for the usable replies (multiplicities, ``n_k`` included)."""
         gradients = {
             reply.node_id: (reply.arrays[FOLB_GRADIENT], self._sample_count(reply))
@@ -522,12 +468,6 @@ def _clipped_gamma(reply: CheckedReply) -> float:
             gamma,
         )
     return min(gamma, 1.0)
-
-
-def _metric_content(reply: CheckedReply) -> RecordDict:
-    """The reply's metrics as the content Flower's metric aggregators read."""
-    metrics: dict[str, int | float | list[int] | list[float]] = dict(reply.metrics)
-    return RecordDict({"metrics": MetricRecord(metrics)})
 
 
 METHOD = MethodSpec(

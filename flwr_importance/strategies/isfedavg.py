@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from logging import INFO, WARNING
+from typing import TYPE_CHECKING
 
 import numpy as np
-from flwr.app import (
-    ArrayRecord,
-    ConfigRecord,
-    Message,
-    MessageType,
-    MetricRecord,
-    RecordDict,
-)
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from numpy.typing import NDArray
@@ -33,29 +27,34 @@ from flwr_importance.protocol import (
     ISFEDAVG_MIN_RELATIVE_SAMPLE_PROB,
     ISFEDAVG_NUM_CLIENTS,
     ISFEDAVG_SIGMA2,
-    NUM_EXAMPLES,
     SERVER_ROUND,
 )
 from flwr_importance.registry import CannedVariant, MethodSpec
 from flwr_importance.sampling import systematic_sample
-from flwr_importance.strategies.common import (
-    CheckedFedAvg,
-    CheckedReply,
-    check_replies,
-    combine_arrays,
-    connected_nodes,
-    node_messages,
-    warn_if_fewer_nodes,
+from flwr_importance.strategies.arrays import combine_arrays
+from flwr_importance.strategies.base import (
+    ImportanceStrategy,
+    MetricsAggregation,
+    RoundPlan,
+    StrategyOptions,
+    check_count,
+    log_settings,
 )
+from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
+from flwr_importance.strategies.replies import CheckedReply, check_replies
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 #: Default floor on a sample's probability ``p_n``, as a fraction of ``1/N_k``.
 DEFAULT_MIN_RELATIVE_SAMPLE_PROB = 0.1
 
 
-class ISFedAvg(CheckedFedAvg):
-    """ISFedAvg (Rizk, Vlaski, Sayed, "Optimal Importance Sampling for
-    Federated Learning", ICASSP 2021), Algorithm 1 with the probabilities of
-    eq. 28-29.
+class ISFedAvg(ImportanceStrategy[RoundPlan]):
+    """ISFedAvg, two-level importance sampling of clients and of their data.
+
+    Rizk, Vlaski, Sayed, "Optimal Importance Sampling for Federated Learning",
+    ICASSP 2021, Algorithm 1 with the probabilities of eq. 28-29.
 
     The server keeps a normalized inclusion probability ``p_k`` per node (sum
     1, uniform at first) and each round selects ``L`` distinct nodes with
@@ -96,7 +95,7 @@ class ISFedAvg(CheckedFedAvg):
 
     Parameters
     ----------
-    clients_per_round : int (default: 10)
+    clients_per_round : int
         ``L``; fewer when fewer nodes are connected.
     local_steps_range : tuple of int (default: (1, 5))
         Inclusive range of ``E_k``.
@@ -110,12 +109,14 @@ class ISFedAvg(CheckedFedAvg):
     min_relative_sample_prob : float (default: 0.1)
         Floor on every client's ``p_n`` as a fraction of ``1/N_k``, sent to the
         clients, in ``(0, 1]``.
-    seed : int (default: 0)
-        Seeds client selection and the ``E_k``/``B_k`` draws.
-    fraction_evaluate, min_evaluate_nodes, min_available_nodes, weighted_by_key,
-    arrayrecord_key, configrecord_key, train_metrics_aggr_fn,
-    evaluate_metrics_aggr_fn
-        As in Flower's ``FedAvg`` (evaluation sampling is FedAvg's, uniform).
+    train_metrics_aggr_fn : callable, optional
+        Averages the train replies' metrics, weighted by ``weighted_by_key``
+        (as in Flower's ``FedAvg``).
+    **options
+        The shared settings of
+        :class:`~flwr_importance.strategies.base.ImportanceStrategy`, with its
+        defaults: ``seed`` seeds client selection and the ``E_k``/``B_k``
+        draws; ``query_timeout`` does not apply (ISFedAvg sends no query).
 
     Client contract
     ---------------
@@ -137,32 +138,22 @@ class ISFedAvg(CheckedFedAvg):
     other metrics. A reply that fails these checks is logged and left out.
     """
 
+    unused_settings = frozenset({"query_timeout"})
+
     # pylint: disable=too-many-arguments
     def __init__(
         self,
-        clients_per_round: int = 10,
         *,
+        clients_per_round: int,
         local_steps_range: tuple[int, int] = (1, 5),
         batch_size_range: tuple[int, int] = (1, 10),
         uniform: bool = False,
         min_relative_client_prob: float = DEFAULT_MIN_RELATIVE_CLIENT_PROB,
         min_relative_sample_prob: float = DEFAULT_MIN_RELATIVE_SAMPLE_PROB,
-        seed: int = 0,
-        fraction_evaluate: float = 1.0,
-        min_evaluate_nodes: int = 2,
-        min_available_nodes: int = 2,
-        weighted_by_key: str = NUM_EXAMPLES,
-        arrayrecord_key: str = "arrays",
-        configrecord_key: str = "config",
-        train_metrics_aggr_fn: (
-            Callable[[list[RecordDict], str], MetricRecord] | None
-        ) = None,
-        evaluate_metrics_aggr_fn: (
-            Callable[[list[RecordDict], str], MetricRecord] | None
-        ) = None,
+        train_metrics_aggr_fn: MetricsAggregation | None = None,
+        **options: Unpack[StrategyOptions],
     ) -> None:
-        if clients_per_round < 1:
-            raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
+        self.clients_per_round = check_count("clients_per_round", clients_per_round)
         for name, (low, high) in (
             ("local_steps_range", local_steps_range),
             ("batch_size_range", batch_size_range),
@@ -175,52 +166,34 @@ class ISFedAvg(CheckedFedAvg):
         ):
             if not 0 < floor <= 1:
                 raise ValueError(f"{name} must lie in (0, 1], got {floor}")
-        super().__init__(
-            fraction_train=1.0,
-            fraction_evaluate=fraction_evaluate,
-            min_train_nodes=clients_per_round,
-            min_evaluate_nodes=min_evaluate_nodes,
-            min_available_nodes=min_available_nodes,
-            weighted_by_key=weighted_by_key,
-            arrayrecord_key=arrayrecord_key,
-            configrecord_key=configrecord_key,
-            train_metrics_aggr_fn=train_metrics_aggr_fn,
-            evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
-        )
-        self.clients_per_round = clients_per_round
+        super().__init__(train_metrics_aggr_fn=train_metrics_aggr_fn, **options)
         self.local_steps_range = local_steps_range
         self.batch_size_range = batch_size_range
         self.uniform = uniform
         self.min_relative_client_prob = min_relative_client_prob
         self.min_relative_sample_prob = min_relative_sample_prob
-        self.seed = seed
-        self._rng = np.random.default_rng(seed)
         # Per-node state, keyed by node id.
         self.client_probs: dict[int, float] = {}
         self.local_steps: dict[int, int] = {}
         self.batch_sizes: dict[int, int] = {}
-        # What the current round sent, for aggregate_train.
-        self._sent_arrays: ArrayRecord | None = None
-        self._selected: set[int] = set()
 
     def summary(self) -> None:
-        """Log the ISFedAvg settings, then FedAvg's."""
-        log(INFO, "\t├──> ISFedAvg:")
-        log(INFO, "\t│\t├── Clients per round L: %d", self.clients_per_round)
-        log(
-            INFO,
-            "\t│\t├── E_k in %s, B_k in %s (drawn once per node)",
-            self.local_steps_range,
-            self.batch_size_range,
+        """Log the ISFedAvg settings, then the shared ones."""
+        log_settings(
+            "ISFedAvg",
+            {
+                "Clients per round L": self.clients_per_round,
+                "E_k, B_k ranges (drawn once per node)": (
+                    f"{self.local_steps_range}, {self.batch_size_range}"
+                ),
+                "Uniform probabilities": self.uniform,
+                "Floors": (
+                    f"p_k >= {self.min_relative_client_prob:g}/K, "
+                    f"p_n >= {self.min_relative_sample_prob:g}/N_k"
+                ),
+                "Train metrics weighted by": repr(self.weighted_by_key),
+            },
         )
-        log(INFO, "\t│\t├── Uniform probabilities: %s", self.uniform)
-        log(
-            INFO,
-            "\t│\t├── Floors: p_k >= %g/K, p_n >= %g/N_k",
-            self.min_relative_client_prob,
-            self.min_relative_sample_prob,
-        )
-        log(INFO, "\t│\t└── Seed: %d", self.seed)
         super().summary()
 
     # -- per-node state ----------------------------------------------------------
@@ -239,10 +212,10 @@ class ISFedAvg(CheckedFedAvg):
         for node in new_nodes:
             self.client_probs[node] = 1.0 / len(connected)
             self.local_steps[node] = int(
-                self._rng.integers(*self.local_steps_range, endpoint=True)
+                self.rng.integers(*self.local_steps_range, endpoint=True)
             )
             self.batch_sizes[node] = int(
-                self._rng.integers(*self.batch_size_range, endpoint=True)
+                self.rng.integers(*self.batch_size_range, endpoint=True)
             )
         if new_nodes:
             log(INFO, "ISFedAvg: %d new node(s) get a fair share", len(new_nodes))
@@ -279,9 +252,9 @@ class ISFedAvg(CheckedFedAvg):
         realized = realized_normalized_probs(
             self.probability_vector(node_ids), sample_size
         )
-        chosen = systematic_sample(sample_size * realized, self._rng)
-        self._selected = {node_ids[index] for index in chosen}
-        self._sent_arrays = arrays
+        chosen = systematic_sample(sample_size * realized, self.rng)
+        selected = frozenset(node_ids[index] for index in chosen)
+        self.keep_plan(RoundPlan(server_round, arrays, selected))
         log(
             INFO,
             "configure_train: sampled %d nodes (out of %d), p_k in [%.3g, %.3g]/K",
@@ -296,13 +269,7 @@ class ISFedAvg(CheckedFedAvg):
             )
             for index in chosen
         }
-        return node_messages(
-            node_configs,
-            MessageType.TRAIN,
-            arrays,
-            arrayrecord_key=self.arrayrecord_key,
-            configrecord_key=self.configrecord_key,
-        )
+        return self.build_messages(node_configs, MessageType.TRAIN, arrays)
 
     def _node_config(
         self,
@@ -327,55 +294,39 @@ class ISFedAvg(CheckedFedAvg):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Mean of the returned models (eq. 5), then eq. 28 for their nodes."""
-        checked = [
-            reply
-            for reply in check_replies(
-                replies,
-                nonnegative_keys=(
-                    ISFEDAVG_SIGMA2,
-                    ISFEDAVG_GRADIENT_SQ_NORM,
-                    self.weighted_by_key,
-                ),
-                expected_arrays=self._sent_arrays,
-                context="ISFedAvg aggregate_train",
-            )
-            if self._was_selected(reply)
-        ]
+        plan = self.plan_for(server_round)
+        if plan is None:
+            return None, None
+        checked = check_replies(
+            replies,
+            nonnegative_keys=(
+                ISFEDAVG_SIGMA2,
+                ISFEDAVG_GRADIENT_SQ_NORM,
+                self.weighted_by_key,
+            ),
+            expected_arrays=plan.arrays,
+            # A selected node that left since keeps no probability to update.
+            expected_nodes=plan.nodes & self.client_probs.keys(),
+            context="ISFedAvg aggregate_train",
+        )
         if not checked:
             log(WARNING, "aggregate_train: no usable reply, the model is unchanged")
             return None, None
-        if len(checked) < len(self._selected):
+        if len(checked) < len(plan.nodes):
             log(
                 INFO,
                 "aggregate_train: %d of %d selected nodes returned a usable model; "
                 "averaging those",
                 len(checked),
-                len(self._selected),
+                len(plan.nodes),
             )
         # The model sent fixes the keys and dtypes of the aggregate.
-        template = self._sent_arrays or checked[0].array_record
         arrays = combine_arrays(
-            [reply.array_record for reply in checked], mean, template
+            [reply.array_record for reply in checked], mean, plan.arrays
         )
         if not self.uniform:
             self._update_probabilities(checked)
-        metrics = self.train_metrics_aggr_fn(
-            [RecordDict({"metrics": _metric_record(reply)}) for reply in checked],
-            self.weighted_by_key,
-        )
-        return arrays, metrics
-
-    def _was_selected(self, reply: CheckedReply) -> bool:
-        """Whether the reply's node was selected this round (else logged)."""
-        if reply.node_id in self._selected and reply.node_id in self.client_probs:
-            return True
-        log(
-            WARNING,
-            "ISFedAvg aggregate_train: reply from node %d excluded: it was not "
-            "selected this round",
-            reply.node_id,
-        )
-        return False
+        return arrays, self.train_metrics(checked)
 
     def _update_probabilities(self, checked: list[CheckedReply]) -> None:
         """Eq. 28 over the nodes that answered; the others keep their ``p_k``."""
@@ -392,12 +343,6 @@ class ISFedAvg(CheckedFedAvg):
             self.min_relative_client_prob,
         )
         self.client_probs.update(zip(node_ids, updated.tolist(), strict=True))
-
-
-def _metric_record(reply: CheckedReply) -> MetricRecord:
-    """The reply's metrics as a MetricRecord (for Flower's metric averaging)."""
-    values: dict[str, int | float | list[int] | list[float]] = dict(reply.metrics)
-    return MetricRecord(values)
 
 
 METHOD = MethodSpec(

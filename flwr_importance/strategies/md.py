@@ -38,14 +38,11 @@ class MDSampling(MultisetSampling):
     ----------
     clients_per_round : int
         ``m``, draws per round.
-    seed : int
-        Seed of the server's draws.
-    query_timeout : float
-        Seconds to wait for the replies to ``query.sizes``.
-    fraction_evaluate, min_evaluate_nodes, min_available_nodes
-        As in Flower's ``FedAvg``.
-    arrayrecord_key, configrecord_key
-        Keys of the model and the config in the messages sent.
+    **options
+        The shared settings of
+        :class:`~flwr_importance.strategies.base.ImportanceStrategy`, with its
+        defaults (``seed`` seeds the draws, ``query_timeout`` bounds the wait
+        for the replies to ``query.sizes``).
 
     Notes
     -----
@@ -78,11 +75,11 @@ class MDSampling(MultisetSampling):
 #: Section 4.3): ``m`` draws with ``P(k) = n_k / sum_l n_l``, weight
 #: ``count_k / m``, which is MD sampling, so the name is bound to
 #: :class:`MDSampling` (same draws for the same seed as the former class).
-#: Compared with that former class: ``seed`` is keyword-only, the round
+#: Compared with that former class: every argument is keyword-only, the round
 #: metrics are ``distinct-clients`` and ``aggregated-draws`` (were
 #: ``num-distinct-clients`` and ``num-updates``), train replies must carry
-#: ``num-examples`` (it refreshes the size), and the defaults are MD's:
-#: ``fraction_evaluate=1.0`` (was 0.0), ``min_available_nodes=1`` (was 2).
+#: ``num-examples`` (it refreshes the size), and the defaults are the shared
+#: ones: ``fraction_evaluate=1.0`` (was 0.0), ``min_available_nodes=1`` (was 2).
 SizeWeightedSampling = MDSampling
 
 
@@ -105,7 +102,6 @@ METHOD = MethodSpec(
         ),
     ),
     smoke={"partitioning": "iid"},
-    legacy="flwr_importance.compat.md:MDSampling",
     # FedSampling's comparisons call it size-weighted client sampling.
     app_aliases=("sizeweighted",),
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from logging import INFO
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -32,20 +32,30 @@ from flwr_importance.protocol import (
 )
 from flwr_importance.registry import CannedVariant, MethodSpec
 from flwr_importance.sampling import assign_models, estimator_variance, mmfl_probs
-from flwr_importance.strategies.common import (
-    CheckedFedAvg,
-    connected_nodes,
-    warn_if_fewer_nodes,
+from flwr_importance.strategies.base import (
+    StrategyOptions,
+    check_choice,
+    check_count,
+    log_settings,
 )
-from flwr_importance.strategies.ocs import (
-    RoundPlan,
-    query_matrix,
-    train_messages,
-    unbiased_step,
-)
+from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
+from flwr_importance.strategies.ocs import SamplePlan, UnbiasedSampling
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 Variant = Literal["gradnorm", "loss", "random", "round-robin"]
 VARIANTS: tuple[Variant, ...] = get_args(Variant)
+
+#: A round's sample: population, ``d``, ``p``, node -> model, and the scores
+#: ``d * ||U||`` when they are update norms (else None).
+_Sample = tuple[
+    list[int],
+    NDArray[np.float64],
+    NDArray[np.float64],
+    dict[int, int],
+    NDArray[np.float64] | None,
+]
 
 #: Separates the model prefix from a parameter name in a packed ArrayRecord.
 PACKED_SEPARATOR = "/"
@@ -90,7 +100,7 @@ def unpack_models(packed: ArrayRecord) -> list[ArrayRecord]:
     return [ArrayRecord.from_array_dict(grouped[index]) for index in sorted(grouped)]
 
 
-class MultiModelSampling(CheckedFedAvg):
+class MultiModelSampling(UnbiasedSampling):
     """Train ``S`` models at once, each client training at most one per round.
 
     Zhang et al. 2024 (Algorithm 1 and eq. 5; docs/methods.md §5). Client
@@ -132,12 +142,14 @@ class MultiModelSampling(CheckedFedAvg):
     variant : {"gradnorm", "loss", "random", "round-robin"}, default "gradnorm"
     server_lr : float, default 1.0
         Server step on the estimate.
-    seed : int, default 0
-        Seeds the server's draws.
-    min_available_nodes : int, default 1
-        Rounds with fewer connected nodes are skipped (logged).
-    query_timeout : float, default 600.0
-        Seconds to wait for query replies.
+    **options
+        The shared settings of
+        :class:`~flwr_importance.strategies.base.ImportanceStrategy`, with its
+        defaults except ``fraction_evaluate``: 0.0, and any other value is
+        refused (see :attr:`no_federated_evaluation`). ``seed`` seeds the
+        draws, ``query_timeout`` bounds the wait for query replies;
+        ``arrayrecord_key`` does not apply (the models travel as
+        ``model-<s>``, as the protocol names them).
 
     Client contract (:mod:`flwr_importance.clientapps.optimal`)
     -----------------------------------------------------------
@@ -158,67 +170,50 @@ class MultiModelSampling(CheckedFedAvg):
     round's updates under ``p`` and under ``m / (N S)``).
     """
 
+    no_federated_evaluation = (
+        "MultiModelSampling trains S models, packed in one ArrayRecord; Flower's "
+        "evaluate messages carry one model, so evaluate each model on the server "
+        "(evaluate_fn) instead"
+    )
+    unused_settings = frozenset({"arrayrecord_key"})
+
     def __init__(
         self,
+        *,
         num_models: int,
         clients_per_round: int,
-        *,
         variant: Variant = "gradnorm",
         server_lr: float = 1.0,
-        seed: int = 0,
-        min_available_nodes: int = 1,
-        query_timeout: float = 600.0,
+        **options: Unpack[StrategyOptions],
     ) -> None:
-        if num_models < 1 or clients_per_round < 1:
-            raise ValueError(
-                f"need num_models >= 1 and clients_per_round >= 1, got "
-                f"{num_models} and {clients_per_round}"
-            )
-        if variant not in VARIANTS:
-            raise ValueError(f"unknown variant {variant!r}; valid: {VARIANTS}")
-        if server_lr <= 0:
-            raise ValueError(f"server_lr must be > 0, got {server_lr}")
-        super().__init__(
-            fraction_train=1.0,
-            fraction_evaluate=0.0,
-            min_available_nodes=min_available_nodes,
-        )
-        self.num_models = num_models
-        self.clients_per_round = clients_per_round
+        self.num_models = check_count("num_models", num_models)
+        check_choice("variant", variant, VARIANTS)
         self.variant = variant
-        self.server_lr = server_lr
-        self.seed = seed
-        self.query_timeout = query_timeout
-        self._rng = np.random.default_rng(seed)
+        super().__init__(
+            clients_per_round=clients_per_round, server_lr=server_lr, **options
+        )
         self._known_sizes: dict[int, NDArray[np.float64]] = {}
-        self._plan: RoundPlan | None = None
-        self._models: list[ArrayRecord] = []
-        self._norms: NDArray[np.float64] | None = None
-
-    @property
-    def plan(self) -> RoundPlan | None:
-        """The current round's sample and probabilities (None before round 1)."""
-        return self._plan
 
     def summary(self) -> None:
-        """Log the method's parameters."""
-        log(INFO, "\t├──> MultiModelSampling (%s):", self.variant)
-        log(INFO, "\t│\t├── models S: %d", self.num_models)
-        log(INFO, "\t│\t├── expected active clients m: %d", self.clients_per_round)
-        log(INFO, "\t│\t├── server lr: %g", self.server_lr)
-        log(INFO, "\t│\t└── seed: %d", self.seed)
+        """Log the method's parameters, then the shared ones."""
+        log_settings(
+            f"MultiModelSampling ({self.variant})",
+            {
+                "Models S": self.num_models,
+                "Expected active clients m": self.clients_per_round,
+                "Server lr": f"{self.server_lr:g}",
+            },
+        )
         super().summary()
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Compute ``p_{s|i}`` for the variant, assign models, build messages."""
-        self._plan, self._norms = None, None
-        self._models = unpack_models(arrays)
-        if len(self._models) != self.num_models:
+        models = tuple(unpack_models(arrays))
+        if len(models) != self.num_models:
             raise ValueError(
-                f"{len(self._models)} packed models, strategy built for "
-                f"{self.num_models}"
+                f"{len(models)} packed models, strategy built for {self.num_models}"
             )
         node_ids = connected_nodes(grid, self.min_available_nodes)
         warn_if_fewer_nodes(
@@ -228,82 +223,84 @@ class MultiModelSampling(CheckedFedAvg):
         )
         query_config = ConfigRecord({**dict(config), SERVER_ROUND: server_round})
         if self.variant in ("gradnorm", "loss"):
-            self._plan = self._optimal_plan(server_round, node_ids, query_config, grid)
+            sample = self._optimal_sample(node_ids, query_config, models, grid)
         else:
-            self._plan = self._baseline_plan(server_round, node_ids, grid)
+            sample = self._baseline_sample(server_round, node_ids, grid)
+        population, fractions, probs, assigned, scores = sample
+        plan = SamplePlan(
+            server_round,
+            arrays,
+            frozenset(assigned),
+            tuple(population),
+            fractions,
+            probs,
+            assigned,
+            models,
+            scores,
+        )
+        self.keep_plan(plan)
         log(
             INFO,
             "configure_train: %d of %d nodes active, per model %s",
-            len(self._plan.assigned),
-            len(self._plan.node_ids),
-            np.bincount(list(self._plan.assigned.values()), minlength=self.num_models),
+            len(assigned),
+            len(population),
+            np.bincount(list(assigned.values()), minlength=self.num_models),
         )
-        kept = self.variant == "gradnorm"
-        return train_messages(self._plan, config, None if kept else self._models)
+        return self.train_messages(plan, config, send_models=self.variant != "gradnorm")
 
-    def _optimal_plan(
-        self, server_round: int, node_ids: list[int], config: ConfigRecord, grid: Grid
-    ) -> RoundPlan:
+    def _optimal_sample(
+        self,
+        node_ids: list[int],
+        config: ConfigRecord,
+        models: Sequence[ArrayRecord],
+        grid: Grid,
+    ) -> _Sample:
         """``p = mmfl_probs(d * score, m)`` from a norm or loss query."""
         action, score_key = (
             (NORM_QUERY, UPDATE_NORM)
             if self.variant == "gradnorm"
             else (LOSS_QUERY, LOSS)
         )
-        models = {model_record_name(s): model for s, model in enumerate(self._models)}
-        answered, (scores, sizes) = query_matrix(
+        answered, (scores, sizes) = self.query_matrix(
             grid,
-            node_ids,
+            dict.fromkeys(node_ids, config),
             action,
-            config,
             [score_key, NUM_EXAMPLES],
             self.num_models,
-            models,
-            self.query_timeout,
+            {model_record_name(s): model for s, model in enumerate(models)},
         )
         fractions = size_fractions(sizes)
         weighted_scores = fractions * scores
         probs = mmfl_probs(weighted_scores, self.clients_per_round)
-        if self.variant == "gradnorm":
-            self._norms = weighted_scores
-        return self._plan_from(server_round, answered, fractions, probs)
-
-    def _plan_from(
-        self,
-        server_round: int,
-        node_ids: Sequence[int],
-        fractions: NDArray[np.float64],
-        probs: NDArray[np.float64],
-    ) -> RoundPlan:
-        models = assign_models(probs, self._rng)
+        drawn = assign_models(probs, self.rng)
         assigned = {
-            node_ids[int(row)]: int(models[row]) for row in np.flatnonzero(models >= 0)
+            answered[int(row)]: int(drawn[row]) for row in np.flatnonzero(drawn >= 0)
         }
-        return RoundPlan(server_round, tuple(node_ids), fractions, probs, assigned)
+        # Only update norms make the estimator's variance known.
+        norms = weighted_scores if self.variant == "gradnorm" else None
+        return answered, fractions, probs, assigned, norms
 
-    def _baseline_plan(
+    def _baseline_sample(
         self, server_round: int, node_ids: list[int], grid: Grid
-    ) -> RoundPlan:
+    ) -> _Sample:
         """``m`` clients without replacement; a random or rotating model each."""
         unknown = [node_id for node_id in node_ids if node_id not in self._known_sizes]
         if unknown:
-            answered, (sizes,) = query_matrix(
+            answered, (sizes,) = self.query_matrix(
                 grid,
-                unknown,
+                dict.fromkeys(unknown, ConfigRecord({NUM_MODELS: self.num_models})),
                 SIZES_QUERY,
-                ConfigRecord({NUM_MODELS: self.num_models}),
                 [NUM_EXAMPLES],
                 self.num_models,
-                timeout=self.query_timeout,
             )
             self._known_sizes.update(zip(answered, sizes, strict=True))
         population = [node_id for node_id in node_ids if node_id in self._known_sizes]
         fractions = size_fractions([self._known_sizes[node] for node in population])
         fractions = fractions.reshape(len(population), self.num_models)
         num_active = min(self.clients_per_round, len(population))
-        active = self._rng.choice(len(population), size=num_active, replace=False)
+        active = self.rng.choice(len(population), size=num_active, replace=False)
         if self.variant == "random":
-            models = self._rng.integers(self.num_models, size=num_active)
+            models = self.rng.integers(self.num_models, size=num_active)
         else:
             models = np.array(
                 [(population[row] + server_round) % self.num_models for row in active]
@@ -318,36 +315,29 @@ class MultiModelSampling(CheckedFedAvg):
             population[row]: int(model)
             for row, model in zip(active, models, strict=True)
         }
-        return RoundPlan(server_round, tuple(population), fractions, probs, assigned)
+        return population, fractions, probs, assigned, None
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Apply ``w_s + server_lr * sum_{i in A_s} (d_is / p_is) U_is`` per model."""
-        if self._plan is None:
+        plan = self.plan_for(server_round)
+        if plan is None:
             return None, None
-        new_models, metrics = unbiased_step(
-            self._plan, replies, self._models, self.server_lr
-        )
-        metrics["expected-participants"] = float(self._plan.probs.sum())
+        new_models, metrics = self.unbiased_step(plan, replies)
+        metrics["expected-participants"] = float(plan.probs.sum())
+        norms = plan.scores
         # No population: every node failed its query; nothing to compare.
-        if self._norms is not None and self._norms.shape[0] > 0:
-            population = self._norms.shape[0]
+        if norms is not None and norms.shape[0] > 0:
             random_probs = np.full_like(
-                self._norms,
+                norms,
                 uniform_assignment_prob(
-                    population, self.num_models, self.clients_per_round
+                    norms.shape[0], self.num_models, self.clients_per_round
                 ),
             )
-            metrics["variance"] = estimator_variance(self._norms, self._plan.probs)
-            metrics["random-variance"] = estimator_variance(self._norms, random_probs)
+            metrics["variance"] = estimator_variance(norms, plan.probs)
+            metrics["random-variance"] = estimator_variance(norms, random_probs)
         return pack_models(new_models), MetricRecord(dict(metrics))
-
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """No federated evaluation: each model is evaluated centrally."""
-        return []
 
 
 METHOD = MethodSpec(

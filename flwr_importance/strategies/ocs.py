@@ -3,8 +3,8 @@
 Chen, Horváth, Richtárik, "Optimal Client Sampling for Federated Learning"
 (TMLR 2022), as used by Zhang et al. (ICDCS 2024 poster); specification in
 docs/methods.md §5. The round plumbing shared with the multi-model strategy
-(:mod:`flwr_importance.strategies.mmfl`) lives here too: the single model is
-the case ``S = 1`` of the same client contract
+(:mod:`flwr_importance.strategies.mmfl`), :class:`UnbiasedSampling`, lives
+here too: the single model is the case ``S = 1`` of the same client contract
 (:mod:`flwr_importance.clientapps.optimal`).
 """
 
@@ -13,16 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
+from typing import TYPE_CHECKING
 
 import numpy as np
-from flwr.app import (
-    ArrayRecord,
-    ConfigRecord,
-    Message,
-    MessageType,
-    MetricRecord,
-    RecordDict,
-)
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from numpy.typing import NDArray
@@ -48,26 +42,32 @@ from flwr_importance.sampling import (
     optimal_client_probs,
     poisson_sample,
 )
-from flwr_importance.strategies.common import (
-    CheckedFedAvg,
+from flwr_importance.strategies.arrays import combine_arrays
+from flwr_importance.strategies.base import (
+    ImportanceStrategy,
+    RoundPlan,
+    StrategyOptions,
+    check_count,
+    check_positive,
+    log_settings,
+)
+from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
+from flwr_importance.strategies.replies import (
     CheckedReply,
     array_record_problem,
     check_replies,
-    combine_arrays,
-    connected_nodes,
-    send_query,
-    warn_if_fewer_nodes,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 @dataclass(frozen=True)
-class RoundPlan:
+class SamplePlan(RoundPlan):
     """One round's sample: who trains which model, with which ``d`` and ``p``.
 
     Attributes
     ----------
-    server_round : int
-        The round the plan belongs to; replies are matched against it.
     node_ids : tuple of int
         The round's population (the nodes that answered the query), in the row
         order of ``fractions`` and ``probs``.
@@ -76,171 +76,209 @@ class RoundPlan:
     probs : NDArray
         ``p_{s|i}``, shape ``(N, S)``: P(node i trains model s this round).
     assigned : Mapping[int, int]
-        The sampled nodes and the model each trains.
+        The sampled nodes (``nodes``) and the model each trains.
+    models : tuple of ArrayRecord
+        The ``S`` models the round started from.
+    scores : NDArray or None
+        ``u_{i,s} = d_{i,s} ||U_{i,s}||`` when the round measured the update
+        norms (the estimator's variance is then known), else None.
     """
 
-    server_round: int
     node_ids: tuple[int, ...]
     fractions: NDArray[np.float64]
     probs: NDArray[np.float64]
     assigned: Mapping[int, int]
+    models: tuple[ArrayRecord, ...]
+    scores: NDArray[np.float64] | None
 
     def row_of(self, node_id: int) -> int:
         """The matrix row of ``node_id``."""
         return self.node_ids.index(node_id)
 
 
-def query_matrix(
-    grid: Grid,
-    node_ids: Sequence[int],
-    action: str,
-    config: ConfigRecord,
-    metric_prefixes: Sequence[str],
-    num_models: int,
-    models: Mapping[str, ArrayRecord] | None = None,
-    timeout: float = 600.0,
-) -> tuple[list[int], list[NDArray[np.float64]]]:
-    """Send ``query.<action>``; return the good repliers and their metrics.
+class UnbiasedSampling(ImportanceStrategy[SamplePlan]):
+    """Clients sampled with known probabilities, models stepped without bias.
 
-    Every reply must carry ``<prefix>-<s>`` (:func:`per_model_key`) for each
-    prefix and model ``s`` as
-    a finite nonnegative number; a reply that does not is logged and left out.
+    The plumbing OCS and MMFL share: a ``query.<action>`` whose replies give
+    a ``(N, S)`` matrix per metric (:meth:`query_matrix`), ``train`` messages
+    for a :class:`SamplePlan` (:meth:`train_messages`) and the unbiased step
+    ``w_s + server_lr * sum_{i in A_s} (d_is / p_is) U_is`` per model
+    (:meth:`unbiased_step`).
 
-    Returns
-    -------
-    tuple
-        The node ids that answered well (sorted), and for each prefix a matrix
-        of shape ``(len(node_ids), num_models)`` of their values.
+    Parameters
+    ----------
+    clients_per_round : int
+        ``m``, the expected number of participants over all models.
+    server_lr : float
+        Server step on the estimate.
+    **options
+        The shared settings of :class:`ImportanceStrategy`.
     """
-    replies = send_query(
-        grid,
-        dict.fromkeys(node_ids, config),
-        action,
-        models,
-        timeout,
-    )
-    keys = [
-        per_model_key(prefix, s)
-        for prefix in metric_prefixes
-        for s in range(num_models)
-    ]
-    checked = sorted(
-        check_replies(
-            replies.values(), nonnegative_keys=keys, context=query_message_type(action)
-        ),
-        key=lambda reply: reply.node_id,
-    )
-    matrices = [
-        np.array(
-            [
-                [reply.metrics[per_model_key(prefix, s)] for s in range(num_models)]
-                for reply in checked
-            ],
-            dtype=np.float64,
-        ).reshape(len(checked), num_models)
-        for prefix in metric_prefixes
-    ]
-    return [reply.node_id for reply in checked], matrices
 
+    def __init__(
+        self,
+        *,
+        clients_per_round: int,
+        server_lr: float = 1.0,
+        **options: Unpack[StrategyOptions],
+    ) -> None:
+        self.clients_per_round = check_count("clients_per_round", clients_per_round)
+        self.server_lr = check_positive("server_lr", server_lr)
+        super().__init__(**options)
 
-def train_messages(
-    plan: RoundPlan,
-    config: ConfigRecord,
-    models: Sequence[ArrayRecord] | None,
-) -> list[Message]:
-    """``train`` messages for the plan's sampled nodes.
+    def query_matrix(
+        self,
+        grid: Grid,
+        node_configs: Mapping[int, ConfigRecord],
+        action: str,
+        metric_prefixes: Sequence[str],
+        num_models: int,
+        models: Mapping[str, ArrayRecord] | None = None,
+    ) -> tuple[list[int], list[NDArray[np.float64]]]:
+        """The nodes that answered ``query.<action>`` well, and their metrics.
 
-    With ``models`` each node receives its model (``model-<s>``) and trains it
-    now; without, it sends the update it kept from this round's ``query.norm``
-    (``kept-update = true``), so no model travels down.
-    """
-    messages = []
-    for node_id, model_index in plan.assigned.items():
-        node_config = ConfigRecord(
-            {
-                **dict(config),
-                SERVER_ROUND: plan.server_round,
-                MODEL_INDEX: model_index,
-                KEPT_UPDATE: models is None,
-            }
-        )
-        content = RecordDict({"config": node_config})
-        if models is not None:
-            content[model_record_name(model_index)] = models[model_index]
-        messages.append(Message(content, node_id, MessageType.TRAIN))
-    return messages
+        Every reply must carry ``<prefix>-<s>`` (:func:`per_model_key`) for
+        each prefix and model ``s`` as a finite nonnegative number; a reply
+        that does not is logged and left out.
 
-
-def unbiased_step(
-    plan: RoundPlan,
-    replies: Iterable[Message],
-    models: Sequence[ArrayRecord],
-    server_lr: float,
-) -> tuple[list[ArrayRecord], dict[str, float]]:
-    """Apply ``w_s + server_lr * sum_{i in A_s} (d_is / p_is) U_is`` per model.
-
-    Replies that fail :func:`check_replies`, come from a node the plan did not
-    sample, or report another model than assigned are logged and skipped: the
-    round then misses their term (nothing is made up for them) and no NaN can
-    reach a model. A model without a usable reply keeps its weights.
-
-    Returns
-    -------
-    tuple
-        The new models and the round's metrics: ``num-sampled``,
-        ``num-received``, ``num-received-<s>`` (S > 1 only) and ``train-loss``
-        (mean over the usable replies, when there are any).
-    """
-    usable: list[CheckedReply] = []
-    for reply in check_replies(
-        replies,
-        metric_keys=[TRAIN_LOSS, MODEL_INDEX],
-        nonnegative_keys=[NUM_EXAMPLES],
-    ):
-        model_index = plan.assigned.get(reply.node_id)
-        if model_index is None or reply.metrics[MODEL_INDEX] != model_index:
-            log(
-                WARNING,
-                "aggregate_train: reply from node %d excluded: not sampled for "
-                "model %s this round",
-                reply.node_id,
-                reply.metrics[MODEL_INDEX],
-            )
-            continue
-        problem = _update_problem(reply, models[model_index])
-        if problem is not None:
-            log(
-                WARNING,
-                "aggregate_train: reply from node %d excluded: %s",
-                reply.node_id,
-                problem,
-            )
-            continue
-        usable.append(reply)
-    new_models = list(models)
-    metrics: dict[str, float] = {
-        "num-sampled": len(plan.assigned),
-        "num-received": len(usable),
-    }
-    for model_index, model in enumerate(models):
-        group = [
-            reply for reply in usable if plan.assigned[reply.node_id] == model_index
+        Returns
+        -------
+        tuple
+            The node ids that answered well (sorted), and for each prefix a
+            matrix of shape ``(len(node_ids), num_models)`` of their values.
+        """
+        replies = self.query(grid, node_configs, action, models)
+        keys = [
+            per_model_key(prefix, s)
+            for prefix in metric_prefixes
+            for s in range(num_models)
         ]
-        if len(models) > 1:
-            metrics[f"num-received-{model_index}"] = len(group)
-        if not group:
-            continue
-        rows = [plan.row_of(reply.node_id) for reply in group]
-        new_models[model_index] = _stepped_model(
-            model,
-            [reply.arrays[UPDATE_RECORD] for reply in group],
-            plan.fractions[rows, model_index],
-            plan.probs[rows, model_index],
-            server_lr,
+        checked = sorted(
+            check_replies(
+                replies.values(),
+                nonnegative_keys=keys,
+                context=query_message_type(action),
+            ),
+            key=lambda reply: reply.node_id,
         )
-    if usable:
-        metrics[TRAIN_LOSS] = float(np.mean([r.metrics[TRAIN_LOSS] for r in usable]))
-    return new_models, metrics
+        matrices = [
+            np.array(
+                [
+                    [reply.metrics[per_model_key(prefix, s)] for s in range(num_models)]
+                    for reply in checked
+                ],
+                dtype=np.float64,
+            ).reshape(len(checked), num_models)
+            for prefix in metric_prefixes
+        ]
+        return [reply.node_id for reply in checked], matrices
+
+    def train_messages(
+        self, plan: SamplePlan, config: ConfigRecord, send_models: bool
+    ) -> list[Message]:
+        """``train`` messages for the plan's sampled nodes.
+
+        With ``send_models`` each node receives its model (``model-<s>``) and
+        trains it now; without, it sends the update it kept from this round's
+        ``query.norm`` (``kept-update = true``), so no model travels down.
+        """
+        messages = []
+        for node_id, model_index in plan.assigned.items():
+            node_config = ConfigRecord(
+                {
+                    **dict(config),
+                    SERVER_ROUND: plan.server_round,
+                    MODEL_INDEX: model_index,
+                    KEPT_UPDATE: not send_models,
+                }
+            )
+            model = (
+                {model_record_name(model_index): plan.models[model_index]}
+                if send_models
+                else None
+            )
+            messages += self.build_messages(
+                {node_id: node_config}, MessageType.TRAIN, model
+            )
+        return messages
+
+    def unbiased_step(
+        self, plan: SamplePlan, replies: Iterable[Message]
+    ) -> tuple[list[ArrayRecord], dict[str, float]]:
+        """Apply ``w_s + server_lr * sum_{i in A_s} (d_is / p_is) U_is`` per model.
+
+        Replies that fail :func:`check_replies`, come from a node the plan did
+        not sample, or report another model than assigned are logged and
+        skipped: the round then misses their term (nothing is made up for
+        them) and no NaN can reach a model. A model without a usable reply
+        keeps its weights.
+
+        Returns
+        -------
+        tuple
+            The new models and the round's metrics: ``num-sampled``,
+            ``num-received``, ``num-received-<s>`` (S > 1 only) and
+            ``train-loss`` (mean over the usable replies, when there are any).
+        """
+        usable = [
+            reply
+            for reply in check_replies(
+                replies,
+                metric_keys=[TRAIN_LOSS, MODEL_INDEX],
+                nonnegative_keys=[NUM_EXAMPLES],
+                expected_nodes=plan.nodes,
+            )
+            if _update_is_usable(reply, plan)
+        ]
+        new_models = list(plan.models)
+        metrics: dict[str, float] = {
+            "num-sampled": len(plan.assigned),
+            "num-received": len(usable),
+        }
+        for model_index, model in enumerate(plan.models):
+            group = [
+                reply for reply in usable if plan.assigned[reply.node_id] == model_index
+            ]
+            if len(plan.models) > 1:
+                metrics[f"num-received-{model_index}"] = len(group)
+            if not group:
+                continue
+            rows = [plan.row_of(reply.node_id) for reply in group]
+            new_models[model_index] = _stepped_model(
+                model,
+                [reply.arrays[UPDATE_RECORD] for reply in group],
+                plan.fractions[rows, model_index],
+                plan.probs[rows, model_index],
+                self.server_lr,
+            )
+        if usable:
+            metrics[TRAIN_LOSS] = float(
+                np.mean([reply.metrics[TRAIN_LOSS] for reply in usable])
+            )
+        return new_models, metrics
+
+
+def _update_is_usable(reply: CheckedReply, plan: SamplePlan) -> bool:
+    """Whether the reply is for its assigned model and its update fits it (logged).
+
+    The reply is from a sampled node (:func:`check_replies` dropped others).
+    """
+    model_index = plan.assigned[reply.node_id]
+    problem: str | None
+    if reply.metrics[MODEL_INDEX] != model_index:
+        problem = f"not sampled for model {reply.metrics[MODEL_INDEX]} this round"
+    else:
+        problem = array_record_problem(
+            UPDATE_RECORD, reply.arrays.get(UPDATE_RECORD), plan.models[model_index]
+        )
+    if problem is not None:
+        log(
+            WARNING,
+            "aggregate_train: reply from node %d excluded: %s",
+            reply.node_id,
+            problem,
+        )
+    return problem is None
 
 
 def _stepped_model(
@@ -260,12 +298,7 @@ def _stepped_model(
     )
 
 
-def _update_problem(reply: CheckedReply, model: ArrayRecord) -> str | None:
-    """Why the reply's ``update`` cannot be added to ``model`` (None if it can)."""
-    return array_record_problem(UPDATE_RECORD, reply.arrays.get(UPDATE_RECORD), model)
-
-
-class OptimalClientSampling(CheckedFedAvg):
+class OptimalClientSampling(UnbiasedSampling):
     """Optimal client sampling (OCS), or its approximation AOCS, for one model.
 
     Chen, Horváth, Richtárik, "Optimal Client Sampling for Federated Learning",
@@ -306,20 +339,20 @@ class OptimalClientSampling(CheckedFedAvg):
         AOCS rescaling rounds ``j_max`` (4 in the authors' script).
     server_lr : float, default 1.0
         Server step on the estimate (1 is the authors' setting with deltas).
-    seed : int, default 0
-        Seeds the server's participation draws.
-    min_available_nodes : int, default 1
-        Rounds with fewer connected nodes are skipped (logged).
-    fraction_evaluate : float, default 0.0
-        Flower's federated evaluation (``evaluate`` messages); 0 disables it.
-    query_timeout : float, default 600.0
-        Seconds to wait for the ``query.norm`` replies.
+    **options
+        The shared settings of
+        :class:`~flwr_importance.strategies.base.ImportanceStrategy`, with its
+        defaults: ``seed`` seeds the participation draws, ``query_timeout``
+        bounds the wait for the ``query.norm`` replies, and federated
+        evaluation is on (``fraction_evaluate=1.0``; it was 0 before the
+        defaults were shared: pass 0 to evaluate only on the server).
 
     Client contract (:mod:`flwr_importance.clientapps.optimal`, ``S = 1``)
     ---------------------------------------------------------------------
-    ``query.norm``: ArrayRecord ``model-0`` (the global model), config
-    ``server-round``; reply metrics ``update-norm-0`` and ``num-examples-0``
-    (nonnegative), the update kept in the node state for that round.
+    ``query.norm``: ArrayRecord ``model-0`` (the global model, named by the
+    protocol rather than ``arrayrecord_key``), config ``server-round``; reply
+    metrics ``update-norm-0`` and ``num-examples-0`` (nonnegative), the update
+    kept in the node state for that round.
     ``train``: config ``server-round``, ``model-index = 0``,
     ``kept-update = true``, no arrays; reply ArrayRecord ``update``
     (``w_local - w_global``, the model's keys and shapes) and metrics
@@ -335,62 +368,37 @@ class OptimalClientSampling(CheckedFedAvg):
 
     def __init__(
         self,
-        clients_per_round: int,
         *,
+        clients_per_round: int,
         approximate: bool = False,
         aocs_iterations: int = 4,
         server_lr: float = 1.0,
-        seed: int = 0,
-        min_available_nodes: int = 1,
-        fraction_evaluate: float = 0.0,
-        query_timeout: float = 600.0,
+        **options: Unpack[StrategyOptions],
     ) -> None:
-        if clients_per_round < 1:
-            raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
-        if server_lr <= 0:
-            raise ValueError(f"server_lr must be > 0, got {server_lr}")
-        if aocs_iterations < 0:
-            raise ValueError(f"aocs_iterations must be >= 0, got {aocs_iterations}")
-        super().__init__(
-            fraction_train=1.0,
-            fraction_evaluate=fraction_evaluate,
-            min_available_nodes=min_available_nodes,
-        )
-        self.clients_per_round = clients_per_round
         self.approximate = approximate
-        self.aocs_iterations = aocs_iterations
-        self.server_lr = server_lr
-        self.seed = seed
-        self.query_timeout = query_timeout
-        self._rng = np.random.default_rng(seed)
-        self._plan: RoundPlan | None = None
-        self._norms: NDArray[np.float64] | None = None
-        self._global: ArrayRecord | None = None
-
-    @property
-    def plan(self) -> RoundPlan | None:
-        """The current round's sample and probabilities (None before round 1)."""
-        return self._plan
+        self.aocs_iterations = check_count("aocs_iterations", aocs_iterations, 0)
+        super().__init__(
+            clients_per_round=clients_per_round, server_lr=server_lr, **options
+        )
 
     def summary(self) -> None:
-        """Log the method's parameters."""
-        log(
-            INFO,
-            "\t├──> OptimalClientSampling (%s):",
-            "AOCS" if self.approximate else "OCS",
-        )
-        log(INFO, "\t│\t├── expected participants m: %d", self.clients_per_round)
+        """Log the method's parameters, then the shared ones."""
+        settings: dict[str, object] = {
+            "Expected participants m": self.clients_per_round,
+            "Server lr": f"{self.server_lr:g}",
+        }
         if self.approximate:
-            log(INFO, "\t│\t├── AOCS iterations: %d", self.aocs_iterations)
-        log(INFO, "\t│\t├── server lr: %g", self.server_lr)
-        log(INFO, "\t│\t└── seed: %d", self.seed)
+            settings["AOCS iterations"] = self.aocs_iterations
+        log_settings(
+            f"OptimalClientSampling ({'AOCS' if self.approximate else 'OCS'})",
+            settings,
+        )
         super().summary()
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Query every node's update norm, compute ``p``, sample independently."""
-        self._plan, self._global = None, arrays
         node_ids = connected_nodes(grid, self.min_available_nodes)
         warn_if_fewer_nodes(
             len(node_ids),
@@ -398,32 +406,36 @@ class OptimalClientSampling(CheckedFedAvg):
             "every node takes part with probability 1 (no sampling, variance 0)",
         )
         query_config = ConfigRecord({**dict(config), SERVER_ROUND: server_round})
-        answered, (norms, sizes) = query_matrix(
+        answered, (norms, sizes) = self.query_matrix(
             grid,
-            node_ids,
+            dict.fromkeys(node_ids, query_config),
             NORM_QUERY,
-            query_config,
             [UPDATE_NORM, NUM_EXAMPLES],
             1,
             {model_record_name(0): arrays},
-            self.query_timeout,
         )
         fractions = size_fractions(sizes)
-        self._norms = (fractions * norms)[:, 0]
+        scores = fractions * norms
         if self.approximate:
             probs = aocs_probs(
-                self._norms, self.clients_per_round, self.aocs_iterations
+                scores[:, 0], self.clients_per_round, self.aocs_iterations
             )
         else:
-            probs = optimal_client_probs(self._norms, self.clients_per_round)
-        sampled = poisson_sample(probs, self._rng)
-        self._plan = RoundPlan(
+            probs = optimal_client_probs(scores[:, 0], self.clients_per_round)
+        sampled = poisson_sample(probs, self.rng)
+        assigned = {answered[row]: 0 for row in sampled}
+        plan = SamplePlan(
             server_round,
+            arrays,
+            frozenset(assigned),
             tuple(answered),
             fractions,
             probs[:, None],
-            {answered[row]: 0 for row in sampled},
+            assigned,
+            (arrays,),
+            scores,
         )
+        self.keep_plan(plan)
         log(
             INFO,
             "configure_train: %d of %d nodes sampled (expected %.2f)",
@@ -431,28 +443,28 @@ class OptimalClientSampling(CheckedFedAvg):
             len(answered),
             probs.sum(),
         )
-        return train_messages(self._plan, config, None)
+        return self.train_messages(plan, config, send_models=False)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Apply the unbiased ``w + server_lr * sum (d_i / p_i) U_i``."""
-        if self._plan is None or self._global is None or self._norms is None:
+        plan = self.plan_for(server_round)
+        if plan is None:
             return None, None
-        (model,), metrics = unbiased_step(
-            self._plan, replies, [self._global], self.server_lr
-        )
-        probs = self._plan.probs[:, 0]
+        (model,), metrics = self.unbiased_step(plan, replies)
+        probs = plan.probs[:, 0]
         metrics["expected-participants"] = float(probs.sum())
         # No population: every node failed its norm query; nothing to compare.
-        if not self.approximate and probs.size > 0:
+        if not self.approximate and probs.size > 0 and plan.scores is not None:
             # The norms are known exactly here, so the round's variance is too.
             population = probs.size
             uniform = np.full(
                 population, min(self.clients_per_round, population) / population
             )
-            metrics["variance"] = estimator_variance(self._norms, probs)
-            metrics["uniform-variance"] = estimator_variance(self._norms, uniform)
+            norms = plan.scores[:, 0]
+            metrics["variance"] = estimator_variance(norms, probs)
+            metrics["uniform-variance"] = estimator_variance(norms, uniform)
         return model, MetricRecord(dict(metrics))
 
 
@@ -468,6 +480,7 @@ METHOD = MethodSpec(
             label="OptimalClientSampling",
             arguments=lambda setup: {
                 "clients_per_round": setup.clients_per_round,
+                "fraction_evaluate": 0.0,
                 "min_available_nodes": 1,
             },
             replies={"query.norm": "norm", "train": "kept-update"},

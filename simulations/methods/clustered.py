@@ -21,7 +21,7 @@ def build_strategy(config: ExperimentConfig, num_clients: int) -> ClusteredSampl
     """``ClusteredSampling`` drawing ``clients-per-round`` clients per round."""
     projection_dim = int(config.option("clustered-projection-dim"))
     return ClusteredSampling(
-        config.clients_per_round,
+        clients_per_round=config.clients_per_round,
         method=cast(ClusteringMethod, str(config.option("clustered-method"))),
         distance=cast(Distance, str(config.option("clustered-distance"))),
         projection_dim=projection_dim or None,

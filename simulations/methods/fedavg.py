@@ -42,7 +42,7 @@ from flwr_importance.clientapps import (
 )
 from flwr_importance.protocol import SERVER_ROUND
 from flwr_importance.sampling import uniform_client_set
-from flwr_importance.strategies.common import connected_nodes
+from flwr_importance.strategies.messages import connected_nodes
 from flwr_importance.tasks import random_local_steps
 from simulations.config import ExperimentConfig
 from simulations.methods import uniform_sampling

@@ -12,4 +12,8 @@ __all__ = ["build_strategy", "client_handlers"]
 def build_strategy(config: ExperimentConfig, num_clients: int) -> MDSampling:
     """``MDSampling`` drawing ``clients-per-round`` clients per round."""
     # The ServerApp evaluates centrally.
-    return MDSampling(config.clients_per_round, seed=config.seed, fraction_evaluate=0.0)
+    return MDSampling(
+        clients_per_round=config.clients_per_round,
+        seed=config.seed,
+        fraction_evaluate=0.0,
+    )

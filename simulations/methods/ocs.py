@@ -22,6 +22,8 @@ def build_strategy(config: ExperimentConfig, num_clients: int) -> OptimalClientS
         aocs_iterations=int(config.option("ocs-aocs-iterations")),
         server_lr=float(config.option("ocs-server-lr")),
         seed=config.seed,
+        # The ServerApp evaluates centrally.
+        fraction_evaluate=0.0,
     )
 
 

@@ -34,7 +34,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from flwr_importance.clientapps import LocalTask
-from flwr_importance.strategies.common import flatten
+from flwr_importance.strategies.arrays import flatten
 from flwr_importance.tasks import Objective
 from flwr_importance.testing import InProcessGrid
 

@@ -37,7 +37,7 @@ from flwr_importance.clientapps.fedsampling import (
     make_fedsampling_handlers,
 )
 from flwr_importance.sampling import bernoulli_keep
-from flwr_importance.strategies.common import flatten
+from flwr_importance.strategies.arrays import flatten
 from flwr_importance.strategies.fedsampling import FedSampling
 from flwr_importance.tasks import Objective
 from flwr_importance.testing import InProcessGrid
@@ -97,7 +97,7 @@ def train_message(config: Mapping[str, int | float], arrays: ArrayRecord) -> Mes
 def run_fedsampling(device: str, local_steps: int) -> InProcessGrid:
     grid = InProcessGrid(user_app(), NUM_NODES, {"device": device}, seed=7)
     strategy = FedSampling(
-        16,
+        samples_per_round=16,
         max_size=MAX_SIZE,
         epsilon=8.0,
         server_lr=0.5,
@@ -284,7 +284,9 @@ def test_the_reply_carries_g_c_alone_under_the_models_name() -> None:
 
 def test_a_node_refuses_an_epsilon_above_its_cap() -> None:
     grid = InProcessGrid(user_app(max_epsilon=2.0), 2, {}, seed=8)
-    strategy = FedSampling(16, max_size=MAX_SIZE, epsilon=3.0, min_available_nodes=1)
+    strategy = FedSampling(
+        samples_per_round=16, max_size=MAX_SIZE, epsilon=3.0, min_available_nodes=1
+    )
     messages = strategy.configure_train(1, initial_arrays(), ConfigRecord(), grid)
     assert list(messages) == []  # no usable size reply: the round is skipped
     errors = wire_messages(grid, "to-server")

@@ -23,7 +23,7 @@ from flwr_importance.clientapps.optimal import (
     make_ocs_handlers,
 )
 from flwr_importance.protocol import UPDATE_RECORD, model_record_name
-from flwr_importance.strategies.common import flatten
+from flwr_importance.strategies.arrays import flatten
 from flwr_importance.strategies.mmfl import (
     MultiModelSampling,
     pack_models,
@@ -102,7 +102,7 @@ def user_update(partition_id: int, arrays: ArrayRecord, device: str) -> np.ndarr
 def run_ocs(device: str) -> None:
     TRAIN_CALLS.clear()
     grid = make_grid(device)
-    strategy = OptimalClientSampling(2, seed=0)
+    strategy = OptimalClientSampling(clients_per_round=2, seed=0)
     arrays = initial_arrays()
     result = run_rounds(strategy, grid, arrays)
     for server_round in (1, 2):
@@ -161,7 +161,9 @@ def test_the_kept_update_is_the_users_training_step(device: str) -> None:
 def test_mmfl_trains_each_model_with_the_users_functions(variant: str) -> None:
     widths = [4, 6]  # model s is Net(4 + 2 s), as the user's code picks it
     grid = make_grid()
-    strategy = MultiModelSampling(len(widths), 3, variant=variant, seed=1)  # type: ignore[arg-type]
+    strategy = MultiModelSampling(
+        num_models=len(widths), clients_per_round=3, variant=variant, seed=1
+    )  # type: ignore[arg-type]
     start = [initial_arrays(width) for width in widths]
     result = run_rounds(strategy, grid, pack_models(start))
     for server_round in (1, 2):

@@ -36,8 +36,10 @@ from tests.clientapps.quickstart_user import (
 NUM_NODES = 6
 
 STRATEGIES: dict[str, Callable[[], Strategy]] = {
-    "clustered": lambda: ClusteredSampling(3, method="size", min_evaluate_nodes=1),
-    "md": lambda: MDSampling(3, min_evaluate_nodes=1),
+    "clustered": lambda: ClusteredSampling(
+        clients_per_round=3, method="size", min_evaluate_nodes=1
+    ),
+    "md": lambda: MDSampling(clients_per_round=3, min_evaluate_nodes=1),
 }
 
 

@@ -29,11 +29,11 @@ from flwr_importance.sampling import (
     pairwise_distances,
 )
 from flwr_importance.strategies._multiset import MultisetSampling
+from flwr_importance.strategies.arrays import flatten
 from flwr_importance.strategies.clustered import (
     ClusteredSampling,
     RepresentativeGradients,
 )
-from flwr_importance.strategies.common import flatten
 from flwr_importance.strategies.md import MDSampling
 from flwr_importance.tasks import Objective, build_model, load_dataset
 from flwr_importance.testing import InProcessGrid
@@ -121,7 +121,7 @@ def run_rounds(
 
 def test_algorithm1_on_equal_sizes_aggregates_ten_distinct_clients() -> None:
     grid = make_grid([MAX_SIZE] * NUM_NODES)
-    strategy = ClusteredSampling(DRAWS, method="size", seed=1)
+    strategy = ClusteredSampling(clients_per_round=DRAWS, method="size", seed=1)
     _, draws, metrics = run_rounds(strategy, grid, rounds=30)
     for counts, round_metrics in zip(draws, metrics, strict=True):
         assert sorted(counts.values()) == [1] * DRAWS
@@ -152,13 +152,13 @@ def test_selection_frequencies_match_m_p(strategy_name: str, rounds: int) -> Non
     sizes = [2 + (7 * i) % (MAX_SIZE - 1) for i in range(NUM_NODES)]
     grid = make_grid(sizes, seed=2)
     if strategy_name == "similarity":
-        strategy: MultisetSampling = ClusteredSampling(DRAWS, seed=3)
+        strategy: MultisetSampling = ClusteredSampling(clients_per_round=DRAWS, seed=3)
         draws = run_rounds(strategy, grid, rounds)[1]
     else:
         strategy = (
-            MDSampling(DRAWS, seed=3)
+            MDSampling(clients_per_round=DRAWS, seed=3)
             if strategy_name == "md"
-            else ClusteredSampling(DRAWS, method="size", seed=3)
+            else ClusteredSampling(clients_per_round=DRAWS, method="size", seed=3)
         )
         draws = draw_rounds(strategy, grid, rounds)
     totals: Counter[int] = Counter()
@@ -181,7 +181,7 @@ def test_representative_gradients_are_last_updates_and_zero_when_never_replied()
     None
 ):
     grid = make_grid([MAX_SIZE] * NUM_NODES)
-    strategy = ClusteredSampling(DRAWS, method="similarity", seed=4)
+    strategy = ClusteredSampling(clients_per_round=DRAWS, method="similarity", seed=4)
     returned: dict[int, np.ndarray] = {}
 
     def keep_updates(_: int, global_model: ArrayRecord, replies: list[Message]) -> None:
@@ -223,7 +223,7 @@ def test_representative_gradients_are_last_updates_and_zero_when_never_replied()
 
 def test_a_departed_node_leaves_the_state_and_the_next_round_runs() -> None:
     grid = make_grid([MAX_SIZE] * NUM_NODES)
-    strategy = ClusteredSampling(DRAWS, method="similarity", seed=5)
+    strategy = ClusteredSampling(clients_per_round=DRAWS, method="similarity", seed=5)
     arrays, draws, _ = run_rounds(strategy, grid, 2)
     departed = next(iter(draws[-1]))
     assert np.any(strategy.gradients.gradient(departed) != 0)
@@ -243,7 +243,7 @@ def test_a_departed_node_leaves_the_state_and_the_next_round_runs() -> None:
 def test_a_client_drawn_twice_trains_once_and_counts_twice() -> None:
     # Five nodes, ten draws: repeats are certain.
     grid = make_grid([MAX_SIZE, 3, 5, 7, 9])
-    strategy = MDSampling(DRAWS, seed=6)
+    strategy = MDSampling(clients_per_round=DRAWS, seed=6)
     returned: dict[int, np.ndarray] = {}
 
     def keep_models(_: int, __: ArrayRecord, replies: list[Message]) -> None:
@@ -345,10 +345,10 @@ def test_state_size_is_bounded_by_the_projection() -> None:
 
 def test_invalid_parameters_are_rejected() -> None:
     with pytest.raises(ValueError, match="method"):
-        ClusteredSampling(10, method="kmeans")  # type: ignore[arg-type]
+        ClusteredSampling(clients_per_round=10, method="kmeans")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="distance"):
-        ClusteredSampling(10, distance="cosine")  # type: ignore[arg-type]
+        ClusteredSampling(clients_per_round=10, distance="cosine")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="projection_dim"):
-        ClusteredSampling(10, projection_dim=0)
+        ClusteredSampling(clients_per_round=10, projection_dim=0)
     with pytest.raises(ValueError, match="clients_per_round"):
-        MDSampling(0)
+        MDSampling(clients_per_round=0)

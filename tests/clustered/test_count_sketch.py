@@ -154,7 +154,10 @@ def group_clustering(
         for node in node_ids
     }
     strategy = ClusteredSampling(
-        GROUPS, distance=distance, projection_dim=projection_dim, seed=0
+        clients_per_round=GROUPS,
+        distance=distance,
+        projection_dim=projection_dim,
+        seed=0,
     )
     strategy.track_nodes(node_ids)
     strategy.record_updates(models, global_model)

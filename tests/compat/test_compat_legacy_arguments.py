@@ -93,24 +93,30 @@ def test_client_selection_arguments_are_refused_naming_the_replacement(
 
 def test_inplace_is_refused_with_the_reason() -> None:
     with pytest.raises(TypeError, match="aggregates with its own weights"):
-        compat.MDSampling(3, inplace=False)
+        compat.MDSampling(clients_per_round=3, inplace=False)
 
 
 def test_evaluation_options_without_federated_evaluation_are_refused() -> None:
     with pytest.raises(TypeError, match="evaluate_metrics_aggregation_fn` has no"):
-        compat.ISFedAvg(3, evaluate_metrics_aggregation_fn=weighted_accuracy)
+        compat.ISFedAvg(
+            clients_per_round=3, evaluate_metrics_aggregation_fn=weighted_accuracy
+        )
 
 
 def test_min_available_clients_and_nodes_disagreeing_are_refused() -> None:
     with pytest.raises(TypeError, match="name the same setting"):
-        compat.ISFedAvg(3, min_available_clients=4, min_available_nodes=2)
+        compat.ISFedAvg(
+            clients_per_round=3, min_available_clients=4, min_available_nodes=2
+        )
 
 
 def test_legacy_fedsampling_refuses_federated_evaluation_with_the_reason() -> None:
     with pytest.raises(ValueError, match="no federated evaluation by design"):
-        compat.FedSampling(64, fraction_evaluate=0.5)
+        compat.FedSampling(samples_per_round=64, fraction_evaluate=0.5)
     with pytest.raises(TypeError, match="carry no metrics"):
-        compat.FedSampling(64, fit_metrics_aggregation_fn=weighted_accuracy)
+        compat.FedSampling(
+            samples_per_round=64, fit_metrics_aggregation_fn=weighted_accuracy
+        )
 
 
 @pytest.mark.parametrize("name", ["ocs", "isfedavg"])
@@ -150,7 +156,7 @@ def test_legacy_isfedavg_evaluates_merges_fit_config_and_metrics() -> None:
         return {"fit-results": len(metrics)}
 
     strategy = compat.ISFedAvg(
-        2,
+        clients_per_round=2,
         seed=0,
         fraction_evaluate=0.5,
         min_evaluate_clients=2,
@@ -176,13 +182,15 @@ def test_legacy_isfedavg_evaluates_merges_fit_config_and_metrics() -> None:
 
 
 def test_accept_failures_false_keeps_the_model_after_a_failure() -> None:
-    strategy = compat.MDSampling(3, accept_failures=False)
+    strategy = compat.MDSampling(clients_per_round=3, accept_failures=False)
     assert strategy.aggregate_fit(1, [], [RuntimeError("node lost")]) == (None, {})
 
 
 def test_legacy_options_are_exported_and_also_taken_bundled() -> None:
     options = compat.LegacyOptions(initial_parameters=INITIAL, fraction_evaluate=0.5)
-    strategy = compat.ClusteredSampling(3, legacy=options, min_evaluate_clients=3)
+    strategy = compat.ClusteredSampling(
+        clients_per_round=3, legacy=options, min_evaluate_clients=3
+    )
     assert strategy.initial_parameters is INITIAL
     assert (strategy.fraction_evaluate, strategy.min_evaluate_clients) == (0.5, 3)
     assert strategy.strategy.min_evaluate_nodes == 3

@@ -49,7 +49,13 @@ def run_fedsampling(client_app: ClientApp) -> InProcessGrid:
     config = ExperimentConfig.from_run_config(RUN_CONFIG)
     model = global_model(config, federated_data(config, NUM_NODES))
     grid = InProcessGrid(client_app, NUM_NODES, RUN_CONFIG, seed=3)
-    strategy = FedSampling(32, MAX_SIZE, EPSILON, server_lr=0.1, min_available_nodes=1)
+    strategy = FedSampling(
+        samples_per_round=32,
+        max_size=MAX_SIZE,
+        epsilon=EPSILON,
+        server_lr=0.1,
+        min_available_nodes=1,
+    )
     strategy.start(
         grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=ROUNDS
     )

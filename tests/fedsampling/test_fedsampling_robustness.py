@@ -23,7 +23,7 @@ from flwr_importance.protocol import (
     FEDSAMPLING_SIZE_RESPONSE,
 )
 from flwr_importance.strategies import SizeWeightedSampling
-from flwr_importance.strategies.common import flatten
+from flwr_importance.strategies.arrays import flatten
 from flwr_importance.strategies.fedsampling import FedSampling
 from flwr_importance.testing import InProcessGrid
 from simulations.client_app import app as simulation_client_app
@@ -83,7 +83,7 @@ def test_bad_silent_and_departed_nodes_never_spoil_the_model() -> None:
     nodes = list(grid.get_node_ids())
     partition = {grid.partition_of(node): node for node in nodes}
     grid.set_responsive(partition[2], False)
-    strategy = FedSampling(16, server_lr=0.1, min_available_nodes=1)
+    strategy = FedSampling(samples_per_round=16, server_lr=0.1, min_available_nodes=1)
     arrays = initial_arrays()
     for server_round in (1, 2):
         messages = list(
@@ -108,7 +108,7 @@ def test_no_size_reply_skips_the_round() -> None:
     grid = InProcessGrid(simulation_client_app, 3, run_config("fedsampling"))
     for node in grid.get_node_ids():
         grid.set_responsive(node, False)
-    strategy = FedSampling(16, min_available_nodes=1)
+    strategy = FedSampling(samples_per_round=16, min_available_nodes=1)
     assert (
         list(strategy.configure_train(1, initial_arrays(), ConfigRecord(), grid)) == []
     )

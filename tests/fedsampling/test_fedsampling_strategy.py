@@ -102,7 +102,9 @@ def estimate_only(strategy: FedSampling, grid: InProcessGrid, rounds: int) -> li
 def test_size_estimate_is_unbiased_over_rounds() -> None:
     num_nodes, rounds, max_size, epsilon = 12, 150, 100, 3.0
     grid = InProcessGrid(simulation_client_app, num_nodes, RUN_CONFIG, seed=0)
-    strategy = FedSampling(16, max_size, epsilon, min_available_nodes=1)
+    strategy = FedSampling(
+        samples_per_round=16, max_size=max_size, epsilon=epsilon, min_available_nodes=1
+    )
     estimates = np.array(
         [m["raw-size-estimate"] for m in estimate_only(strategy, grid, rounds)]
     )
@@ -124,7 +126,12 @@ def test_huge_epsilon_recovers_the_true_total() -> None:
     grid = InProcessGrid(simulation_client_app, num_nodes, RUN_CONFIG, seed=1)
     sizes = true_sizes(grid, num_nodes)
     # M above every size: nothing is clipped, the estimate is the true total.
-    strategy = FedSampling(16, max(sizes.values()) + 2, 60.0, min_available_nodes=1)
+    strategy = FedSampling(
+        samples_per_round=16,
+        max_size=max(sizes.values()) + 2,
+        epsilon=60.0,
+        min_available_nodes=1,
+    )
     for metrics in estimate_only(strategy, grid, 3):
         assert metrics["raw-size-estimate"] == pytest.approx(sum(sizes.values()))
         assert metrics["num-size-replies"] == num_nodes
@@ -154,7 +161,7 @@ def test_a_round_uses_k_samples_in_expectation() -> None:
         return MetricRecord({})
 
     strategy = FedSampling(
-        samples_per_round,
+        samples_per_round=samples_per_round,
         max_size=max_size,
         epsilon=12.0,
         server_lr=0.1,
@@ -198,7 +205,7 @@ def fixed_size_reply_app(response: int) -> ClientApp:
 
 def test_federated_evaluation_is_refused_with_the_reason_and_the_way_out() -> None:
     with pytest.raises(ValueError, match=r"fraction_evaluate=0\.5") as raised:
-        FedSampling(16, fraction_evaluate=0.5)
+        FedSampling(samples_per_round=16, fraction_evaluate=0.5)
     assert "reveals each node's size" in str(raised.value)
     assert "evaluate_fn" in str(raised.value)
 
@@ -209,7 +216,9 @@ def test_estimate_below_k_says_its_noise_and_what_makes_it_usable(
     # Every reply 1: the estimate (sum - (1 - alpha) M C / 2) / alpha < 0 < K.
     num_nodes, max_size, epsilon = 10, 100, 3.0
     grid = InProcessGrid(fixed_size_reply_app(1), num_nodes)
-    strategy = FedSampling(64, max_size, epsilon, min_available_nodes=1)
+    strategy = FedSampling(
+        samples_per_round=64, max_size=max_size, epsilon=epsilon, min_available_nodes=1
+    )
     with caplog.at_level(logging.WARNING):
         (metrics,) = estimate_only(strategy, grid, 1)
     assert metrics["raw-size-estimate"] < 64 == metrics["estimated-total-size"]
@@ -263,7 +272,9 @@ def test_replies_piling_at_the_top_warn_that_max_size_clips(
 ) -> None:
     max_size = 50
     grid = InProcessGrid(fixed_size_reply_app(max_size - 1), 8)
-    strategy = FedSampling(16, max_size, 3.0, min_available_nodes=1)
+    strategy = FedSampling(
+        samples_per_round=16, max_size=max_size, epsilon=3.0, min_available_nodes=1
+    )
     with caplog.at_level(logging.WARNING):
         estimate_only(strategy, grid, 1)
     assert f"8 of 8 size replies are M-1={max_size - 1}" in caplog.text
@@ -277,7 +288,9 @@ def test_sizes_below_max_size_do_not_warn_of_clipping(
     num_nodes = 15
     grid = InProcessGrid(simulation_client_app, num_nodes, RUN_CONFIG, seed=1)
     max_size = max(true_sizes(grid, num_nodes).values()) + 2
-    strategy = FedSampling(16, max_size, 3.0, min_available_nodes=1)
+    strategy = FedSampling(
+        samples_per_round=16, max_size=max_size, epsilon=3.0, min_available_nodes=1
+    )
     with caplog.at_level(logging.WARNING):
         estimate_only(strategy, grid, 20)
     assert "size replies are M-1" not in caplog.text

@@ -15,7 +15,7 @@ from flwr_importance.clientapps.folb import (
     make_folb_gradient_handler,
     make_folb_train_handler,
 )
-from flwr_importance.strategies.common import flatten
+from flwr_importance.strategies.arrays import flatten
 from flwr_importance.tasks import Objective, build_model, full_gradient, load_dataset
 from flwr_importance.testing import InProcessGrid
 from simulations.inprocess import load_preset, run_inprocess

@@ -18,7 +18,7 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from flwr.clientapp import ClientApp
 
 from benchmarks import folb as benchmark
-from flwr_importance.strategies.common import flatten
+from flwr_importance.strategies.arrays import flatten
 from flwr_importance.strategies.folb import FOLB
 from flwr_importance.testing import InProcessGrid
 from simulations.config import ExperimentConfig

@@ -13,7 +13,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from flwr_importance.strategies.common import flatten
+from flwr_importance.strategies.arrays import flatten
 from flwr_importance.strategies.folb import FOLB
 from flwr_importance.testing import InProcessGrid
 
@@ -268,8 +268,9 @@ def test_all_zero_gradients_fall_back_to_the_plain_mean(
     ],
 )
 def test_bad_settings_raise(kwargs: dict, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        FOLB(**kwargs)
+    # A value of the wrong type (replace="yes") is a TypeError.
+    with pytest.raises((ValueError, TypeError), match=message):
+        FOLB(**{"clients_per_round": 10, **kwargs})
 
 
 def test_with_replacement_fewer_nodes_than_draws_are_allowed() -> None:

@@ -214,7 +214,7 @@ def test_replies_from_nodes_not_selected_are_excluded(
         arrays, _ = strategy.aggregate_train(1, replies)
     assert arrays is not None
     np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], [1.0, 1.0, 1.0])
-    assert "node 424242 excluded: it was not selected" in caplog.text
+    assert "node 424242 excluded: it was not sent a message this round" in caplog.text
 
 
 def test_joining_nodes_get_a_fair_share_and_leaving_nodes_are_dropped() -> None:

@@ -14,7 +14,7 @@ from flwr_importance.protocol import (
     UPDATE_RECORD,
     model_record_name,
 )
-from flwr_importance.strategies.common import flatten
+from flwr_importance.strategies.arrays import flatten
 from flwr_importance.strategies.mmfl import MultiModelSampling
 from flwr_importance.strategies.ocs import OptimalClientSampling
 from flwr_importance.testing import InProcessGrid
@@ -56,7 +56,7 @@ def test_a_restarted_node_without_its_kept_update_is_skipped(
     grid: InProcessGrid,
 ) -> None:
     # m = N: every node that reports a positive norm is sampled surely.
-    strategy = OptimalClientSampling(NUM_NODES)
+    strategy = OptimalClientSampling(clients_per_round=NUM_NODES)
     arrays = initial_model()
     messages = list(strategy.configure_train(1, arrays, ConfigRecord(), grid))
     assert len(messages) == NUM_NODES

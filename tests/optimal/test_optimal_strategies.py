@@ -30,7 +30,7 @@ from flwr_importance.protocol import (
     UPDATE_RECORD,
 )
 from flwr_importance.sampling import aocs_probs, mmfl_probs, optimal_client_probs
-from flwr_importance.strategies.common import flatten
+from flwr_importance.strategies.arrays import flatten
 from flwr_importance.strategies.mmfl import (
     MultiModelSampling,
     pack_models,
@@ -139,7 +139,7 @@ def one_round(strategy, grid: InProcessGrid, arrays: ArrayRecord):  # type: igno
 def test_ocs_probabilities_are_the_closed_form_of_the_reported_norms(
     grid: InProcessGrid, approximate: bool
 ) -> None:
-    strategy = OptimalClientSampling(4, approximate=approximate)
+    strategy = OptimalClientSampling(clients_per_round=4, approximate=approximate)
     one_round(strategy, grid, zero_model())
     assert strategy.plan is not None
     fractions = size_fractions(SIZES[:, 0])
@@ -153,7 +153,9 @@ def test_ocs_probabilities_are_the_closed_form_of_the_reported_norms(
 def test_mmfl_probabilities_are_the_closed_form(
     grid: InProcessGrid, variant: str
 ) -> None:
-    strategy = MultiModelSampling(NUM_MODELS, 5, variant=variant)  # type: ignore[arg-type]
+    strategy = MultiModelSampling(
+        num_models=NUM_MODELS, clients_per_round=5, variant=variant
+    )  # type: ignore[arg-type]
     one_round(strategy, grid, pack_models([zero_model()] * NUM_MODELS))
     assert strategy.plan is not None
     scores = np.linalg.norm(UPDATES, axis=2) if variant == "gradnorm" else LOSSES
@@ -196,7 +198,7 @@ def squared_errors(
 def test_ocs_step_is_unbiased_with_the_reported_variance_below_uniform(
     grid: InProcessGrid,
 ) -> None:
-    strategy = OptimalClientSampling(3, seed=1)
+    strategy = OptimalClientSampling(clients_per_round=3, seed=1)
     fractions = size_fractions(SIZES[:, 0])
     full = (fractions @ UPDATES[:, 0])[None, :]
     steps = repeated_steps(strategy, grid, 1)
@@ -215,10 +217,16 @@ def test_mmfl_gradnorm_step_is_unbiased_and_less_variable_than_random(
 ) -> None:
     full = np.einsum("is,isd->sd", size_fractions(SIZES), UPDATES)
     optimal = repeated_steps(
-        MultiModelSampling(NUM_MODELS, 5, seed=1), grid, NUM_MODELS
+        MultiModelSampling(num_models=NUM_MODELS, clients_per_round=5, seed=1),
+        grid,
+        NUM_MODELS,
     )
     random = repeated_steps(
-        MultiModelSampling(NUM_MODELS, 5, variant="random", seed=1), grid, NUM_MODELS
+        MultiModelSampling(
+            num_models=NUM_MODELS, clients_per_round=5, variant="random", seed=1
+        ),
+        grid,
+        NUM_MODELS,
     )
     assert_unbiased(optimal, full)
     assert_unbiased(random, full)
@@ -231,7 +239,9 @@ def test_mmfl_gradnorm_step_is_unbiased_and_less_variable_than_random(
 
 
 def test_round_robin_rotates_each_clients_model(grid: InProcessGrid) -> None:
-    strategy = MultiModelSampling(NUM_MODELS, NUM_CLIENTS, variant="round-robin")
+    strategy = MultiModelSampling(
+        num_models=NUM_MODELS, clients_per_round=NUM_CLIENTS, variant="round-robin"
+    )
     arrays = pack_models([zero_model()] * NUM_MODELS)
     strategy.configure_train(1, arrays, ConfigRecord(), grid)
     assert strategy.plan is not None
@@ -245,7 +255,7 @@ def test_round_robin_rotates_each_clients_model(grid: InProcessGrid) -> None:
 def test_bad_and_unexpected_replies_are_skipped_without_nan(
     grid: InProcessGrid,
 ) -> None:
-    strategy = MultiModelSampling(NUM_MODELS, 6, seed=4)
+    strategy = MultiModelSampling(num_models=NUM_MODELS, clients_per_round=6, seed=4)
     arrays = pack_models([zero_model()] * NUM_MODELS)
     messages = list(strategy.configure_train(1, arrays, ConfigRecord(), grid))
     replies = list(grid.send_and_receive(messages))

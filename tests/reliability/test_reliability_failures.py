@@ -56,7 +56,7 @@ from flwr_importance.protocol import (
     UPDATE_RECORD,
 )
 from flwr_importance.strategies._multiset import MultisetSampling
-from flwr_importance.strategies.common import flatten
+from flwr_importance.strategies.arrays import flatten
 from flwr_importance.strategies.isfedavg import ISFedAvg
 from flwr_importance.strategies.md import MDSampling
 from flwr_importance.strategies.ocs import OptimalClientSampling
@@ -215,7 +215,7 @@ def test_fedsampling_estimate_counts_only_the_size_replies_that_arrived(
     faulty_run: Callable[..., tuple[Strategy, InProcessGrid]],
 ) -> None:
     strategy, grid = faulty_run("fedsampling")
-    plan = strategy._plan  # type: ignore[attr-defined]  # pylint: disable=W0212
+    plan = strategy.plan  # type: ignore[attr-defined]
     size_replies = answered(grid, "query.sizes", 3)
     assert plan.num_size_replies == len(size_replies) < NUM_NODES
     assert np.isfinite(plan.estimated_total_size)
@@ -225,7 +225,7 @@ def test_folb_round_draws_only_connected_nodes(
     faulty_run: Callable[..., tuple[Strategy, InProcessGrid]],
 ) -> None:
     strategy, grid = faulty_run("folb")
-    draws = strategy._round  # type: ignore[attr-defined]  # pylint: disable=W0212
+    draws = strategy.plan  # type: ignore[attr-defined]
     assert draws.server_round == 3
     assert set(draws.train_draws) <= set(grid.get_node_ids())
     assert all(np.all(np.isfinite(a.numpy())) for a in draws.arrays.values())
@@ -326,7 +326,9 @@ def test_isfedavg_mean_of_the_arrived_models_stays_unbiased(
     grid: InProcessGrid,
 ) -> None:
     clients_per_round, rounds = 4, 1500
-    strategy = ISFedAvg(clients_per_round, seed=1, min_available_nodes=1)
+    strategy = ISFedAvg(
+        clients_per_round=clients_per_round, seed=1, min_available_nodes=1
+    )
     estimates, arrived = steps(strategy, grid, rounds)
     assert rounds - len(estimates) < 3 * FAULT_RATE**clients_per_round * rounds + 3
     assert np.mean(arrived) < clients_per_round * (1 - FAULT_RATE / 2)
@@ -339,7 +341,7 @@ def test_isfedavg_mean_of_the_arrived_models_stays_unbiased(
 
 
 def test_md_mean_of_the_arrived_draws_stays_unbiased(grid: InProcessGrid) -> None:
-    strategy = MDSampling(4, seed=2)
+    strategy = MDSampling(clients_per_round=4, seed=2)
     estimates, _ = steps(strategy, grid, 1500)
     known = [grid.partition_of(node_id) for node_id in strategy.sizes]
     assert known
@@ -350,7 +352,7 @@ def test_md_mean_of_the_arrived_draws_stays_unbiased(grid: InProcessGrid) -> Non
 def test_ocs_step_shrinks_by_the_arrival_rate_as_documented(
     grid: InProcessGrid,
 ) -> None:
-    strategy = OptimalClientSampling(4, seed=3, min_available_nodes=1)
+    strategy = OptimalClientSampling(clients_per_round=4, seed=3, min_available_nodes=1)
     full_participation, estimates = [], []
     for server_round in range(1, 1201):
         zero = ArrayRecord({"w": Array(np.zeros(DIMENSION))})

@@ -58,16 +58,18 @@ def answer_query(message: Message, context: Context) -> Message:
 
 #: Each sampling strategy with ``clients_per_round = 5``, and the model it trains.
 STRATEGIES: dict[str, tuple[Callable[[], Strategy], ArrayRecord]] = {
-    "isfedavg": (lambda: ISFedAvg(5, min_available_nodes=1), MODEL),
-    "md": (lambda: MDSampling(5), MODEL),
+    "isfedavg": (lambda: ISFedAvg(clients_per_round=5, min_available_nodes=1), MODEL),
+    "md": (lambda: MDSampling(clients_per_round=5), MODEL),
     "folb": (
         lambda: FOLB(clients_per_round=5, replace=True, min_available_nodes=1),
         MODEL,
     ),
-    "clustered": (lambda: ClusteredSampling(5, method="size"), MODEL),
-    "ocs": (lambda: OptimalClientSampling(5), MODEL),
+    "clustered": (lambda: ClusteredSampling(clients_per_round=5, method="size"), MODEL),
+    "ocs": (lambda: OptimalClientSampling(clients_per_round=5), MODEL),
     "mmfl": (
-        lambda: MultiModelSampling(1, 5, variant="gradnorm"),
+        lambda: MultiModelSampling(
+            num_models=1, clients_per_round=5, variant="gradnorm"
+        ),
         pack_models([MODEL]),
     ),
 }
@@ -100,7 +102,7 @@ def test_enough_nodes_do_not_warn(name: str, caplog: pytest.LogCaptureFixture) -
 def test_evaluation_off_on_purpose_logs_nothing(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    strategy = MDSampling(2, fraction_evaluate=0.0)
+    strategy = MDSampling(clients_per_round=2, fraction_evaluate=0.0)
     with caplog.at_level(logging.INFO):
         assert strategy.aggregate_evaluate(1, []) is None
     assert "aggregate_evaluate" not in caplog.text
@@ -109,7 +111,7 @@ def test_evaluation_off_on_purpose_logs_nothing(
 def test_evaluation_asked_for_without_a_usable_reply_warns(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    strategy = MDSampling(2, fraction_evaluate=0.5)
+    strategy = MDSampling(clients_per_round=2, fraction_evaluate=0.5)
     with caplog.at_level(logging.WARNING):
         assert strategy.aggregate_evaluate(1, []) is None
     assert "no usable reply with a positive weight" in caplog.text

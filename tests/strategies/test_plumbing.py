@@ -18,15 +18,15 @@ from flwr.app import (
 )
 
 from flwr_importance.aggregation import mean, weighted_sum
-from flwr_importance.strategies.common import (
+from flwr_importance.strategies.arrays import (
     all_finite,
     array_values,
-    check_replies,
     combine_arrays,
     flatten,
-    node_messages,
     unflatten,
 )
+from flwr_importance.strategies.messages import node_messages
+from flwr_importance.strategies.replies import check_replies
 from flwr_importance.testing import InProcessGrid
 from tests.testing.test_grid import app as echo_app
 
@@ -108,7 +108,7 @@ def test_check_replies_keeps_good_ones_and_names_the_bad_nodes(
 
 def test_node_messages_carry_each_nodes_own_config() -> None:
     configs = {5: ConfigRecord({"p": 0.1}), 6: ConfigRecord({"p": 0.9})}
-    messages = node_messages(configs, "train", MODEL)
+    messages = node_messages(configs, "train", MODEL, "arrays", "config")
     assert [m.metadata.dst_node_id for m in messages] == [5, 6]
     assert [m.content["config"]["p"] for m in messages] == [0.1, 0.9]
     assert all(m.content["arrays"] is MODEL for m in messages)

@@ -1,0 +1,137 @@
+"""Model arrays read in place: ``.npy`` bytes as NumPy views, whole models as vectors.
+
+A reply's arrays are read to be checked and again to be aggregated; reading
+the serialized bytes where they lie (:func:`array_values`) instead of through
+``Array.numpy()`` saves a copy each time, and :func:`combine_arrays` sums
+replies array by array in the model's own dtype, as Flower's ``FedAvg`` does.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord
+from flwr.common.constant import SType
+from numpy.typing import NDArray
+
+#: The first bytes of every ``.npy`` serialization.
+NPY_MAGIC = b"\x93NUMPY"
+
+
+def array_values(array: Array) -> NDArray[Any]:
+    """The values of ``array``: a read-only view of its serialized bytes.
+
+    ``Array.numpy()`` copies the bytes into a new array; a reply's arrays are
+    read to be checked and again to be aggregated, and at 1M parameters each
+    copy costs half of what Flower's ``FedAvg`` spends on a reply. The ``.npy``
+    header gives the dtype, shape and data offset; any other serialization
+    falls back to ``Array.numpy()``.
+
+    Raises
+    ------
+    ValueError
+        The bytes are not a readable array (a corrupted reply).
+    """
+    data = array.data
+    if array.stype != SType.NUMPY or data[:6] != NPY_MAGIC:
+        return array.numpy()
+    # Format versions 1 and 2 differ only in the width of the header length.
+    length_bytes = {1: 2, 2: 4}.get(data[6])
+    if length_bytes is None:
+        return array.numpy()
+    offset = 8 + length_bytes + int.from_bytes(data[8 : 8 + length_bytes], "little")
+    header = _npy_header(bytes(data[:offset]))
+    if header is None:
+        return array.numpy()
+    shape, fortran_order, dtype = header
+    values = np.frombuffer(data, dtype=dtype, count=math.prod(shape), offset=offset)
+    return values.reshape(shape, order="F" if fortran_order else "C")
+
+
+@functools.lru_cache(maxsize=1024)
+def _npy_header(header: bytes) -> tuple[tuple[int, ...], bool, np.dtype[Any]] | None:
+    """``(shape, fortran_order, dtype)`` of a ``.npy`` header; None for objects.
+
+    Cached: every reply of a round carries the same few headers, and NumPy
+    parses each with ``ast.literal_eval`` (a sixth of a reply's whole cost).
+    """
+    stream = io.BytesIO(header)
+    version = np.lib.format.read_magic(stream)
+    if version == (1, 0):
+        shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(stream)
+    else:
+        shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(stream)
+    return None if dtype.hasobject else (shape, fortran_order, dtype)
+
+
+def all_finite(values: NDArray[Any]) -> bool:
+    """Whether ``values`` holds no NaN and no infinity."""
+    if not np.issubdtype(values.dtype, np.floating):
+        return bool(np.all(np.isfinite(values)))
+    flat = values.ravel()
+    with np.errstate(over="ignore", invalid="ignore"):
+        # A NaN or inf entry makes the sum of squares NaN or inf, and BLAS
+        # computes it in a fraction of the time of np.isfinite(values).all().
+        # Finite entries whose squares overflow make it inf too: then the
+        # exact test decides.
+        if np.isfinite(np.dot(flat, flat)):
+            return True
+    return bool(np.all(np.isfinite(values)))
+
+
+def flatten(record: ArrayRecord) -> NDArray[np.floating]:
+    """All arrays of ``record`` as one vector in their common floating dtype.
+
+    A float32 model stays float32: the sums over replies run in the model's
+    own precision, as Flower's ``FedAvg`` does, at half the memory traffic of
+    float64. A record of one floating array gives a read-only view (no copy).
+    """
+    arrays = [array_values(array).ravel() for array in record.values()]
+    dtype = np.result_type(*(array.dtype for array in arrays), np.float32)
+    if len(arrays) == 1 and arrays[0].dtype == dtype:
+        return arrays[0]
+    return np.concatenate(arrays, dtype=dtype) if arrays else np.empty(0, dtype)
+
+
+def unflatten(vector: NDArray[np.floating], like: ArrayRecord) -> ArrayRecord:
+    """Split ``vector`` into an ArrayRecord shaped like ``like`` (keys, dtypes)."""
+    sizes = [int(np.prod(template.shape)) for template in like.values()]
+    if sum(sizes) != vector.size:
+        raise ValueError(
+            f"vector has {vector.size} entries, the record needs {sum(sizes)}"
+        )
+    arrays: dict[str, Array] = {}
+    offset = 0
+    for (key, template), size in zip(like.items(), sizes, strict=True):
+        values = vector[offset : offset + size].reshape(template.shape)
+        arrays[key] = Array(values.astype(np.dtype(template.dtype)))
+        offset += size
+    return ArrayRecord.from_array_dict(arrays)
+
+
+def combine_arrays(
+    records: Sequence[ArrayRecord],
+    combine: Callable[[list[NDArray[np.floating]]], NDArray[np.floating]],
+    like: ArrayRecord,
+) -> ArrayRecord:
+    """``combine`` applied array by array, shaped like ``like`` (keys, dtypes).
+
+    For a linear combination of whole models (a mean, a weighted sum, a model
+    plus a step) this equals ``unflatten(combine([flatten(r) for r in
+    records]), like)`` without first copying each model into one vector: each
+    array is read in place (:func:`array_values`), as Flower's ``FedAvg`` sums
+    array by array. The records must have ``like``'s keys and shapes (checked
+    replies do).
+    """
+    arrays: dict[str, Array] = {}
+    for key, template in like.items():
+        values = combine([array_values(record[key]).ravel() for record in records])
+        arrays[key] = Array(
+            values.reshape(template.shape).astype(template.dtype, copy=False)
+        )
+    return ArrayRecord.from_array_dict(arrays)

@@ -1,0 +1,451 @@
+"""The base of every strategy of the library: :class:`ImportanceStrategy`.
+
+It owns what each strategy would otherwise repeat: the seeded generator, the
+shared settings and their checks, the round plan ``configure_train`` keeps for
+``aggregate_train`` (checked against the round number), the one way messages
+are built, reply metrics in the form Flower's aggregators read, federated
+evaluation that survives bad replies, and a summary of what applies.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from logging import INFO, WARNING
+from numbers import Integral, Real
+from typing import Any, ClassVar, Generic, TypedDict, TypeVar
+
+import numpy as np
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy.strategy_utils import sample_nodes
+
+from flwr_importance.protocol import NUM_EXAMPLES, SERVER_ROUND, query_message_type
+from flwr_importance.strategies.messages import (
+    SharedArrays,
+    node_messages,
+    send_query,
+)
+from flwr_importance.strategies.replies import (
+    CheckedReply,
+    check_replies,
+    metric_contents,
+)
+
+#: Flower's signature of ``train_metrics_aggr_fn`` and ``evaluate_metrics_aggr_fn``.
+MetricsAggregation = Callable[[list[RecordDict], str], MetricRecord]
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """What ``configure_train`` decided, kept for ``aggregate_train`` of its round.
+
+    Each strategy subclasses it (a frozen dataclass too) with what its
+    aggregation needs; :meth:`ImportanceStrategy.plan_for` hands it back only
+    for the round it was made for.
+
+    Attributes
+    ----------
+    server_round : int
+        The round the plan belongs to.
+    arrays : ArrayRecord
+        The model the round started from: the template replies are checked
+        against and the base of the new model.
+    nodes : frozenset of int
+        The nodes sent a ``train`` message; replies from others are dropped.
+    """
+
+    server_round: int
+    arrays: ArrayRecord
+    nodes: frozenset[int]
+
+
+PlanT = TypeVar("PlanT", bound=RoundPlan)
+
+
+class StrategyOptions(TypedDict, total=False):
+    """The keyword arguments every strategy takes (``**options``).
+
+    Documented on :class:`ImportanceStrategy`; a strategy's constructor takes
+    them as ``**options: Unpack[StrategyOptions]`` and passes them on.
+    """
+
+    seed: int
+    query_timeout: float
+    fraction_evaluate: float | None
+    min_evaluate_nodes: int
+    min_available_nodes: int
+    weighted_by_key: str
+    arrayrecord_key: str
+    configrecord_key: str
+    evaluate_metrics_aggr_fn: MetricsAggregation | None
+
+
+def check_count(name: str, value: Any, minimum: int = 1) -> int:
+    """``value`` as an int, once checked to be a whole number ``>= minimum``.
+
+    Raises
+    ------
+    TypeError
+        ``value`` is not an integer (a bool is not one here).
+    ValueError
+        ``value`` is below ``minimum``.
+    """
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_positive(name: str, value: Any) -> float:
+    """``value`` as a float, once checked to be a finite number ``> 0``.
+
+    Raises
+    ------
+    TypeError
+        ``value`` is not a real number.
+    ValueError
+        ``value`` is not finite or not positive.
+    """
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    number = float(value)
+    if not (math.isfinite(number) and number > 0):
+        raise ValueError(f"{name} must be finite and > 0, got {value}")
+    return number
+
+
+def check_choice(name: str, value: Any, choices: Collection[Any]) -> None:
+    """Raise a ValueError naming the valid ``choices`` if ``value`` is not one."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+
+
+def log_settings(
+    title: str, settings: Mapping[str, object], last: bool = False
+) -> None:
+    """Log ``settings`` as one branch of a strategy summary's tree.
+
+    ``last`` closes the tree (the final branch of :meth:`Strategy.summary`).
+    """
+    log(INFO, "\t%s──> %s:", "└" if last else "├", title)
+    indent = "\t\t" if last else "\t│\t"
+    for index, (label, value) in enumerate(settings.items()):
+        branch = "└" if index == len(settings) - 1 else "├"
+        log(INFO, "%s%s── %s: %s", indent, branch, label, value)
+
+
+class ImportanceStrategy(FedAvg, Generic[PlanT]):
+    """A Flower ``FedAvg`` whose subclasses sample, query and reweight.
+
+    Every strategy of the library subclasses it with its own
+    ``configure_train`` and ``aggregate_train``; what they share lives here.
+
+    * ``self.rng``: a ``numpy.random.Generator`` seeded with ``seed``.
+    * One round plan (a :class:`RoundPlan` subclass): ``configure_train``
+      stores it with :meth:`keep_plan`, ``aggregate_train`` fetches it with
+      :meth:`plan_for`, which refuses (logs, returns None) a plan made for
+      another round, so the model is left unchanged rather than updated
+      from stale state.
+    * Messages built one way, :meth:`build_messages` (and :meth:`query` for
+      ``query.<action>`` round trips), honouring ``arrayrecord_key`` and
+      ``configrecord_key``.
+    * :meth:`train_metrics`, the checked replies' metrics averaged by
+      ``train_metrics_aggr_fn``.
+    * Federated evaluation that survives bad replies: ``FedAvg``'s
+      ``aggregate_evaluate`` raises ``InconsistentMessageReplies`` (ending the
+      run) when one reply lacks the weighting metric and divides by zero when
+      the weights sum to zero; here :func:`check_replies` drops and logs such
+      replies by node.
+    * :meth:`summary`, logging only the settings that apply; subclasses log
+      their own first and then call ``super().summary()``.
+
+    Parameters
+    ----------
+    seed : int (default: 0)
+        Seeds ``self.rng`` (and any draw a subclass derives from it); >= 0.
+    query_timeout : float (default: 600.0)
+        Seconds to wait for the replies to a ``query.<action>`` message.
+    fraction_evaluate : float, optional
+        Fraction of the connected nodes sampled (uniformly, as in ``FedAvg``)
+        for federated evaluation, in ``[0, 1]``; 0 turns it off. Default:
+        1.0, or 0.0 for a class without federated evaluation (which refuses
+        any other value, with its reason).
+    min_evaluate_nodes : int (default: 2)
+        Fewest nodes sampled for federated evaluation, as in ``FedAvg``.
+    min_available_nodes : int (default: 1)
+        A round waits until this many nodes are connected (>= 1); every
+        strategy warns when fewer nodes than it samples are connected.
+    weighted_by_key : str (default: "num-examples")
+        The metric that weights the averages of reply metrics.
+    arrayrecord_key : str (default: "arrays")
+        Key of the model's ArrayRecord in the messages sent.
+    configrecord_key : str (default: "config")
+        Key of the ConfigRecord in the messages sent.
+    evaluate_metrics_aggr_fn : callable, optional
+        Averages the evaluate replies' metrics, as in ``FedAvg`` (default: a
+        mean weighted by ``weighted_by_key``).
+    train_metrics_aggr_fn : callable, optional
+        Averages the train replies' metrics, for subclasses that use it.
+
+    Raises
+    ------
+    TypeError
+        A setting of the wrong type (e.g. a float ``seed``).
+    ValueError
+        A setting out of its range, or federated evaluation asked of a class
+        without it.
+    """
+
+    #: Why the class has no federated evaluation; None when it has.
+    no_federated_evaluation: ClassVar[str | None] = None
+    #: Shared settings the class never reads: left out of :meth:`summary`.
+    unused_settings: ClassVar[frozenset[str]] = frozenset()
+
+    # pylint: disable=too-many-arguments
+    def __init__(
+        self,
+        *,
+        seed: int = 0,
+        query_timeout: float = 600.0,
+        fraction_evaluate: float | None = None,
+        min_evaluate_nodes: int = 2,
+        min_available_nodes: int = 1,
+        weighted_by_key: str = NUM_EXAMPLES,
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+        evaluate_metrics_aggr_fn: MetricsAggregation | None = None,
+        train_metrics_aggr_fn: MetricsAggregation | None = None,
+    ) -> None:
+        self.seed = check_count("seed", seed, minimum=0)
+        self.query_timeout = check_positive("query_timeout", query_timeout)
+        fraction = self._fraction_evaluate(fraction_evaluate)
+        check_count("min_evaluate_nodes", min_evaluate_nodes, minimum=0)
+        check_count("min_available_nodes", min_available_nodes)
+        _check_keys(weighted_by_key, arrayrecord_key, configrecord_key)
+        for name, function in (
+            ("evaluate_metrics_aggr_fn", evaluate_metrics_aggr_fn),
+            ("train_metrics_aggr_fn", train_metrics_aggr_fn),
+        ):
+            if function is not None and not callable(function):
+                raise TypeError(f"{name} must be callable or None, got {function!r}")
+        super().__init__(
+            fraction_evaluate=fraction,
+            min_evaluate_nodes=min_evaluate_nodes,
+            min_available_nodes=min_available_nodes,
+            weighted_by_key=weighted_by_key,
+            arrayrecord_key=arrayrecord_key,
+            configrecord_key=configrecord_key,
+            train_metrics_aggr_fn=train_metrics_aggr_fn,
+            evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
+        )
+        self.rng = np.random.default_rng(self.seed)
+        self._plan: PlanT | None = None
+
+    def _fraction_evaluate(self, fraction: float | None) -> float:
+        """The checked ``fraction_evaluate``, its default filled in."""
+        reason = self.no_federated_evaluation
+        if fraction is None:
+            return 1.0 if reason is None else 0.0
+        if isinstance(fraction, bool) or not isinstance(fraction, Real):
+            raise TypeError(f"fraction_evaluate must be a number, got {fraction!r}")
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"fraction_evaluate must lie in [0, 1], got {fraction}")
+        if reason is not None and fraction != 0:
+            raise ValueError(f"fraction_evaluate={fraction}: {reason}")
+        return float(fraction)
+
+    # -- the round plan ------------------------------------------------------------
+    def keep_plan(self, plan: PlanT) -> None:
+        """Keep ``plan`` for ``aggregate_train`` of ``plan.server_round``."""
+        self._plan = plan
+
+    @property
+    def plan(self) -> PlanT | None:
+        """The latest round's plan (None before the first)."""
+        return self._plan
+
+    def plan_for(self, server_round: int) -> PlanT | None:
+        """The plan ``configure_train`` kept for ``server_round``, or None (logged).
+
+        None when no plan was kept (``configure_train`` skipped the round or
+        was not called) or the plan is another round's: ``aggregate_train``
+        then leaves the model unchanged.
+        """
+        plan = self._plan
+        if plan is None:
+            log(
+                WARNING,
+                "aggregate_train: no plan for round %d (configure_train skipped it "
+                "or was not called); the model is unchanged",
+                server_round,
+            )
+            return None
+        if plan.server_round != server_round:
+            log(
+                WARNING,
+                "aggregate_train: the kept plan is round %d's, not round %d's; "
+                "the model is unchanged",
+                plan.server_round,
+                server_round,
+            )
+            return None
+        return plan
+
+    # -- messages ------------------------------------------------------------------
+    def build_messages(
+        self,
+        node_configs: Mapping[int, ConfigRecord],
+        message_type: str,
+        arrays: SharedArrays = None,
+    ) -> list[Message]:
+        """One message per node: its config under ``configrecord_key`` and the arrays.
+
+        ``arrays`` goes to every node: one ArrayRecord (under
+        ``arrayrecord_key``) or a mapping of named ArrayRecords (e.g. one per
+        model, named by the protocol).
+        """
+        return node_messages(
+            node_configs,
+            message_type,
+            arrays,
+            self.arrayrecord_key,
+            self.configrecord_key,
+        )
+
+    def query(
+        self,
+        grid: Grid,
+        node_configs: Mapping[int, ConfigRecord],
+        action: str,
+        arrays: SharedArrays = None,
+    ) -> dict[int, Message]:
+        """The good replies to ``query.<action>`` sent to the nodes, by node id.
+
+        Waits ``query_timeout`` seconds; nodes that fail or do not answer are
+        logged and left out.
+        """
+        messages = self.build_messages(node_configs, query_message_type(action), arrays)
+        return send_query(grid, messages, action, self.query_timeout)
+
+    # -- replies -------------------------------------------------------------------
+    def train_metrics(self, replies: Sequence[CheckedReply]) -> MetricRecord:
+        """The replies' metrics averaged by ``train_metrics_aggr_fn``.
+
+        Weighted by ``weighted_by_key`` with Flower's default aggregation.
+        """
+        return self.train_metrics_aggr_fn(
+            metric_contents(replies), self.weighted_by_key
+        )
+
+    # -- federated evaluation ------------------------------------------------------
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """``evaluate`` messages to a uniform sample of the nodes, as ``FedAvg``'s."""
+        if self.fraction_evaluate == 0.0:
+            return []
+        num_nodes = int(len(list(grid.get_node_ids())) * self.fraction_evaluate)
+        sample_size = max(num_nodes, self.min_evaluate_nodes)
+        # Flower's own sampler: the same nodes as FedAvg's for the same seed.
+        node_ids, connected = sample_nodes(grid, self.min_available_nodes, sample_size)
+        log(
+            INFO,
+            "configure_evaluate: sampled %d nodes (out of %d)",
+            len(node_ids),
+            len(connected),
+        )
+        config[SERVER_ROUND] = server_round
+        return self.build_messages(
+            dict.fromkeys(node_ids, config), MessageType.EVALUATE, arrays
+        )
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Weighted mean of the checked replies' metrics (None if none is usable).
+
+        With federated evaluation off on purpose (``fraction_evaluate = 0``)
+        nothing was asked and nothing is logged; a warning means evaluation
+        was asked for and no reply could be used.
+        """
+        replies = list(replies)
+        if not replies and self.fraction_evaluate == 0.0:
+            return None
+        checked = check_replies(
+            replies,
+            nonnegative_keys=[self.weighted_by_key],
+            context="aggregate_evaluate",
+        )
+        if sum(reply.metrics[self.weighted_by_key] for reply in checked) <= 0:
+            log(WARNING, "aggregate_evaluate: no usable reply with a positive weight")
+            return None
+        return self.evaluate_metrics_aggr_fn(
+            metric_contents(checked), self.weighted_by_key
+        )
+
+    # -- summary -------------------------------------------------------------------
+    def unused_settings_now(self) -> frozenset[str]:
+        """The shared settings this strategy, as configured, never reads.
+
+        :attr:`unused_settings` by default; a subclass whose use of a setting
+        depends on its options (FOLB queries only in its two-set mode) adds
+        to it.
+        """
+        return self.unused_settings
+
+    def summary(self) -> None:
+        """Log the shared settings that apply to this strategy.
+
+        Subclasses log their own settings (:func:`log_settings`) and then call
+        ``super().summary()``; nothing logged is a setting the run ignores.
+        """
+        unused = self.unused_settings_now()
+        shared: dict[str, object] = {}
+        if "seed" not in unused:
+            shared["Seed"] = self.seed
+        if "query_timeout" not in unused:
+            shared["Query timeout"] = f"{self.query_timeout:g} s"
+        shared["Minimum available nodes"] = self.min_available_nodes
+        log_settings("Shared settings", shared)
+        if self.fraction_evaluate == 0.0:
+            evaluation: dict[str, object] = {
+                "Off": self.no_federated_evaluation or "fraction_evaluate = 0"
+            }
+        else:
+            evaluation = {
+                "Fraction": f"{self.fraction_evaluate:.2f}",
+                "Minimum nodes": self.min_evaluate_nodes,
+                "Weighted by": repr(self.weighted_by_key),
+            }
+        log_settings("Federated evaluation", evaluation)
+        keys = {"ConfigRecord": repr(self.configrecord_key)}
+        if "arrayrecord_key" not in unused:
+            keys = {"ArrayRecord": repr(self.arrayrecord_key), **keys}
+        log_settings("Keys in records", keys, last=True)
+
+
+def _check_keys(*keys: str) -> None:
+    """Raise unless every key is a non-empty string and the record keys differ."""
+    for key in keys:
+        if not isinstance(key, str):
+            raise TypeError(f"record and metric keys must be str, got {key!r}")
+        if not key:
+            raise ValueError("record and metric keys must not be empty")
+    _, arrayrecord_key, configrecord_key = keys
+    if arrayrecord_key == configrecord_key:
+        raise ValueError(
+            f"arrayrecord_key and configrecord_key are both {arrayrecord_key!r}: "
+            "the model and the config need their own keys"
+        )

@@ -1,0 +1,208 @@
+"""What every strategy inherits from ``ImportanceStrategy``.
+
+Keyword-only constructors with the same checked settings and defaults, a round
+plan that only its own round may use, replies from nodes that were not sent a
+message dropped, messages under the configured record keys, and a summary that
+logs only the settings that apply.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord
+
+from flwr_importance.protocol import NUM_EXAMPLES
+from flwr_importance.strategies import (
+    FOLB,
+    ClusteredSampling,
+    FedSampling,
+    ISFedAvg,
+    MDSampling,
+    MultiModelSampling,
+    OptimalClientSampling,
+    pack_models,
+)
+from flwr_importance.strategies.base import ImportanceStrategy
+from flwr_importance.testing import InProcessGrid
+from tests.strategies.test_plumbing import reply
+from tests.strategies.test_server_warnings import MODEL
+from tests.strategies.test_server_warnings import app as query_app
+
+#: Each strategy with its required arguments; keyword arguments are added.
+BUILDERS: dict[str, Callable[..., ImportanceStrategy[Any]]] = {
+    "isfedavg": lambda **kw: ISFedAvg(clients_per_round=3, **kw),
+    "folb": lambda **kw: FOLB(clients_per_round=3, **kw),
+    "fedsampling": lambda **kw: FedSampling(samples_per_round=16, **kw),
+    "md": lambda **kw: MDSampling(clients_per_round=3, **kw),
+    "clustered": lambda **kw: ClusteredSampling(clients_per_round=3, **kw),
+    "ocs": lambda **kw: OptimalClientSampling(clients_per_round=3, **kw),
+    "mmfl": lambda **kw: MultiModelSampling(num_models=1, clients_per_round=3, **kw),
+}
+
+#: The first required argument of each class, given positionally.
+POSITIONAL: dict[str, Callable[[], object]] = {
+    "isfedavg": lambda: ISFedAvg(3),  # type: ignore[misc]
+    "folb": lambda: FOLB(3),  # type: ignore[misc]
+    "fedsampling": lambda: FedSampling(16),  # type: ignore[misc]
+    "md": lambda: MDSampling(3),  # type: ignore[misc]
+    "clustered": lambda: ClusteredSampling(3),  # type: ignore[misc]
+    "ocs": lambda: OptimalClientSampling(3),  # type: ignore[misc]
+    "mmfl": lambda: MultiModelSampling(1, 3),  # type: ignore[misc]
+}
+
+#: The defaults a class states as its own, with the reason in its docstring.
+STATED_DIFFERENCES: dict[str, dict[str, object]] = {
+    "folb": {"min_available_nodes": 3},  # K distinct devices without replacement
+    # Evaluation would reveal the sizes; S packed models are evaluated centrally.
+    # FedAvg zeroes min_evaluate_nodes when evaluation is off.
+    "fedsampling": {"fraction_evaluate": 0.0, "min_evaluate_nodes": 0},
+    "mmfl": {"fraction_evaluate": 0.0, "min_evaluate_nodes": 0},
+}
+
+SHARED_DEFAULTS: dict[str, object] = {
+    "seed": 0,
+    "query_timeout": 600.0,
+    "fraction_evaluate": 1.0,
+    "min_evaluate_nodes": 2,
+    "min_available_nodes": 1,
+    "weighted_by_key": NUM_EXAMPLES,
+    "arrayrecord_key": "arrays",
+    "configrecord_key": "config",
+}
+
+
+@pytest.mark.parametrize("name", sorted(POSITIONAL))
+def test_constructors_are_keyword_only(name: str) -> None:
+    with pytest.raises(TypeError, match="positional"):
+        POSITIONAL[name]()
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_shared_settings_have_the_same_defaults_everywhere(name: str) -> None:
+    strategy = BUILDERS[name]()
+    expected = {**SHARED_DEFAULTS, **STATED_DIFFERENCES.get(name, {})}
+    assert {key: getattr(strategy, key) for key in expected} == expected
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+@pytest.mark.parametrize(
+    ("setting", "error", "message"),
+    [
+        ({"seed": -1}, ValueError, "seed must be >= 0"),
+        ({"seed": 1.5}, TypeError, "seed must be an int"),
+        ({"query_timeout": 0}, ValueError, "query_timeout must be finite and > 0"),
+        ({"query_timeout": "10"}, TypeError, "query_timeout must be a number"),
+        ({"fraction_evaluate": 1.5}, ValueError, r"fraction_evaluate must lie in"),
+        ({"min_evaluate_nodes": -1}, ValueError, "min_evaluate_nodes must be >= 0"),
+        ({"min_available_nodes": 0}, ValueError, "min_available_nodes must be >= 1"),
+        ({"configrecord_key": "arrays"}, ValueError, "need their own keys"),
+        ({"arrayrecord_key": 3}, TypeError, "keys must be str"),
+        ({"weighted_by_key": ""}, ValueError, "must not be empty"),
+        ({"evaluate_metrics_aggr_fn": "mean"}, TypeError, "must be callable"),
+    ],
+)
+def test_bad_shared_settings_raise_naming_the_setting(
+    name: str, setting: dict[str, object], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        BUILDERS[name](**setting)
+
+
+@pytest.mark.parametrize("name", ["fedsampling", "mmfl"])
+def test_federated_evaluation_is_refused_with_the_reason(name: str) -> None:
+    with pytest.raises(ValueError, match=r"fraction_evaluate=0\.5: .*evaluate"):
+        BUILDERS[name](fraction_evaluate=0.5)
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_summary_logs_only_what_applies(
+    name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    strategy = BUILDERS[name]()
+    with caplog.at_level(logging.INFO):
+        strategy.summary()
+    text = caplog.text
+    # FedAvg's train sampling (fraction_train, min_train_nodes) never applies.
+    assert "train (" not in text and "Fraction: train" not in text
+    assert "Minimum available nodes: " in text
+    assert ("Seed: 0" in text) == (name != "fedsampling")
+    assert ("Query timeout" in text) == (name not in ("isfedavg", "folb"))
+    assert ("ArrayRecord: 'arrays'" in text) == (name != "mmfl")
+    if strategy.fraction_evaluate == 0:
+        assert "Off: " in text and "Minimum nodes" not in text
+    else:
+        assert "Fraction: 1.00" in text
+
+
+def test_summary_logs_the_query_timeout_only_where_queries_are_sent(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO):
+        FOLB(clients_per_round=3, mode="two-set").summary()
+    assert "Query timeout: 600 s" in caplog.text
+
+
+def test_a_plan_is_used_only_by_its_own_round(caplog: pytest.LogCaptureFixture) -> None:
+    strategy = MDSampling(clients_per_round=2, fraction_evaluate=0.0)
+    grid = InProcessGrid(query_app, num_nodes=4)
+    messages = list(strategy.configure_train(1, MODEL, ConfigRecord(), grid))
+    replies = [
+        reply(message.metadata.dst_node_id, MODEL, {NUM_EXAMPLES: 10})
+        for message in messages
+    ]
+    with caplog.at_level(logging.WARNING):
+        assert strategy.aggregate_train(2, replies) == (None, None)
+    assert "the kept plan is round 1's, not round 2's" in caplog.text
+    arrays, _ = strategy.aggregate_train(1, replies)
+    assert arrays is not None
+
+
+def test_no_plan_leaves_the_model_unchanged(caplog: pytest.LogCaptureFixture) -> None:
+    for name, build in BUILDERS.items():
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert build().aggregate_train(1, []) == (None, None), name
+        assert "no plan for round 1" in caplog.text, name
+
+
+def test_replies_from_nodes_not_sent_a_message_are_dropped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    strategy = MDSampling(clients_per_round=2, fraction_evaluate=0.0)
+    grid = InProcessGrid(query_app, num_nodes=4)
+    messages = list(strategy.configure_train(1, MODEL, ConfigRecord(), grid))
+    sent = {message.metadata.dst_node_id for message in messages}
+    stranger = min(set(grid.get_node_ids()) - sent)
+    replies = [reply(node, MODEL, {NUM_EXAMPLES: 10}) for node in sorted(sent)]
+    # A well-formed reply, from a node that was not drawn: it must not count.
+    far_off = ArrayRecord([np.full(3, 1e6, np.float32)])
+    replies.append(reply(stranger, far_off, {NUM_EXAMPLES: 10}))
+    with caplog.at_level(logging.WARNING):
+        arrays, _ = strategy.aggregate_train(1, replies)
+    assert arrays is not None
+    np.testing.assert_array_equal(arrays.to_numpy_ndarrays()[0], np.zeros(3))
+    assert f"node {stranger} excluded: it was not sent a message" in caplog.text
+
+
+def test_messages_honour_the_record_keys() -> None:
+    grid = InProcessGrid(query_app, num_nodes=4)
+    strategies: list[tuple[ImportanceStrategy[Any], ArrayRecord]] = [
+        (BUILDERS["ocs"](configrecord_key="cfg"), MODEL),
+        (BUILDERS["mmfl"](configrecord_key="cfg"), pack_models([MODEL])),
+        (BUILDERS["md"](configrecord_key="cfg", arrayrecord_key="model"), MODEL),
+    ]
+    for strategy, arrays in strategies:
+        for messages in (
+            strategy.configure_train(1, arrays, ConfigRecord(), grid),
+            strategy.configure_evaluate(1, arrays, ConfigRecord(), grid),
+        ):
+            for message in messages:
+                assert list(message.content.config_records) == ["cfg"]
+    _, _, (md, _) = strategies
+    (message, *_) = md.configure_train(2, MODEL, ConfigRecord(), grid)
+    assert list(message.content.array_records) == ["model"]
