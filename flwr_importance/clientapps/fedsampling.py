@@ -303,23 +303,16 @@ def fedsampling_gradient(
         batches hold none.
     """
     return _fedsampling_gradient(
-        model,
-        batches,
-        criterion_batch_loss(criterion),
-        plan=plan,
-        lr=lr,
-        unpack=unpack,
+        model, _Counted(batches, unpack), criterion_batch_loss(criterion), plan, lr
     )
 
 
 def _fedsampling_gradient(
     model: torch.nn.Module,
-    batches: Iterable[Any],
+    kept: _Counted,
     batch_loss: BatchLoss,
-    *,
     plan: FedSamplingRound,
     lr: float | None,
-    unpack: Unpack,
 ) -> dict[str, torch.Tensor]:
     """:func:`fedsampling_gradient` for a ``(model, inputs, targets) -> loss``."""
     if plan.local_steps > 1 and (lr is None or not lr > 0):
@@ -331,7 +324,7 @@ def _fedsampling_gradient(
     if plan.indices:
         for step in range(plan.local_steps):
             step_gradient = _normalized_gradient(
-                model, batches, batch_loss, unpack, plan.samples_per_round
+                model, kept, batch_loss, plan.samples_per_round
             )
             with torch.no_grad():
                 for parameter, accumulated, gradient in zip(
@@ -350,7 +343,7 @@ def _fedsampling_gradient(
 
 
 class _Counted:
-    """Batches as ``(inputs, targets)``, counting the samples they held."""
+    """Batches as ``(inputs, targets)``, counting the samples of the last pass."""
 
     def __init__(self, batches: Iterable[Any], unpack: Unpack) -> None:
         self.batches = batches
@@ -358,6 +351,7 @@ class _Counted:
         self.num_samples = 0
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self.num_samples = 0
         for inputs, targets in unpacked(self.batches, self.unpack):
             self.num_samples += len(targets)
             yield inputs, targets
@@ -365,15 +359,13 @@ class _Counted:
 
 def _normalized_gradient(
     model: torch.nn.Module,
-    batches: Iterable[Any],
+    kept: _Counted,
     batch_loss: BatchLoss,
-    unpack: Unpack,
     samples_per_round: int,
 ) -> list[torch.Tensor]:
     """``(1/K) sum_s grad Q_s(w)``: the mean gradient times ``|S_c| / K``."""
-    counted = _Counted(batches, unpack)
-    mean = mean_gradient(model, counted, batch_loss)
-    scale = counted.num_samples / samples_per_round
+    mean = mean_gradient(model, kept, batch_loss)
+    scale = kept.num_samples / samples_per_round
     return [gradient * scale for gradient in mean]
 
 
@@ -427,13 +419,9 @@ def make_fedsampling_train_handler(task_factory: TaskFactory) -> ClientHandler:
         task = received_task(task_factory, message, context)
         numpy_rng, _ = round_generators(task, server_round_of(message))
         plan = fedsampling_round(message, num_examples=len(task.x), rng=numpy_rng)
+        kept = _Counted(task_batches(task, plan.indices), inputs_and_targets)
         gradient = _fedsampling_gradient(
-            task.model,
-            task_batches(task, plan.indices),
-            task.objective.loss,
-            plan=plan,
-            lr=task.lr,
-            unpack=inputs_and_targets,
+            task.model, kept, task.objective.loss, plan, task.lr
         )
         return fedsampling_reply(message, gradient)
 
