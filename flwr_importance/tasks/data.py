@@ -136,10 +136,14 @@ def load_dataset(
             f"unknown dataset {name!r}; valid names: {', '.join(DATASET_NAMES)} "
             "(image data sets from the Hub: load_hub_dataset)"
         )
-    if partitioning not in PARTITIONINGS:
-        raise ValueError(
-            f"unknown partitioning {partitioning!r}; valid: {', '.join(PARTITIONINGS)}"
-        )
+    split_options = _SplitOptions(
+        num_partitions,
+        partitioning,
+        seed,
+        classes_per_client,
+        float(dirichlet_alpha),
+        float(lognormal_sigma),
+    )
     if num_partitions < 1:
         raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
     if name == "synthetic-iid":
@@ -147,14 +151,7 @@ def load_dataset(
     elif name == "synthetic-1-1":
         synthetic_alpha, synthetic_beta, synthetic_iid = 1.0, 1.0, False
     if name == "digits":
-        return _cached_digits(
-            num_partitions,
-            partitioning,
-            seed,
-            classes_per_client,
-            float(dirichlet_alpha),
-            float(lognormal_sigma),
-        )
+        return _cached_digits(split_options)
     return _generate(
         name,
         num_partitions,
@@ -225,15 +222,43 @@ def _generate(
     )
 
 
+@dataclass(frozen=True)
+class _SplitOptions:
+    """How a labelled training set is split over clients: a memoization key.
+
+    The arguments of :func:`~flwr_importance.tasks.partitioning.partition_indices`
+    but the labels; the partitioning's name is checked on construction.
+    """
+
+    num_partitions: int
+    partitioning: str
+    seed: int
+    classes_per_client: int
+    dirichlet_alpha: float
+    lognormal_sigma: float
+
+    def __post_init__(self) -> None:
+        if self.partitioning not in PARTITIONINGS:
+            raise ValueError(
+                f"unknown partitioning {self.partitioning!r}; "
+                f"valid: {', '.join(PARTITIONINGS)}"
+            )
+
+    def client_indices(self, labels: np.ndarray) -> list[np.ndarray]:
+        """Each client's indices into ``labels``, by :func:`partition_indices`."""
+        return partition_indices(
+            labels,
+            self.num_partitions,
+            self.partitioning,
+            seed=self.seed,
+            classes_per_client=self.classes_per_client,
+            dirichlet_alpha=self.dirichlet_alpha,
+            lognormal_sigma=self.lognormal_sigma,
+        )
+
+
 @functools.lru_cache(maxsize=_CACHE_SLOTS)
-def _cached_digits(
-    num_partitions: int,
-    partitioning: str,
-    seed: int,
-    classes_per_client: int,
-    dirichlet_alpha: float,
-    lognormal_sigma: float,
-) -> FederatedSplit:
+def _cached_digits(split_options: _SplitOptions) -> FederatedSplit:
     """Scikit-learn's 8x8 digits, split over clients (memoized)."""
     from sklearn.datasets import load_digits  # on first use, see top
 
@@ -242,14 +267,9 @@ def _cached_digits(
     images = (digits.images / 16.0).astype(np.float32)[:, np.newaxis]
     labels = digits.target.astype(np.int64)
     return _split_arrays(
-        *_hold_out_test(images, labels, seed),
+        *_hold_out_test(images, labels, split_options.seed),
         num_classes=10,
-        num_partitions=num_partitions,
-        partitioning=partitioning,
-        seed=seed,
-        classes_per_client=classes_per_client,
-        dirichlet_alpha=dirichlet_alpha,
-        lognormal_sigma=lognormal_sigma,
+        split_options=split_options,
     )
 
 
@@ -295,23 +315,10 @@ def _split_arrays(
     test_labels: np.ndarray,
     *,
     num_classes: int,
-    num_partitions: int,
-    partitioning: str,
-    seed: int,
-    classes_per_client: int,
-    dirichlet_alpha: float,
-    lognormal_sigma: float,
+    split_options: _SplitOptions,
 ) -> FederatedSplit:
     """Partition labelled ``(n, C, H, W)`` images into a :class:`FederatedSplit`."""
-    client_indices = partition_indices(
-        train_labels,
-        num_partitions,
-        partitioning,
-        seed=seed,
-        classes_per_client=classes_per_client,
-        dirichlet_alpha=dirichlet_alpha,
-        lognormal_sigma=lognormal_sigma,
-    )
+    client_indices = split_options.client_indices(train_labels)
     features = torch.from_numpy(train_images)
     targets = torch.from_numpy(train_labels)
     index_tensors = [torch.from_numpy(indices) for indices in client_indices]
@@ -400,10 +407,14 @@ def load_hub_dataset(
         raise ValueError(
             f"unknown Hub dataset {name!r}; valid names: {', '.join(HUB_DATASET_NAMES)}"
         )
-    if partitioning not in PARTITIONINGS:
-        raise ValueError(
-            f"unknown partitioning {partitioning!r}; valid: {', '.join(PARTITIONINGS)}"
-        )
+    split_options = _SplitOptions(
+        num_partitions,
+        partitioning,
+        seed,
+        classes_per_client,
+        float(dirichlet_alpha),
+        float(lognormal_sigma),
+    )
     from flwr_datasets import FederatedDataset  # on first use, see top
 
     spec = _HUB_DATASETS[name]
@@ -431,12 +442,7 @@ def load_hub_dataset(
         test_images,
         test_labels,
         num_classes=spec.num_classes,
-        num_partitions=num_partitions,
-        partitioning=partitioning,
-        seed=seed,
-        classes_per_client=classes_per_client,
-        dirichlet_alpha=float(dirichlet_alpha),
-        lognormal_sigma=float(lognormal_sigma),
+        split_options=split_options,
     )
 
 
