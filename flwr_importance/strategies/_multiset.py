@@ -37,9 +37,9 @@ from flwr_importance.strategies.base import (
     ImportanceStrategy,
     RoundPlan,
     StrategyOptions,
-    check_count,
     log_settings,
 )
+from flwr_importance.strategies.checks import check_count
 from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
 from flwr_importance.strategies.replies import CheckedReply, check_replies
 
@@ -124,11 +124,13 @@ class MultisetSampling(ImportanceStrategy[DrawPlan], ABC):
         return dict(self._sizes)
 
     def summary(self) -> None:
-        """Log the draws per round, then the shared settings."""
-        log_settings(
-            "Multiset sampling", {"Draws per round (m)": self.clients_per_round}
-        )
+        """Log :meth:`sampling_settings` under the class name, then the shared ones."""
+        log_settings(type(self).__name__, self.sampling_settings())
         super().summary()
+
+    def sampling_settings(self) -> dict[str, object]:
+        """The sampling scheme's settings, by label; subclasses add theirs."""
+        return {"Draws per round (m)": self.clients_per_round}
 
     # -- Flower's Strategy API -------------------------------------------------
     def configure_train(

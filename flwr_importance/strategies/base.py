@@ -9,12 +9,11 @@ evaluation that survives bad replies, and a summary of what applies.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
-from numbers import Integral, Real
-from typing import Any, ClassVar, Generic, TypedDict, TypeVar
+from numbers import Real
+from typing import ClassVar, Generic, TypedDict, TypeVar
 
 import numpy as np
 from flwr.app import (
@@ -31,6 +30,7 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from flwr_importance.protocol import NUM_EXAMPLES, SERVER_ROUND, query_message_type
+from flwr_importance.strategies.checks import check_count, check_keys, check_positive
 from flwr_importance.strategies.messages import (
     SharedArrays,
     node_messages,
@@ -89,47 +89,6 @@ class StrategyOptions(TypedDict, total=False):
     arrayrecord_key: str
     configrecord_key: str
     evaluate_metrics_aggr_fn: MetricsAggregation | None
-
-
-def check_count(name: str, value: Any, minimum: int = 1) -> int:
-    """``value`` as an int, once checked to be a whole number ``>= minimum``.
-
-    Raises
-    ------
-    TypeError
-        ``value`` is not an integer (a bool is not one here).
-    ValueError
-        ``value`` is below ``minimum``.
-    """
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def check_positive(name: str, value: Any) -> float:
-    """``value`` as a float, once checked to be a finite number ``> 0``.
-
-    Raises
-    ------
-    TypeError
-        ``value`` is not a real number.
-    ValueError
-        ``value`` is not finite or not positive.
-    """
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"{name} must be a number, got {value!r}")
-    number = float(value)
-    if not (math.isfinite(number) and number > 0):
-        raise ValueError(f"{name} must be finite and > 0, got {value}")
-    return number
-
-
-def check_choice(name: str, value: Any, choices: Collection[Any]) -> None:
-    """Raise a ValueError naming the valid ``choices`` if ``value`` is not one."""
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
 
 
 def log_settings(
@@ -233,7 +192,7 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
         fraction = self._fraction_evaluate(fraction_evaluate)
         check_count("min_evaluate_nodes", min_evaluate_nodes, minimum=0)
         check_count("min_available_nodes", min_available_nodes)
-        _check_keys(weighted_by_key, arrayrecord_key, configrecord_key)
+        check_keys(weighted_by_key, arrayrecord_key, configrecord_key)
         for name, function in (
             ("evaluate_metrics_aggr_fn", evaluate_metrics_aggr_fn),
             ("train_metrics_aggr_fn", train_metrics_aggr_fn),
@@ -244,12 +203,14 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
             fraction_evaluate=fraction,
             min_evaluate_nodes=min_evaluate_nodes,
             min_available_nodes=min_available_nodes,
-            weighted_by_key=weighted_by_key,
-            arrayrecord_key=arrayrecord_key,
-            configrecord_key=configrecord_key,
             train_metrics_aggr_fn=train_metrics_aggr_fn,
             evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
         )
+        # The record keys FedAvg reads, checked together above (its own
+        # constructor takes any value).
+        self.weighted_by_key = weighted_by_key
+        self.arrayrecord_key = arrayrecord_key
+        self.configrecord_key = configrecord_key
         self.rng = np.random.default_rng(self.seed)
         self._plan: PlanT | None = None
 
@@ -434,18 +395,3 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
         if "arrayrecord_key" not in unused:
             keys = {"ArrayRecord": repr(self.arrayrecord_key), **keys}
         log_settings("Keys in records", keys, last=True)
-
-
-def _check_keys(*keys: str) -> None:
-    """Raise unless every key is a non-empty string and the record keys differ."""
-    for key in keys:
-        if not isinstance(key, str):
-            raise TypeError(f"record and metric keys must be str, got {key!r}")
-        if not key:
-            raise ValueError("record and metric keys must not be empty")
-    _, arrayrecord_key, configrecord_key = keys
-    if arrayrecord_key == configrecord_key:
-        raise ValueError(
-            f"arrayrecord_key and configrecord_key are both {arrayrecord_key!r}: "
-            "the model and the config need their own keys"
-        )

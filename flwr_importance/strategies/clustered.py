@@ -21,12 +21,8 @@ from flwr_importance.sampling import (
 )
 from flwr_importance.sampling.clustered import CountSketch
 from flwr_importance.strategies._multiset import MultisetSampling
-from flwr_importance.strategies.base import (
-    StrategyOptions,
-    check_choice,
-    check_count,
-    log_settings,
-)
+from flwr_importance.strategies.base import StrategyOptions
+from flwr_importance.strategies.checks import check_choice, check_count
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -131,17 +127,16 @@ class ClusteredSampling(MultisetSampling):
         # Algorithm 1's distributions and the (nodes, sizes, m) they were built for.
         self._size_distributions: tuple[_SizeKey, NDArray[np.float64]] | None = None
 
-    def summary(self) -> None:
-        """Log the clustering parameters, then the sampling summary."""
-        settings: dict[str, object] = {"Method": "size (Algorithm 1)"}
-        if self.method == "similarity":
-            settings = {
-                "Method": "similarity (Algorithm 2)",
-                "Distance": self.distance,
-                "Projection dim": self.projection_dim or "none",
-            }
-        log_settings("Clustered sampling", settings)
-        super().summary()
+    def sampling_settings(self) -> dict[str, object]:
+        """The draws per round and the clustering parameters."""
+        if self.method == "size":
+            return {**super().sampling_settings(), "Method": "size (Algorithm 1)"}
+        return {
+            **super().sampling_settings(),
+            "Method": "similarity (Algorithm 2)",
+            "Distance": self.distance,
+            "Projection dim": self.projection_dim or "none",
+        }
 
     # -- MultisetSampling hooks ------------------------------------------------
     def draw_clients(

@@ -31,10 +31,9 @@ from flwr_importance.strategies.base import (
     ImportanceStrategy,
     RoundPlan,
     StrategyOptions,
-    check_count,
-    check_positive,
     log_settings,
 )
+from flwr_importance.strategies.checks import check_count, check_positive
 from flwr_importance.strategies.messages import connected_nodes
 from flwr_importance.strategies.replies import check_replies
 

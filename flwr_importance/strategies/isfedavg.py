@@ -37,9 +37,9 @@ from flwr_importance.strategies.base import (
     MetricsAggregation,
     RoundPlan,
     StrategyOptions,
-    check_count,
     log_settings,
 )
+from flwr_importance.strategies.checks import check_count
 from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
 from flwr_importance.strategies.replies import CheckedReply, check_replies
 

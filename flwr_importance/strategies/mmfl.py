@@ -32,12 +32,8 @@ from flwr_importance.protocol import (
 )
 from flwr_importance.registry import CannedVariant, MethodSpec
 from flwr_importance.sampling import assign_models, estimator_variance, mmfl_probs
-from flwr_importance.strategies.base import (
-    StrategyOptions,
-    check_choice,
-    check_count,
-    log_settings,
-)
+from flwr_importance.strategies.base import StrategyOptions, log_settings
+from flwr_importance.strategies.checks import check_choice, check_count
 from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
 from flwr_importance.strategies.ocs import SamplePlan, UnbiasedSampling
 

@@ -39,13 +39,8 @@ from flwr_importance.protocol import (
 )
 from flwr_importance.registry import CannedVariant, MethodSpec
 from flwr_importance.strategies._multiset import MultisetSampling
-from flwr_importance.strategies.base import (
-    ImportanceStrategy,
-    StrategyOptions,
-    check_choice,
-    check_count,
-    log_settings,
-)
+from flwr_importance.strategies.base import StrategyOptions
+from flwr_importance.strategies.checks import check_choice, check_count
 from flwr_importance.strategies.replies import check_replies
 
 if TYPE_CHECKING:
@@ -328,17 +323,13 @@ class PowerOfChoice(MultisetSampling):
         """``rpow-d``'s table: each node's latest reported ``train-loss``."""
         return dict(self._train_losses)
 
-    def summary(self) -> None:
-        """Log ``m``, ``d`` and the variant, then the shared settings."""
-        log_settings(
-            "Power-of-Choice",
-            {
-                "Selected per round (m)": self.clients_per_round,
-                "Candidates per round (d)": self.candidates,
-                "Variant": self.variant,
-            },
-        )
-        ImportanceStrategy.summary(self)
+    def sampling_settings(self) -> dict[str, object]:
+        """``m`` (the selected), ``d`` and the variant."""
+        return {
+            "Selected per round (m)": self.clients_per_round,
+            "Candidates per round (d)": self.candidates,
+            "Variant": self.variant,
+        }
 
     # -- Flower's Strategy API ---------------------------------------------------
     def configure_train(

@@ -25,6 +25,7 @@ from flwr_importance.strategies import (
     MDSampling,
     MultiModelSampling,
     OptimalClientSampling,
+    PowerOfChoice,
     pack_models,
 )
 from flwr_importance.strategies.base import ImportanceStrategy
@@ -42,6 +43,7 @@ BUILDERS: dict[str, Callable[..., ImportanceStrategy[Any]]] = {
     "clustered": lambda **kw: ClusteredSampling(clients_per_round=3, **kw),
     "ocs": lambda **kw: OptimalClientSampling(clients_per_round=3, **kw),
     "mmfl": lambda **kw: MultiModelSampling(num_models=1, clients_per_round=3, **kw),
+    "poc": lambda **kw: PowerOfChoice(clients_per_round=3, **kw),
 }
 
 #: The first required argument of each class, given positionally.
@@ -53,6 +55,7 @@ POSITIONAL: dict[str, Callable[[], object]] = {
     "clustered": lambda: ClusteredSampling(3),  # type: ignore[misc]
     "ocs": lambda: OptimalClientSampling(3),  # type: ignore[misc]
     "mmfl": lambda: MultiModelSampling(1, 3),  # type: ignore[misc]
+    "poc": lambda: PowerOfChoice(3),  # type: ignore[misc]
 }
 
 #: The defaults a class states as its own, with the reason in its docstring.
