@@ -24,16 +24,9 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import Strategy
 
-from flwr_importance.protocol import NUM_EXAMPLES, UPDATE_NORM, per_model_key
-from flwr_importance.strategies import (
-    FOLB,
-    ClusteredSampling,
-    ISFedAvg,
-    MDSampling,
-    MultiModelSampling,
-    OptimalClientSampling,
-    pack_models,
-)
+from flwr_importance.protocol import LOSS, NUM_EXAMPLES, UPDATE_NORM, per_model_key
+from flwr_importance.registry import CannedSetup, MethodSpec, methods
+from flwr_importance.strategies import MDSampling, pack_models
 from flwr_importance.testing import InProcessGrid
 
 MODEL = ArrayRecord([np.zeros(3, np.float32)])
@@ -44,34 +37,48 @@ app = ClientApp()
 
 @app.query("sizes")
 @app.query("norm")
+@app.query("loss")
 def answer_query(message: Message, context: Context) -> Message:
-    """Ten samples, update norm 1 (for model 0)."""
+    """Ten samples, update norm 1 and loss 1 (for model 0)."""
     metrics = MetricRecord(
         {
             NUM_EXAMPLES: 10,
             per_model_key(NUM_EXAMPLES, 0): 10,
             per_model_key(UPDATE_NORM, 0): 1.0,
+            per_model_key(LOSS, 0): 1.0,
         }
     )
     return Message(RecordDict({"metrics": metrics}), reply_to=message)
 
 
-#: Each sampling strategy with ``clients_per_round = 5``, and the model it trains.
+CLIENTS_PER_ROUND = 5
+SETUP = CannedSetup(
+    clients_per_round=CLIENTS_PER_ROUND, total_size=100, max_size=100, projection_dim=3
+)
+
+
+def sampling_strategy(spec: MethodSpec) -> Callable[[], Strategy]:
+    """The method's first canned configuration, waiting for one node only.
+
+    FOLB draws distinct nodes unless told otherwise, and refuses to start a
+    round with fewer than it draws: with replacement it can.
+    """
+    arguments = {
+        **spec.canned[0].arguments(SETUP),
+        "min_available_nodes": 1,
+        **({"replace": True} if spec.name == "folb" else {}),
+    }
+    return lambda: spec.build(**arguments)
+
+
+#: Every method that samples ``clients_per_round = 5`` clients, and its model.
 STRATEGIES: dict[str, tuple[Callable[[], Strategy], ArrayRecord]] = {
-    "isfedavg": (lambda: ISFedAvg(clients_per_round=5, min_available_nodes=1), MODEL),
-    "md": (lambda: MDSampling(clients_per_round=5), MODEL),
-    "folb": (
-        lambda: FOLB(clients_per_round=5, replace=True, min_available_nodes=1),
-        MODEL,
-    ),
-    "clustered": (lambda: ClusteredSampling(clients_per_round=5, method="size"), MODEL),
-    "ocs": (lambda: OptimalClientSampling(clients_per_round=5), MODEL),
-    "mmfl": (
-        lambda: MultiModelSampling(
-            num_models=1, clients_per_round=5, variant="gradnorm"
-        ),
-        pack_models([MODEL]),
-    ),
+    spec.name: (
+        sampling_strategy(spec),
+        pack_models([MODEL]) if spec.canned[0].packed_models else MODEL,
+    )
+    for spec in methods()
+    if spec.clients_per_round
 }
 
 
