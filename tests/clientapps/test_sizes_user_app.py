@@ -1,4 +1,4 @@
-"""Clustered and MD (size-weighted) sampling on the user's own ClientApp.
+"""Size-query methods (clustered, MD and any like them) on the user's own ClientApp.
 
 The quickstart-shaped app keeps its train and evaluate functions and gains one
 ``add_size_query`` line; the real strategies run through the in-process grid.
@@ -18,7 +18,7 @@ from flwr_importance.clientapps.sizes import (
     checked_sample_count,
     sample_count_source,
 )
-from flwr_importance.strategies import ClusteredSampling, MDSampling
+from flwr_importance.registry import CannedSetup, MethodSpec, methods
 from flwr_importance.testing import InProcessGrid
 from flwr_importance.testing.grid import partition_node_config
 from tests.clientapps.quickstart_user import (
@@ -35,11 +35,28 @@ from tests.clientapps.quickstart_user import (
 
 NUM_NODES = 6
 
+SETUP = CannedSetup(clients_per_round=3, total_size=600, max_size=100, projection_dim=8)
+
+
+def size_only(spec: MethodSpec) -> bool:
+    """Whether the method's clients train as FedAvg's and answer ``query.sizes``."""
+    replies = spec.canned[0].replies
+    return set(replies) == {"query.sizes", "train"} and replies["train"] == "model"
+
+
+def evaluating(spec: MethodSpec) -> Callable[[], Strategy]:
+    """The method's first canned configuration, evaluating on every node."""
+    arguments = {
+        **spec.canned[0].arguments(SETUP),
+        "fraction_evaluate": 1.0,
+        "min_evaluate_nodes": 1,
+    }
+    return lambda: spec.build(**arguments)
+
+
+#: Every method whose clients only add the size query (clustered and MD).
 STRATEGIES: dict[str, Callable[[], Strategy]] = {
-    "clustered": lambda: ClusteredSampling(
-        clients_per_round=3, method="size", min_evaluate_nodes=1
-    ),
-    "md": lambda: MDSampling(clients_per_round=3, min_evaluate_nodes=1),
+    spec.name: evaluating(spec) for spec in methods() if size_only(spec)
 }
 
 
