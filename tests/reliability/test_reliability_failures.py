@@ -48,6 +48,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import Strategy
 from numpy.typing import NDArray
 
+from flwr_importance import registry
 from flwr_importance.protocol import (
     ISFEDAVG_CLIENT_PROB,
     ISFEDAVG_GRADIENT_SQ_NORM,
@@ -162,13 +163,16 @@ def test_isfedavg_tables_cover_the_connected_nodes_and_stay_normalized(
     assert probs.max() > 1.0 / len(connected) + 1e-6
 
 
-@pytest.mark.parametrize(
-    ("strategy_name", "overrides"),
-    [
-        ("md", {}),
-        ("clustered", {"clustered-method": "similarity"}),
-    ],
-)
+#: Every method keeping a size table (MD, clustered: Algorithm 2, which also
+#: keeps representative gradients; Power-of-Choice).
+SIZE_TABLE_RUNS = [
+    (spec.name, {"clustered-method": "similarity"} if spec.name == "clustered" else {})
+    for spec in registry.methods()
+    if issubclass(spec.strategy, MultisetSampling)
+]
+
+
+@pytest.mark.parametrize(("strategy_name", "overrides"), SIZE_TABLE_RUNS)
 def test_size_tables_hold_exactly_the_nodes_that_reported_a_size(
     faulty_run: Callable[..., tuple[Strategy, InProcessGrid]],
     strategy_name: str,
