@@ -109,6 +109,27 @@ class CannedVariant:
     packed_models: bool = False
 
 
+def sampling_arguments(**options: Any) -> Callable[[CannedSetup], Mapping[str, Any]]:
+    """A client-sampling strategy's arguments in a canned run, plus ``options``.
+
+    ``clients_per_round`` from the setup, federated evaluation off, and one
+    connected node enough to start a round.
+
+    Examples
+    --------
+    >>> setup = CannedSetup(clients_per_round=3, total_size=0, max_size=0,
+    ...                     projection_dim=0)
+    >>> sampling_arguments(method="size")(setup)["method"]
+    'size'
+    """
+    return lambda setup: {
+        "clients_per_round": setup.clients_per_round,
+        "fraction_evaluate": 0.0,
+        "min_available_nodes": 1,
+        **options,
+    }
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     """A method of the library, as every layer needs to know it.
