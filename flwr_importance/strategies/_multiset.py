@@ -33,18 +33,15 @@ from flwr_importance.protocol import (
     query_message_type,
 )
 from flwr_importance.strategies.arrays import combine_arrays, flatten
-from flwr_importance.strategies.base import (
-    ImportanceStrategy,
-    RoundPlan,
-    StrategyOptions,
-    log_settings,
-)
+from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
 from flwr_importance.strategies.checks import check_count
 from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
 from flwr_importance.strategies.replies import CheckedReply, check_replies
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
+
+    from flwr_importance.strategies.base import StrategyOptions
 
 
 @dataclass(frozen=True)
@@ -163,8 +160,8 @@ class MultisetSampling(ImportanceStrategy[DrawPlan], ABC):
             dict.fromkeys(sorted(drawn), config), MessageType.TRAIN, arrays
         )
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
+    def aggregate_round(
+        self, plan: DrawPlan, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Plain mean of the returned models, each counted as often as drawn.
 
@@ -172,9 +169,6 @@ class MultisetSampling(ImportanceStrategy[DrawPlan], ABC):
         out and the mean is taken over the draws that came back (the paper
         assumes every drawn client answers).  No usable reply: the model stays.
         """
-        plan = self.plan_for(server_round)
-        if plan is None:
-            return None, None
         usable = check_replies(
             replies,
             nonnegative_keys=[NUM_EXAMPLES],

@@ -9,6 +9,7 @@ evaluation that survives bad replies, and a summary of what applies.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
@@ -263,6 +264,28 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
             )
             return None
         return plan
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The new model and the round's metrics, by :meth:`aggregate_round`.
+
+        Without a plan for ``server_round`` (:meth:`plan_for` logs why) the
+        model is left unchanged: ``(None, None)``.
+        """
+        plan = self.plan_for(server_round)
+        if plan is None:
+            return None, None
+        return self.aggregate_round(plan, replies)
+
+    @abstractmethod
+    def aggregate_round(
+        self, plan: PlanT, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The new model and the round's metrics from the replies to ``plan``.
+
+        ``(None, None)`` (or ``(None, metrics)``) leaves the model unchanged.
+        """
 
     # -- messages ------------------------------------------------------------------
     def build_messages(

@@ -21,11 +21,12 @@ from flwr_importance.sampling import (
 )
 from flwr_importance.sampling.clustered import CountSketch
 from flwr_importance.strategies._multiset import MultisetSampling
-from flwr_importance.strategies.base import StrategyOptions
 from flwr_importance.strategies.checks import check_choice, check_count
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
+
+    from flwr_importance.strategies.base import StrategyOptions
 
 ClusteringMethod = Literal["size", "similarity"]
 METHODS: tuple[ClusteringMethod, ...] = ("size", "similarity")

@@ -27,18 +27,15 @@ from flwr_importance.protocol import (
 from flwr_importance.registry import CannedVariant, MethodSpec
 from flwr_importance.sampling import estimate_total_size, ldp_alpha
 from flwr_importance.strategies.arrays import combine_arrays
-from flwr_importance.strategies.base import (
-    ImportanceStrategy,
-    RoundPlan,
-    StrategyOptions,
-    log_settings,
-)
+from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
 from flwr_importance.strategies.checks import check_count, check_positive
 from flwr_importance.strategies.messages import connected_nodes
 from flwr_importance.strategies.replies import check_replies
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
+
+    from flwr_importance.strategies.base import StrategyOptions
 
 #: The size estimate is usable when its noise is at most this fraction of the
 #: largest total its replies can stand for, ``C (M - 1)``: three standard
@@ -393,13 +390,10 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
             responses[reply.node_id] = int(value)
         return responses
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
+    def aggregate_round(
+        self, plan: SizeEstimatePlan, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """``Theta - eta sum_c G_c`` over the usable replies; the round's metrics."""
-        plan = self.plan_for(server_round)
-        if plan is None:
-            return None, None
         checked = check_replies(
             replies, expected_arrays=plan.arrays, expected_nodes=plan.nodes
         )

@@ -40,19 +40,15 @@ from flwr_importance.protocol import (
 from flwr_importance.registry import CannedVariant, MethodSpec
 from flwr_importance.sampling import uniform_client_set
 from flwr_importance.strategies.arrays import array_values, combine_arrays
-from flwr_importance.strategies.base import (
-    ImportanceStrategy,
-    MetricsAggregation,
-    RoundPlan,
-    StrategyOptions,
-    log_settings,
-)
+from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
 from flwr_importance.strategies.checks import check_choice, check_count, check_positive
 from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
 from flwr_importance.strategies.replies import CheckedReply, check_replies
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
+
+    from flwr_importance.strategies.base import MetricsAggregation, StrategyOptions
 
 Mode = Literal["single-set", "two-set"]
 MODES: tuple[Mode, ...] = ("single-set", "two-set")
@@ -373,37 +369,34 @@ class FOLB(ImportanceStrategy[FolbPlan]):
         return reply.metrics[NUM_EXAMPLES] if self.weighting == "samples" else 1.0
 
     # -- aggregate ---------------------------------------------------------------
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
+    def aggregate_round(
+        self, plan: FolbPlan, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """``w^t + sum_k a_k dw_k`` with FOLB's weights ``a_k`` (eq. 13, 9 or 18)."""
-        draws = self.plan_for(server_round)
-        if draws is None:
-            return None, None
         usable = check_replies(
             replies,
             metric_keys=(FOLB_GAMMA,),
             nonnegative_keys=(FOLB_GAMMA, self.weighted_by_key),
-            expected_arrays={FOLB_UPDATE: draws.arrays, FOLB_GRADIENT: draws.arrays},
-            expected_nodes=draws.nodes,
+            expected_arrays={FOLB_UPDATE: plan.arrays, FOLB_GRADIENT: plan.arrays},
+            expected_nodes=plan.nodes,
         )
         if not usable:
             log(WARNING, "aggregate_train: no usable reply; model unchanged")
             return None, None
-        result = self._weights(usable, draws)
+        result = self._weights(usable, plan)
         if result.fallback_reason is not None:
             log(
                 WARNING,
                 "aggregate_train: round %d falls back to the plain mean: %s",
-                server_round,
+                plan.server_round,
                 result.fallback_reason,
             )
         # w^t + eta sum_k a_k dw_k, array by array, each read in place.
         step_weights = self.server_lr * result.weights
         new_arrays = combine_arrays(
-            [draws.arrays, *(reply.arrays[FOLB_UPDATE] for reply in usable)],
+            [plan.arrays, *(reply.arrays[FOLB_UPDATE] for reply in usable)],
             lambda arrays: arrays[0] + weighted_sum(arrays[1:], step_weights),
-            draws.arrays,
+            plan.arrays,
         )
         metrics = self.train_metrics(usable)
         metrics[FOLB_FALLBACK] = int(result.fallback_reason is not None)

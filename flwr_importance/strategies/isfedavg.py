@@ -32,19 +32,15 @@ from flwr_importance.protocol import (
 from flwr_importance.registry import CannedVariant, MethodSpec
 from flwr_importance.sampling import systematic_sample
 from flwr_importance.strategies.arrays import combine_arrays
-from flwr_importance.strategies.base import (
-    ImportanceStrategy,
-    MetricsAggregation,
-    RoundPlan,
-    StrategyOptions,
-    log_settings,
-)
+from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
 from flwr_importance.strategies.checks import check_count
 from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
 from flwr_importance.strategies.replies import CheckedReply, check_replies
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
+
+    from flwr_importance.strategies.base import MetricsAggregation, StrategyOptions
 
 #: Default floor on a sample's probability ``p_n``, as a fraction of ``1/N_k``.
 DEFAULT_MIN_RELATIVE_SAMPLE_PROB = 0.1
@@ -290,13 +286,10 @@ class ISFedAvg(ImportanceStrategy[RoundPlan]):
         node_config[ISFEDAVG_MIN_RELATIVE_SAMPLE_PROB] = self.min_relative_sample_prob
         return node_config
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
+    def aggregate_round(
+        self, plan: RoundPlan, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Mean of the returned models (eq. 5), then eq. 28 for their nodes."""
-        plan = self.plan_for(server_round)
-        if plan is None:
-            return None, None
         checked = check_replies(
             replies,
             nonnegative_keys=(

@@ -32,13 +32,15 @@ from flwr_importance.protocol import (
 )
 from flwr_importance.registry import CannedVariant, MethodSpec
 from flwr_importance.sampling import assign_models, estimator_variance, mmfl_probs
-from flwr_importance.strategies.base import StrategyOptions, log_settings
+from flwr_importance.strategies.base import log_settings
 from flwr_importance.strategies.checks import check_choice, check_count
 from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
 from flwr_importance.strategies.ocs import SamplePlan, UnbiasedSampling
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
+
+    from flwr_importance.strategies.base import StrategyOptions
 
 Variant = Literal["gradnorm", "loss", "random", "round-robin"]
 VARIANTS: tuple[Variant, ...] = get_args(Variant)
@@ -313,13 +315,10 @@ class MultiModelSampling(UnbiasedSampling):
         }
         return population, fractions, probs, assigned, None
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
+    def aggregate_round(
+        self, plan: SamplePlan, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Apply ``w_s + server_lr * sum_{i in A_s} (d_is / p_is) U_is`` per model."""
-        plan = self.plan_for(server_round)
-        if plan is None:
-            return None, None
         new_models, metrics = self.unbiased_step(plan, replies)
         metrics["expected-participants"] = float(plan.probs.sum())
         norms = plan.scores

@@ -43,12 +43,7 @@ from flwr_importance.sampling import (
     poisson_sample,
 )
 from flwr_importance.strategies.arrays import combine_arrays
-from flwr_importance.strategies.base import (
-    ImportanceStrategy,
-    RoundPlan,
-    StrategyOptions,
-    log_settings,
-)
+from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
 from flwr_importance.strategies.checks import check_count, check_positive
 from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
 from flwr_importance.strategies.replies import (
@@ -59,6 +54,8 @@ from flwr_importance.strategies.replies import (
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
+
+    from flwr_importance.strategies.base import StrategyOptions
 
 
 @dataclass(frozen=True)
@@ -444,13 +441,10 @@ class OptimalClientSampling(UnbiasedSampling):
         )
         return self.train_messages(plan, config, send_models=False)
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
+    def aggregate_round(
+        self, plan: SamplePlan, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Apply the unbiased ``w + server_lr * sum (d_i / p_i) U_i``."""
-        plan = self.plan_for(server_round)
-        if plan is None:
-            return None, None
         (model,), metrics = self.unbiased_step(plan, replies)
         probs = plan.probs[:, 0]
         metrics["expected-participants"] = float(probs.sum())

@@ -38,13 +38,14 @@ from flwr_importance.protocol import (
     query_message_type,
 )
 from flwr_importance.registry import CannedVariant, MethodSpec
-from flwr_importance.strategies._multiset import MultisetSampling
-from flwr_importance.strategies.base import StrategyOptions
+from flwr_importance.strategies._multiset import DrawPlan, MultisetSampling
 from flwr_importance.strategies.checks import check_choice, check_count
 from flwr_importance.strategies.replies import check_replies
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
+
+    from flwr_importance.strategies.base import StrategyOptions
 
 #: ``pow-d``: the candidates' losses are asked at the current model
 #: (``query.loss``); ``rpow-d``: no query, each candidate ranks by the mean
@@ -343,21 +344,21 @@ class PowerOfChoice(MultisetSampling):
         finally:
             self._round_inputs = None
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
+    def aggregate_round(
+        self, plan: DrawPlan, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """The plain mean of the selected clients' models, with the selection's metrics.
 
         ``rpow-d`` also keeps each aggregated reply's ``train-loss``.
         """
         replies = list(replies)
-        arrays, metrics = super().aggregate_train(server_round, replies)
+        arrays, metrics = super().aggregate_round(plan, replies)
         if arrays is None or metrics is None:
             return arrays, metrics
         if self.variant == "rpow-d":
-            self._remember_train_losses(server_round, replies)
+            self._remember_train_losses(plan, replies)
         selection = self._selection
-        if selection is not None and selection.server_round == server_round:
+        if selection is not None and selection.server_round == plan.server_round:
             metrics = MetricRecord({**metrics, **selection.metrics()})
         return arrays, metrics
 
@@ -447,12 +448,9 @@ class PowerOfChoice(MultisetSampling):
         return {reply.node_id: reply.metrics[CANDIDATE_LOSS] for reply in checked}
 
     def _remember_train_losses(
-        self, server_round: int, replies: Sequence[Message]
+        self, plan: DrawPlan, replies: Sequence[Message]
     ) -> None:
         """``rpow-d``: keep the ``train-loss`` of every reply that was aggregated."""
-        plan = self.plan_for(server_round)
-        if plan is None:
-            return
         aggregated = check_replies(
             replies,
             expected_arrays=plan.arrays,
