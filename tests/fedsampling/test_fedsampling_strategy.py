@@ -230,7 +230,7 @@ def test_estimate_below_k_says_its_noise_and_what_makes_it_usable(
     assert f"= {noise:.0f} samples" in caplog.text
     assert f"from about {nodes} nodes" in caplog.text
     assert f"epsilon={needed_epsilon:.1f} with {num_nodes} nodes" in caplog.text
-    # At M = 100, epsilon = 3, ten nodes are far too few (the README's numbers).
+    # At M = 100, epsilon = 3, ten nodes are far too few (docs/methods.md's numbers).
     assert nodes == 37 and 3.8 < needed_epsilon < 3.9
 
 

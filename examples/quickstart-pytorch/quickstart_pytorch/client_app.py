@@ -3,8 +3,8 @@
 ``train`` and ``evaluate`` are Flower's. The strategies of flwr-importance
 need a few lines more, each block marked with the strategies it serves; one
 app serves them all here (the run config's ``strategy`` says which runs), a
-project using one strategy keeps only that strategy's lines. The README shows
-each strategy's lines as a diff against Flower's version.
+project using one strategy keeps only that strategy's lines. docs/methods.md
+shows each strategy's lines as a diff against Flower's version ("Use it").
 """
 
 from __future__ import annotations
