@@ -53,7 +53,9 @@ def sections() -> dict[str, str]:
 
 def table_rows() -> list[list[str]]:
     """The cells of the opening table's rows (before the first section)."""
-    head = TEXT[: SECTION.search(TEXT).start()]  # type: ignore[union-attr]
+    first = SECTION.search(TEXT)
+    assert first is not None, "docs/methods.md has no '## <n>. <method>' section"
+    head = TEXT[: first.start()]
     rows = [line for line in head.splitlines() if line.startswith("|")]
     return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows[2:]]
 
@@ -75,9 +77,9 @@ def run_snippet(code: str) -> dict[str, object]:
 
 
 def snippet_id(code: str) -> str:
-    """A test id: the snippet's API and the module of its handlers."""
-    imports = re.findall(r"^from flwr_importance\.clientapps\.(\w+)", code, re.M)
-    return f"{code.split(':')[0][2:]}-{imports[0] if imports else 'clientapps'}"
+    """A test id: the snippet's API and the class of its ``strategy``."""
+    built = re.search(r"^strategy = (?:compat\.)?(\w+)\(", code, re.M)
+    return f"{code.split(':')[0][2:]}-{built.group(1) if built else 'strategy'}"
 
 
 @pytest.mark.parametrize("code", SNIPPETS, ids=[snippet_id(c) for c in SNIPPETS])
