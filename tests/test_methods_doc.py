@@ -136,6 +136,8 @@ def test_every_method_has_a_row_and_a_section(spec: MethodSpec) -> None:
     assert len(rows) == 1, f"docs/methods.md's table has no single row for {name}"
     (row,) = rows
     assert re.findall(r"`([\w-]+)`", row[3]) == list(spec.app_names)
+    if spec.benchmark:
+        assert row[4] == f"`{spec.benchmark}`"
     links = re.findall(r"\]\(#([\w-]+)\)", row[-1])
     assert len(links) == 1, row[-1]
     section = sections().get(links[0])
