@@ -15,7 +15,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import TYPE_CHECKING
 
@@ -44,11 +44,39 @@ if TYPE_CHECKING:
     from flwr_importance.strategies.base import StrategyOptions
 
 
+@dataclass
+class DrawRound:
+    """What a round's draw may use besides the sizes, and the metrics it adds.
+
+    Attributes
+    ----------
+    server_round : int
+        The round.
+    arrays : ArrayRecord
+        The global model the round starts from.
+    grid : Grid
+        The grid, for a draw that asks the nodes first (a query).
+    metrics : dict[str, int | float]
+        Round metrics the draw reports; ``aggregate_train`` adds them to its
+        own.
+    """
+
+    server_round: int
+    arrays: ArrayRecord
+    grid: Grid
+    metrics: dict[str, int | float] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class DrawPlan(RoundPlan):
-    """A round's draws: how many times each node of ``nodes`` was drawn."""
+    """A round's draws and the round metrics its draw reported.
+
+    ``drawn`` counts how often each node of ``nodes`` was drawn;
+    ``draw_metrics`` are :attr:`DrawRound.metrics`.
+    """
 
     drawn: Counter[int]
+    draw_metrics: Mapping[str, int | float]
 
 
 class MultisetSampling(ImportanceStrategy[DrawPlan], ABC):
@@ -84,12 +112,13 @@ class MultisetSampling(ImportanceStrategy[DrawPlan], ABC):
     # -- what a sampling scheme defines ------------------------------------------
     @abstractmethod
     def draw_clients(
-        self, node_ids: Sequence[int], sizes: NDArray[np.int64]
+        self, node_ids: Sequence[int], sizes: NDArray[np.int64], draw: DrawRound
     ) -> NDArray[np.intp]:
         """The round's ``m`` draws, as positions in ``node_ids`` (repeats allowed).
 
         ``sizes[i]`` is the sample count of ``node_ids[i]``; they do not all
-        vanish.
+        vanish. ``draw`` gives the round, the model and the grid, and takes
+        the round metrics the draw reports.
         """
 
     def track_nodes(self, node_ids: Sequence[int]) -> None:
@@ -145,9 +174,12 @@ class MultisetSampling(ImportanceStrategy[DrawPlan], ABC):
         if sizes.sum() == 0:
             log(WARNING, "configure_train: no client with a known, positive size")
             return []
-        positions = self.draw_clients(node_ids, sizes)
+        draw = DrawRound(server_round, arrays, grid)
+        positions = self.draw_clients(node_ids, sizes, draw)
         drawn = Counter(node_ids[position] for position in positions)
-        self.keep_plan(DrawPlan(server_round, arrays, frozenset(drawn), drawn))
+        self.keep_plan(
+            DrawPlan(server_round, arrays, frozenset(drawn), drawn, draw.metrics)
+        )
         log(
             INFO,
             "configure_train: %d draws, %d distinct clients (of %d)",
@@ -190,7 +222,8 @@ class MultisetSampling(ImportanceStrategy[DrawPlan], ABC):
             lambda models: weighted_sum(models, weights),
             plan.arrays,
         )
-        return arrays, _round_metrics(usable, weights, multiplicity)
+        metrics = _round_metrics(usable, weights, multiplicity)
+        return arrays, MetricRecord({**metrics, **plan.draw_metrics})
 
     # -- sizes -----------------------------------------------------------------
     def _refresh_sizes(

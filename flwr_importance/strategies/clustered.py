@@ -20,7 +20,7 @@ from flwr_importance.sampling import (
     sample_from_distributions,
 )
 from flwr_importance.sampling.clustered import CountSketch
-from flwr_importance.strategies._multiset import MultisetSampling
+from flwr_importance.strategies._multiset import DrawRound, MultisetSampling
 from flwr_importance.strategies.checks import check_choice, check_count
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ class ClusteredSampling(MultisetSampling):
 
     # -- MultisetSampling hooks ------------------------------------------------
     def draw_clients(
-        self, node_ids: Sequence[int], sizes: NDArray[np.int64]
+        self, node_ids: Sequence[int], sizes: NDArray[np.int64], draw: DrawRound
     ) -> NDArray[np.intp]:
         """One draw from each of the round's ``m`` distributions."""
         return sample_from_distributions(self.distributions(node_ids, sizes), self.rng)

@@ -14,7 +14,7 @@ from numpy.typing import NDArray
 
 from flwr_importance.registry import CannedVariant, MethodSpec
 from flwr_importance.sampling import md_sample
-from flwr_importance.strategies._multiset import MultisetSampling
+from flwr_importance.strategies._multiset import DrawRound, MultisetSampling
 
 
 class MDSampling(MultisetSampling):
@@ -65,7 +65,7 @@ class MDSampling(MultisetSampling):
     """
 
     def draw_clients(
-        self, node_ids: Sequence[int], sizes: NDArray[np.int64]
+        self, node_ids: Sequence[int], sizes: NDArray[np.int64], draw: DrawRound
     ) -> NDArray[np.intp]:
         """``m`` i.i.d. draws with probabilities ``n_i / M_tot``."""
         return md_sample(sizes / sizes.sum(), self.clients_per_round, self.rng)

@@ -38,7 +38,11 @@ from flwr_importance.protocol import (
     query_message_type,
 )
 from flwr_importance.registry import CannedVariant, MethodSpec
-from flwr_importance.strategies._multiset import DrawPlan, MultisetSampling
+from flwr_importance.strategies._multiset import (
+    DrawPlan,
+    DrawRound,
+    MultisetSampling,
+)
 from flwr_importance.strategies.checks import check_choice, check_count
 from flwr_importance.strategies.replies import check_replies
 
@@ -162,8 +166,6 @@ class Selection:
 
     Attributes
     ----------
-    server_round : int
-        The round.
     candidates : int
         ``|A|``, the candidates drawn.
     ranked : int
@@ -173,7 +175,6 @@ class Selection:
         The losses the selected clients were ranked by (``inf``: not known).
     """
 
-    server_round: int
     candidates: int
     ranked: int
     selected_losses: tuple[float, ...]
@@ -316,8 +317,6 @@ class PowerOfChoice(MultisetSampling):
             )
         self.variant: Variant = variant
         self._train_losses: dict[int, float] = {}
-        self._round_inputs: tuple[int, ArrayRecord, Grid] | None = None
-        self._selection: Selection | None = None
 
     @property
     def train_losses(self) -> dict[int, float]:
@@ -333,17 +332,6 @@ class PowerOfChoice(MultisetSampling):
         }
 
     # -- Flower's Strategy API ---------------------------------------------------
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Draw ``d`` candidates, keep the ``m`` highest losses, send them ``train``."""
-        self._round_inputs = (server_round, arrays, grid)
-        self._selection = None
-        try:
-            return super().configure_train(server_round, arrays, config, grid)
-        finally:
-            self._round_inputs = None
-
     def aggregate_round(
         self, plan: DrawPlan, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -353,13 +341,8 @@ class PowerOfChoice(MultisetSampling):
         """
         replies = list(replies)
         arrays, metrics = super().aggregate_round(plan, replies)
-        if arrays is None or metrics is None:
-            return arrays, metrics
-        if self.variant == "rpow-d":
+        if arrays is not None and self.variant == "rpow-d":
             self._remember_train_losses(plan, replies)
-        selection = self._selection
-        if selection is not None and selection.server_round == plan.server_round:
-            metrics = MetricRecord({**metrics, **selection.metrics()})
         return arrays, metrics
 
     # -- the selection -------------------------------------------------------------
@@ -369,12 +352,12 @@ class PowerOfChoice(MultisetSampling):
             del self._train_losses[node_id]
 
     def draw_clients(
-        self, node_ids: Sequence[int], sizes: NDArray[np.int64]
+        self, node_ids: Sequence[int], sizes: NDArray[np.int64], draw: DrawRound
     ) -> NDArray[np.intp]:
-        """The ``m`` highest-loss candidates of ``d`` drawn by size (positions)."""
-        if self._round_inputs is None:
-            raise RuntimeError("draw_clients runs inside configure_train only")
-        server_round, arrays, grid = self._round_inputs
+        """The ``m`` highest-loss candidates of ``d`` drawn by size (positions).
+
+        The selection's metrics go into the round's (:class:`Selection`).
+        """
         positive = int(np.count_nonzero(sizes))
         if positive < self.candidates:
             log(
@@ -387,7 +370,9 @@ class PowerOfChoice(MultisetSampling):
         candidates = draw_candidates(sizes, min(self.candidates, positive), self.rng)
         candidate_ids = [node_ids[position] for position in candidates]
         if self.variant == "pow-d":
-            losses = self._query_losses(server_round, arrays, grid, candidate_ids)
+            losses = self._query_losses(
+                draw.server_round, draw.arrays, draw.grid, candidate_ids
+            )
         else:
             losses = {
                 node_id: self._train_losses.get(node_id, math.inf)
@@ -396,12 +381,12 @@ class PowerOfChoice(MultisetSampling):
         ranked = [position for position in candidates if node_ids[position] in losses]
         ranked_losses = [losses[node_ids[position]] for position in ranked]
         chosen = select_highest(ranked_losses, self.clients_per_round)
-        self._selection = Selection(
-            server_round,
+        selection = Selection(
             candidates=len(candidates),
             ranked=len(ranked),
             selected_losses=tuple(ranked_losses[index] for index in chosen),
         )
+        draw.metrics.update(selection.metrics())
         log(
             INFO,
             "configure_train: %s selected %d of %d candidates (%d ranked)",
