@@ -10,7 +10,7 @@ import numpy as np
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
-from flwr_importance.registry import CannedVariant, MethodSpec
+from flwr_importance.registry import CannedVariant, MethodSpec, sampling_arguments
 from flwr_importance.sampling import (
     DISTANCES,
     Distance,
@@ -375,12 +375,7 @@ METHOD = MethodSpec(
         CannedVariant(
             name="clustered-size",
             label="ClusteredSampling (size, Alg. 1)",
-            arguments=lambda setup: {
-                "clients_per_round": setup.clients_per_round,
-                "method": "size",
-                "fraction_evaluate": 0.0,
-                "min_available_nodes": 1,
-            },
+            arguments=sampling_arguments(method="size"),
             replies={"query.sizes": "sizes", "train": "model"},
         ),
         CannedVariant(

@@ -29,7 +29,7 @@ from flwr_importance.protocol import (
     ISFEDAVG_SIGMA2,
     SERVER_ROUND,
 )
-from flwr_importance.registry import CannedVariant, MethodSpec
+from flwr_importance.registry import CannedVariant, MethodSpec, sampling_arguments
 from flwr_importance.sampling import systematic_sample
 from flwr_importance.strategies.arrays import combine_arrays
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
@@ -348,11 +348,7 @@ METHOD = MethodSpec(
         CannedVariant(
             name="isfedavg",
             label="ISFedAvg",
-            arguments=lambda setup: {
-                "clients_per_round": setup.clients_per_round,
-                "fraction_evaluate": 0.0,
-                "min_available_nodes": 1,
-            },
+            arguments=sampling_arguments(),
             replies={"train": "isfedavg-train"},
         ),
     ),

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_importance.registry import CannedVariant, MethodSpec
+from flwr_importance.registry import CannedVariant, MethodSpec, sampling_arguments
 from flwr_importance.sampling import md_sample
 from flwr_importance.strategies._multiset import DrawRound, MultisetSampling
 
@@ -93,11 +93,7 @@ METHOD = MethodSpec(
         CannedVariant(
             name="md",
             label="MDSampling",
-            arguments=lambda setup: {
-                "clients_per_round": setup.clients_per_round,
-                "fraction_evaluate": 0.0,
-                "min_available_nodes": 1,
-            },
+            arguments=sampling_arguments(),
             replies={"query.sizes": "sizes", "train": "model"},
         ),
     ),

@@ -35,7 +35,7 @@ from flwr_importance.protocol import (
     per_model_key,
     query_message_type,
 )
-from flwr_importance.registry import CannedVariant, MethodSpec
+from flwr_importance.registry import CannedVariant, MethodSpec, sampling_arguments
 from flwr_importance.sampling import (
     aocs_probs,
     estimator_variance,
@@ -471,11 +471,7 @@ METHOD = MethodSpec(
         CannedVariant(
             name="ocs",
             label="OptimalClientSampling",
-            arguments=lambda setup: {
-                "clients_per_round": setup.clients_per_round,
-                "fraction_evaluate": 0.0,
-                "min_available_nodes": 1,
-            },
+            arguments=sampling_arguments(),
             replies={"query.norm": "norm", "train": "kept-update"},
         ),
     ),

@@ -37,7 +37,7 @@ from flwr_importance.protocol import (
     per_model_key,
     query_message_type,
 )
-from flwr_importance.registry import CannedVariant, MethodSpec
+from flwr_importance.registry import CannedVariant, MethodSpec, sampling_arguments
 from flwr_importance.strategies._multiset import (
     DrawPlan,
     DrawRound,
@@ -469,11 +469,7 @@ METHOD = MethodSpec(
         CannedVariant(
             name="poc",
             label="PowerOfChoice (pow-d, d = 2m)",
-            arguments=lambda setup: {
-                "clients_per_round": setup.clients_per_round,
-                "fraction_evaluate": 0.0,
-                "min_available_nodes": 1,
-            },
+            arguments=sampling_arguments(),
             replies={"query.sizes": "sizes", "query.loss": "loss", "train": "model"},
         ),
     ),
