@@ -110,14 +110,16 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
     """A Flower ``FedAvg`` whose subclasses sample, query and reweight.
 
     Every strategy of the library subclasses it with its own
-    ``configure_train`` and ``aggregate_train``; what they share lives here.
+    ``configure_train`` and :meth:`aggregate_round`; what they share lives
+    here.
 
     * ``self.rng``: a ``numpy.random.Generator`` seeded with ``seed``.
     * One round plan (a :class:`RoundPlan` subclass): ``configure_train``
-      stores it with :meth:`keep_plan`, ``aggregate_train`` fetches it with
-      :meth:`plan_for`, which refuses (logs, returns None) a plan made for
-      another round, so the model is left unchanged rather than updated
-      from stale state.
+      stores it with :meth:`keep_plan`; :meth:`aggregate_train` fetches it
+      with :meth:`plan_for`, which refuses (logs, returns None) a missing
+      plan or one made for another round, so the model is left unchanged
+      rather than updated from stale state, and hands it to
+      :meth:`aggregate_round`.
     * Messages built one way, :meth:`build_messages` (and :meth:`query` for
       ``query.<action>`` round trips), honouring ``arrayrecord_key`` and
       ``configrecord_key``.
