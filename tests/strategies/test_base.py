@@ -9,12 +9,12 @@ logs only the settings that apply.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message
 
 from flwr_importance.protocol import NUM_EXAMPLES
 from flwr_importance.strategies import (
@@ -192,20 +192,31 @@ def test_replies_from_nodes_not_sent_a_message_are_dropped(
     assert f"node {stranger} excluded: it was not sent a message" in caplog.text
 
 
-def test_messages_honour_the_record_keys() -> None:
-    grid = InProcessGrid(query_app, num_nodes=4)
-    strategies: list[tuple[ImportanceStrategy[Any], ArrayRecord]] = [
-        (BUILDERS["ocs"](configrecord_key="cfg"), MODEL),
-        (BUILDERS["mmfl"](configrecord_key="cfg"), pack_models([MODEL])),
-        (BUILDERS["md"](configrecord_key="cfg", arrayrecord_key="model"), MODEL),
-    ]
-    for strategy, arrays in strategies:
-        for messages in (
-            strategy.configure_train(1, arrays, ConfigRecord(), grid),
-            strategy.configure_evaluate(1, arrays, ConfigRecord(), grid),
-        ):
-            for message in messages:
-                assert list(message.content.config_records) == ["cfg"]
-    _, _, (md, _) = strategies
-    (message, *_) = md.configure_train(2, MODEL, ConfigRecord(), grid)
-    assert list(message.content.array_records) == ["model"]
+class RecordingGrid(InProcessGrid):
+    """An in-process grid that keeps every message sent, queries included."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent: list[Message] = []
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Keep ``messages``, then deliver them."""
+        messages = list(messages)
+        self.sent += messages
+        return super().push_messages(messages)
+
+
+@pytest.mark.parametrize("name", ["md", "ocs", "mmfl", "poc", "fedsampling"])
+def test_every_message_honours_the_record_keys(name: str) -> None:
+    strategy = BUILDERS[name](configrecord_key="cfg", arrayrecord_key="model")
+    arrays = pack_models([MODEL]) if name == "mmfl" else MODEL
+    grid = RecordingGrid(query_app, num_nodes=4)
+    sent = list(strategy.configure_train(1, arrays, ConfigRecord(), grid))
+    sent += strategy.configure_evaluate(1, arrays, ConfigRecord(), grid)
+    sent += grid.sent  # the queries too
+    assert sent
+    for message in sent:
+        assert list(message.content.config_records) == ["cfg"], message.metadata
+        # One model travels under arrayrecord_key, a query's under the
+        # protocol's model-0.
+        assert set(message.content.array_records) <= {"model", "model-0"}
