@@ -12,20 +12,28 @@ from tests.conftest import FlwrSimulation
 
 @pytest.mark.slow
 def test_flwr_run_folb_preset_learns_and_leaves_nothing_running(
-    flwr_simulation: FlwrSimulation,
+    flwr_simulation: FlwrSimulation, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # One torch thread in the ClientApp actor, whose 2 reserved CPUs Ray turns
+    # into 2 threads: on two busy cores a tiny model's ops then spin, not work.
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     rows = flwr_simulation(
         {
             **load_preset("folb-digits"),
             "num-supernodes": 6,
-            "partitioning": "iid",  # a learning signal within 3 rounds
-            "num-server-rounds": 3,
+            "partitioning": "iid",  # a learning signal within 2 rounds
+            # Two rounds: with seed 0, round 1's reference set lies inside its
+            # training set, so round 2 is the first to send query.gradient (to
+            # one node). 1..5 local epochs per device and round (the preset's
+            # 1..20 take 5x the time) bring the loss from 2.31 to 2.13.
+            "num-server-rounds": 2,
+            "local-epochs": 5,
             "clients-per-round": 3,
             "folb-mode": "two-set",  # query.gradient messages through the runtime
             "folb-psi": 0.01,
         },
         num_supernodes=6,
     )
-    assert [row["round"] for row in rows] == [0, 1, 2, 3]
+    assert [row["round"] for row in rows] == [0, 1, 2]
     assert all(math.isfinite(row["loss"]) for row in rows), rows
     assert rows[-1]["loss"] < rows[0]["loss"], rows
