@@ -28,7 +28,7 @@ ROUNDS = 2
 #: SuperNodes of each headline preset's run (the presets have 30 to 120). Which
 #: clients are drawn, how data is split and how replies are combined take the
 #: same code path on 30 nodes as on 120; a hash-seed dependence (set or dict
-#: order, ``hash()``) shows on either, and 30 nodes cost a third of the time.
+#: order, ``hash()``) shows on either, and 30 nodes take less than half the time.
 HEADLINE_SUPERNODES = 30
 #: FedSampling's quick setting on fewer clients, two rounds.
 FEDSAMPLING_SETTING = replace(
