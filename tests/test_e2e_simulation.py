@@ -9,11 +9,8 @@ from tests.conftest import FlwrSimulation
 
 @pytest.mark.slow
 def test_flwr_run_default_experiment_learns_and_leaves_nothing_running(
-    flwr_simulation: FlwrSimulation, monkeypatch: pytest.MonkeyPatch
+    flwr_simulation: FlwrSimulation,
 ) -> None:
-    # One torch thread in the ClientApp actor, whose 2 reserved CPUs Ray turns
-    # into 2 threads: on two busy cores a tiny model's ops then spin, not work.
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     # IID partitions: this test checks the plumbing learns, not a method.
     rows = flwr_simulation(
         {"partitioning": "iid", "num-server-rounds": 4, "clients-per-round": 5},

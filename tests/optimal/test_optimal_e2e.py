@@ -9,11 +9,8 @@ from tests.conftest import FlwrSimulation
 
 @pytest.mark.slow
 def test_flwr_run_mmfl_writes_per_model_history(
-    flwr_simulation: FlwrSimulation, monkeypatch: pytest.MonkeyPatch
+    flwr_simulation: FlwrSimulation,
 ) -> None:
-    # One torch thread in the ClientApp actor, whose 2 reserved CPUs Ray turns
-    # into 2 threads: on two busy cores a tiny model's ops then spin, not work.
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     rows = flwr_simulation(
         {
             "strategy": "mmfl",
