@@ -30,15 +30,16 @@ from flwr.serverapp.strategy import Strategy
 
 from flwr_importance.clientapps import ClientHandler, TaskFactory
 from flwr_importance.clientapps.standard import method_handlers
-from flwr_importance.registry import MethodSpec, app_method_names
+from flwr_importance.registry import MethodSpec, app_method_names, methods
 from flwr_importance.registry import method as registry_method
 from simulations.config import ExperimentConfig
 
 # ClientApp query handlers must be registered by name when the app is imported.
 QUERY_ACTIONS = ("sizes", "gradient", "norm", "loss", "update")
 
-#: The library's own strategies: every method but Flower's fedavg/fedprox baselines.
-LIBRARY_METHODS = app_method_names()
+#: The library's own methods (Flower's fedavg/fedprox are the baselines), each
+#: once: an alias (``sizeweighted`` for ``md``) would only repeat a method's run.
+LIBRARY_METHODS = tuple(spec.name for spec in methods())
 
 
 class Method(Protocol):
@@ -67,7 +68,7 @@ def available_methods() -> tuple[str, ...]:
 
     Listed once per process: the ClientApp resolves its method on every message.
     """
-    return tuple(sorted({*method_modules(), *LIBRARY_METHODS}))
+    return tuple(sorted({*method_modules(), *app_method_names()}))
 
 
 class RegistryMethod:

@@ -20,8 +20,9 @@ simulation app's :func:`~simulations.client_app.dispatch`).
 ClientApp at a time on two cores with two torch threads (``OMP_NUM_THREADS``
 follows the CPUs), and the tiny model's ops wait on each other's threads: a
 logistic-regression step took 17-35 times longer than on one thread on the
-busy two-core machine. Every strategy, two rounds on 1,000 nodes (about 11,700
-messages), then takes about 2 minutes on two cores instead of 4. Most of what
+busy two-core machine. Every method, two rounds on 1,000 nodes, then takes
+about 3 minutes on two quiet cores (the methods that query every node each
+round, FedSampling, OCS and MMFL, take most of it). Most of what
 is left is Flower's engine: for each of the 1,000 nodes, its message pump scans
 every message held in the in-memory state (2.5-4.5 us per node and message,
 seconds per pass while a round's 1,000 queries are held), so a round that
