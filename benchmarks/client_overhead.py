@@ -68,16 +68,15 @@ COMMON: dict[str, bool | int | float | str] = {
     "heterogeneous-steps": False,
 }
 #: Each method's run-config overrides (same local work as FedAvg): Flower's
-#: FedAvg and every app name of every registry method.
+#: FedAvg and every registry method (once: an alias would repeat its run).
 METHODS: dict[str, Mapping[str, RunConfigValue]] = {
     "fedavg": {"strategy": "fedavg"},
     **{
-        name: {
-            "strategy": name,
+        spec.name: {
+            "strategy": spec.name,
             **spec.equal_work(LocalWork(LOCAL_STEPS, BATCH_SIZE, CLIENTS_PER_ROUND)),
         }
         for spec in methods()
-        for name in spec.app_names
     },
 }
 

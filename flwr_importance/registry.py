@@ -299,8 +299,3 @@ def load_attribute(path: str) -> Any:
 def app_method_names() -> tuple[str, ...]:
     """The app ``strategy`` names of every method and alias, sorted."""
     return tuple(sorted(name for spec in methods() for name in spec.app_names))
-
-
-def by_strategy_class() -> Mapping[type[Strategy], MethodSpec]:
-    """Each method by its strategy class."""
-    return {spec.strategy: spec for spec in methods()}

@@ -128,6 +128,13 @@ class MultisetSampling(ImportanceStrategy[DrawPlan], ABC):
         """Whether :meth:`record_updates` needs the returned models (default no)."""
         return False
 
+    def record_replies(self, replies: Sequence[CheckedReply]) -> None:
+        """Receive the round's usable train replies, checked (default: ignore).
+
+        For what a subclass keeps from them besides the sizes (e.g. the
+        losses Power-of-Choice's ``rpow-d`` ranks by).
+        """
+
     def record_updates(
         self,
         models: Mapping[int, NDArray[np.floating]],
@@ -212,6 +219,7 @@ class MultisetSampling(ImportanceStrategy[DrawPlan], ABC):
             return None, None
         for reply in usable:
             self._store_size(reply, "aggregate_train")
+        self.record_replies(usable)
         multiplicity = np.array([plan.drawn[reply.node_id] for reply in usable])
         weights = multiplicity / multiplicity.sum()
         if self.keeps_updates():

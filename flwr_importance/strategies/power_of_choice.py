@@ -16,13 +16,13 @@ plain mean of :class:`~flwr_importance.strategies._multiset.MultisetSampling`
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from numpy.typing import ArrayLike, NDArray
@@ -39,12 +39,11 @@ from flwr_importance.protocol import (
 )
 from flwr_importance.registry import CannedVariant, MethodSpec, sampling_arguments
 from flwr_importance.strategies._multiset import (
-    DrawPlan,
     DrawRound,
     MultisetSampling,
 )
 from flwr_importance.strategies.checks import check_choice, check_count
-from flwr_importance.strategies.replies import check_replies
+from flwr_importance.strategies.replies import CheckedReply, check_replies
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -331,20 +330,6 @@ class PowerOfChoice(MultisetSampling):
             "Variant": self.variant,
         }
 
-    # -- Flower's Strategy API ---------------------------------------------------
-    def aggregate_round(
-        self, plan: DrawPlan, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """The plain mean of the selected clients' models, with the selection's metrics.
-
-        ``rpow-d`` also keeps each aggregated reply's ``train-loss``.
-        """
-        replies = list(replies)
-        arrays, metrics = super().aggregate_round(plan, replies)
-        if arrays is not None and self.variant == "rpow-d":
-            self._remember_train_losses(plan, replies)
-        return arrays, metrics
-
     # -- the selection -------------------------------------------------------------
     def track_nodes(self, node_ids: Sequence[int]) -> None:
         """Forget the training losses of nodes that are gone."""
@@ -432,18 +417,12 @@ class PowerOfChoice(MultisetSampling):
             )
         return {reply.node_id: reply.metrics[CANDIDATE_LOSS] for reply in checked}
 
-    def _remember_train_losses(
-        self, plan: DrawPlan, replies: Sequence[Message]
-    ) -> None:
-        """``rpow-d``: keep the ``train-loss`` of every reply that was aggregated."""
-        aggregated = check_replies(
-            replies,
-            expected_arrays=plan.arrays,
-            expected_nodes=plan.nodes,
-            context="rpow-d train-loss",
-        )
+    def record_replies(self, replies: Sequence[CheckedReply]) -> None:
+        """``rpow-d``: keep the ``train-loss`` of every aggregated reply."""
+        if self.variant != "rpow-d":
+            return
         missing = 0
-        for reply in aggregated:
+        for reply in replies:
             loss = reply.metrics.get(TRAIN_LOSS)
             if loss is None or not math.isfinite(loss):
                 missing += 1
@@ -455,7 +434,7 @@ class PowerOfChoice(MultisetSampling):
                 "aggregate_train: %d of %d replies carry no finite '%s'; rpow-d "
                 "ranks those clients by their previous one",
                 missing,
-                len(aggregated),
+                len(replies),
                 TRAIN_LOSS,
             )
 
