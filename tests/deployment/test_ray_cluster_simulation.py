@@ -74,16 +74,14 @@ RUN_TIMEOUT = 400
 NODE_TIMEOUT = 180
 
 #: Ray settings for the cluster's processes and the run's (the driver and the
-#: ClientApp workers inherit the SuperLink's environment).
+#: ClientApp workers inherit the SuperLink's environment), on top of the
+#: launcher's ``flower_environment`` (no usage stats, one torch thread).
 RAY_ENVIRONMENT = {
     # No metrics agent exists (Ray without ``ray[default]``): record no metrics.
     "RAY_enable_metrics_collection": "0",
-    "RAY_USAGE_STATS_ENABLED": "0",
     # A worker that starts slowly on a loaded machine must not be killed
     # (default 60 s), or its ClientApp actor dies and that node runs none.
     "RAY_worker_register_timeout_seconds": "300",
-    # One torch thread in the driver too (the actors get one per CPU, here 1).
-    "OMP_NUM_THREADS": "1",
 }
 
 
