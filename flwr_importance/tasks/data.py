@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 import torch
@@ -33,6 +33,8 @@ from flwr_importance.tasks.splits import ClientData, FederatedSplit
 # matplotlib and seaborn) are imported where the digits or Hub data are built,
 # not here, so a message on a generated data set loads none of them.
 if TYPE_CHECKING:
+    from typing import Unpack
+
     from datasets import Dataset
 
 __all__ = [
@@ -40,6 +42,7 @@ __all__ = [
     "HUB_DATASET_NAMES",
     "ClientData",
     "FederatedSplit",
+    "PartitionOptions",
     "load_dataset",
     "load_hub_dataset",
 ]
@@ -57,21 +60,44 @@ DATASET_NAMES = (
 _GENERATED = frozenset(DATASET_NAMES) - {"digits"}
 
 
+class PartitionOptions(TypedDict, total=False):
+    """Keyword options of the label-skewed partitionings, each optional.
+
+    :func:`load_dataset` and :func:`load_hub_dataset` take them as keyword
+    arguments (``**partition_options``), checked against this dictionary by the
+    type checker and on construction of the split at run time; a partitioning
+    uses only its own option (see
+    :func:`~flwr_importance.tasks.partitioning.partition_indices`).
+
+    Attributes
+    ----------
+    classes_per_client : int
+        Classes per client of the ``"pathological"`` partitioning; default 2.
+    dirichlet_alpha : float
+        Concentration of the ``"dirichlet"`` partitioning; default 0.5.
+    lognormal_sigma : float
+        Spread of the client sizes of the ``"lognormal"`` partitioning; default
+        1.0.
+    """
+
+    classes_per_client: int
+    dirichlet_alpha: float
+    lognormal_sigma: float
+
+
 def load_dataset(
     name: str,
     num_partitions: int,
     *,
     partitioning: str = "iid",
     seed: int = 0,
-    classes_per_client: int = 2,
-    dirichlet_alpha: float = 0.5,
-    lognormal_sigma: float = 1.0,
     samples_per_client: int = 100,
     synthetic_alpha: float = 1.0,
     synthetic_beta: float = 1.0,
     synthetic_iid: bool = False,
     regression_dimension: int = 10,
     regression_rho: float = 0.001,
+    **partition_options: Unpack[PartitionOptions],
 ) -> FederatedSplit:
     """A named data set split over ``num_partitions`` clients, offline.
 
@@ -108,9 +134,6 @@ def load_dataset(
         client, and ignore it (checked and logged).
     seed : int
         Seed of the generator, of the test split and of the partitioner.
-    classes_per_client, dirichlet_alpha, lognormal_sigma
-        Options of the ``"pathological"``, ``"dirichlet"`` and ``"lognormal"``
-        partitionings.
     samples_per_client : int
         ISFedAvg data sets: ``N_k`` (regression) or the largest ``N_k``
         (logistic).
@@ -120,6 +143,9 @@ def load_dataset(
         Dimension and regularization weight of ``"isfedavg-regression"``; train
         with ``Objective("regression", l2=regression_rho)`` for the MSD against
         ``optimum`` to be meaningful.
+    **partition_options
+        ``classes_per_client``, ``dirichlet_alpha``, ``lognormal_sigma``: see
+        :class:`PartitionOptions`.
 
     Returns
     -------
@@ -136,16 +162,10 @@ def load_dataset(
             f"unknown dataset {name!r}; valid names: {', '.join(DATASET_NAMES)} "
             "(image data sets from the Hub: load_hub_dataset)"
         )
+    # Checked for every data set, also the generated ones that ignore it.
     split_options = _SplitOptions(
-        num_partitions,
-        partitioning,
-        seed,
-        classes_per_client,
-        float(dirichlet_alpha),
-        float(lognormal_sigma),
+        num_partitions, partitioning, seed, **partition_options
     )
-    if num_partitions < 1:
-        raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
     if name == "synthetic-iid":
         synthetic_iid = True
     elif name == "synthetic-1-1":
@@ -227,17 +247,27 @@ class _SplitOptions:
     """How a labelled training set is split over clients: a memoization key.
 
     The arguments of :func:`~flwr_importance.tasks.partitioning.partition_indices`
-    but the labels; the partitioning's name is checked on construction.
+    but the labels. Both loaders build it from their arguments,
+    ``_SplitOptions(num_partitions, partitioning, seed, **partition_options)``:
+    the one place that holds the defaults of :class:`PartitionOptions` and checks
+    them all. An unknown keyword is a :class:`TypeError`, fewer than one client
+    or an unknown partitioning a :class:`ValueError`; the float options are made
+    floats (a run configuration may give ``1`` for ``1.0``).
     """
 
     num_partitions: int
     partitioning: str
     seed: int
-    classes_per_client: int
-    dirichlet_alpha: float
-    lognormal_sigma: float
+    classes_per_client: int = 2
+    dirichlet_alpha: float = 0.5
+    lognormal_sigma: float = 1.0
 
     def __post_init__(self) -> None:
+        if self.num_partitions < 1:
+            raise ValueError(f"num_partitions must be >= 1, got {self.num_partitions}")
+        for option in ("dirichlet_alpha", "lognormal_sigma"):
+            # Frozen: object.__setattr__ is how a dataclass normalizes a field.
+            object.__setattr__(self, option, float(getattr(self, option)))
         if self.partitioning not in PARTITIONINGS:
             raise ValueError(
                 f"unknown partitioning {self.partitioning!r}; "
@@ -360,10 +390,7 @@ def load_hub_dataset(
     num_partitions: int,
     partitioning: str = "iid",
     seed: int = 0,
-    *,
-    classes_per_client: int = 2,
-    dirichlet_alpha: float = 0.5,
-    lognormal_sigma: float = 1.0,
+    **partition_options: Unpack[PartitionOptions],
 ) -> FederatedSplit:
     """An image data set from the Hugging Face Hub, split like ``"digits"``.
 
@@ -387,8 +414,8 @@ def load_hub_dataset(
         As in :func:`load_dataset`.
     seed : int
         Seed of the partitioning (and of FEMNIST's test split).
-    classes_per_client, dirichlet_alpha, lognormal_sigma
-        As in :func:`load_dataset`.
+    **partition_options
+        As in :func:`load_dataset`: see :class:`PartitionOptions`.
 
     Returns
     -------
@@ -398,7 +425,7 @@ def load_hub_dataset(
     Raises
     ------
     ValueError
-        For an unknown name or partitioning.
+        For an unknown name or partitioning, or fewer than one client.
     RuntimeError
         When the data set cannot be fetched: no network, or Hugging Face offline
         mode without a cached copy.
@@ -408,12 +435,7 @@ def load_hub_dataset(
             f"unknown Hub dataset {name!r}; valid names: {', '.join(HUB_DATASET_NAMES)}"
         )
     split_options = _SplitOptions(
-        num_partitions,
-        partitioning,
-        seed,
-        classes_per_client,
-        float(dirichlet_alpha),
-        float(lognormal_sigma),
+        num_partitions, partitioning, seed, **partition_options
     )
     from flwr_datasets import FederatedDataset  # on first use, see top
 

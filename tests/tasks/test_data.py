@@ -377,6 +377,36 @@ def test_unknown_names_list_the_valid_ones() -> None:
         load_hub_dataset("imagenet", 10)
 
 
+def test_both_loaders_check_the_split_options_alike() -> None:
+    # One place checks them: a misspelt option, no client or an unknown
+    # partitioning fail in both loaders, the Hub one before any download.
+    for load in (load_dataset, load_hub_dataset):
+        name = "digits" if load is load_dataset else "mnist"
+        with pytest.raises(TypeError, match="classes_per_clients"):
+            load(name, 10, classes_per_clients=3)  # type: ignore[call-arg]
+        with pytest.raises(ValueError, match="num_partitions"):
+            load(name, 0)
+        with pytest.raises(ValueError, match="label-sorted"):
+            load(name, 10, partitioning="by-writer")
+    with pytest.raises(ValueError, match="num_partitions"):
+        load_dataset("synthetic", 0)
+    with pytest.raises(TypeError):
+        load_hub_dataset("mnist", 10, "iid", 0, 2)  # type: ignore[call-arg]
+
+
+def test_partition_options_default_and_normalize() -> None:
+    split = load_dataset("digits", 10, partitioning="dirichlet")
+    assert (
+        load_dataset("digits", 10, partitioning="dirichlet", dirichlet_alpha=0.5)
+        is split
+    )
+    # An integer from a run configuration asks for the same split as its float.
+    assert_same_split(
+        load_dataset("digits", 10, partitioning="dirichlet", dirichlet_alpha=1),
+        load_dataset("digits", 10, partitioning="dirichlet", dirichlet_alpha=1.0),
+    )
+
+
 def test_generated_data_sets_ignore_the_partitioning() -> None:
     assert_same_split(
         load_dataset("isfedavg-logistic", 8, partitioning="pathological"),
