@@ -51,10 +51,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 NegativeRule = Literal["flip", "drop"]
 Denominator = Literal["abs", "signed"]
@@ -119,6 +122,20 @@ class FolbWeights:
     weights: NDArray[np.float64]
     scores: NDArray[np.float64]
     fallback_reason: str | None = None
+
+
+class FolbOptions(TypedDict, total=False):
+    """The options every rule shares, taken as ``**options`` and passed on.
+
+    :func:`single_set_weights`, :func:`two_set_weights` and
+    :func:`heterogeneity_aware_weights` are :func:`folb_weights` with the
+    arguments of one equation; these keywords, documented and defaulted there,
+    go through unchanged.
+    """
+
+    sample_counts: ArrayLike | None
+    negative: NegativeRule
+    denominator: Denominator
 
 
 def estimated_global_gradient(
@@ -335,14 +352,14 @@ def folb_weights(
 
 
 def single_set_weights(
-    gradients: Sequence[NDArray[np.floating]],
+    gradients: Sequence[Vector],
     multiplicities: ArrayLike | None = None,
-    *,
-    sample_counts: ArrayLike | None = None,
-    negative: NegativeRule = "flip",
-    denominator: Denominator = "abs",
+    **options: Unpack[FolbOptions],
 ) -> FolbWeights:
     """Eq. 13: ``a_k = n_k c_k / sum_{i in S} n_i |c_i|``, ``c_k = <g_k, gS>``.
+
+    ``options`` (:class:`FolbOptions`): ``sample_counts``, ``negative``,
+    ``denominator``, as in :func:`folb_weights`.
 
     Examples
     --------
@@ -354,27 +371,22 @@ def single_set_weights(
     >>> single_set_weights(grads, negative="drop").weights.tolist()
     [0.5, 0.5, 0.0]
     """
-    return folb_weights(
-        gradients,
-        multiplicities,
-        sample_counts=sample_counts,
-        negative=negative,
-        denominator=denominator,
-    )
+    return folb_weights(gradients, multiplicities, **options)
 
 
 def two_set_weights(
-    gradients: Sequence[NDArray[np.floating]],
-    reference_gradients: Sequence[NDArray[np.floating]],
+    gradients: Sequence[Vector],
+    reference_gradients: Sequence[Vector],
     multiplicities: ArrayLike | None = None,
     reference_multiplicities: ArrayLike | None = None,
     *,
-    sample_counts: ArrayLike | None = None,
     reference_sample_counts: ArrayLike | None = None,
-    negative: NegativeRule = "flip",
-    denominator: Denominator = "abs",
+    **options: Unpack[FolbOptions],
 ) -> FolbWeights:
     """Eqs. 9-10: ``c_k = <g_k, gS2>`` for ``k in S1``, ``gS2`` from ``S2``.
+
+    The ``reference_*`` arguments describe ``S2`` and ``options``
+    (:class:`FolbOptions`) the rule, as in :func:`folb_weights`.
 
     Examples
     --------
@@ -385,27 +397,26 @@ def two_set_weights(
     return folb_weights(
         gradients,
         multiplicities,
-        sample_counts=sample_counts,
         reference_gradients=reference_gradients,
         reference_multiplicities=reference_multiplicities,
         reference_sample_counts=reference_sample_counts,
-        negative=negative,
-        denominator=denominator,
+        **options,
     )
 
 
 def heterogeneity_aware_weights(
-    gradients: Sequence[NDArray[np.floating]],
+    gradients: Sequence[Vector],
     inexactness: ArrayLike,
     psi: float,
     multiplicities: ArrayLike | None = None,
     *,
-    sample_counts: ArrayLike | None = None,
     penalty: Penalty = "norm-product",
-    negative: NegativeRule = "flip",
-    denominator: Denominator = "abs",
+    **options: Unpack[FolbOptions],
 ) -> FolbWeights:
     """Eq. 18: ``d_k = c_k - psi gamma_k ||g_k|| ||gS||``, weights ``n_k d_k``.
+
+    ``inexactness`` is ``gamma_k`` per device; it, ``psi``, ``penalty`` and
+    ``options`` (:class:`FolbOptions`) are as in :func:`folb_weights`.
 
     Examples
     --------
@@ -419,12 +430,10 @@ def heterogeneity_aware_weights(
     return folb_weights(
         gradients,
         multiplicities,
-        sample_counts=sample_counts,
         inexactness=inexactness,
         psi=psi,
         penalty=penalty,
-        negative=negative,
-        denominator=denominator,
+        **options,
     )
 
 
