@@ -777,8 +777,9 @@ def deployment(
         running.stop()
 
 
-#: Where ``--compare`` writes its table and figure, in the base output folder.
+#: The file ``--compare`` writes its table into, in the base output folder.
 COMPARISON_JSON = "comparison.json"
+#: The file ``--compare`` draws every strategy's curves into, beside the table.
 COMPARISON_PLOT = "comparison.png"
 
 
@@ -786,17 +787,25 @@ COMPARISON_PLOT = "comparison.png"
 class ComparisonRun:
     """What :func:`compare_strategies` produced.
 
+    Both files are written by the time it is returned; :func:`main` prints
+    ``table`` and the two paths.
+
     Attributes
     ----------
     comparison : Comparison
-        The table's numbers.
+        The numbers behind the table: the target, how it was fixed, and one
+        result per strategy, the baseline first.
     table : str
-        The table as printed (Markdown, the target rule first).
+        A title line (the strategies, the run config's source, the number of
+        SuperNodes and the seed), then the target rule and the Markdown table
+        of :func:`~flwr_importance.comparison.format_table`.
     json_path : Path
-        ``comparison.json``: the table, the shared run config, each run's folder.
+        :data:`COMPARISON_JSON` in the base output folder: the table, the
+        shared run config, each run's folder.
     plot_path : Path
-        ``comparison.png``: every strategy's curves in one figure.
-    output_dirs : dict
+        :data:`COMPARISON_PLOT` in the base output folder: every strategy's
+        curves in one figure.
+    output_dirs : dict[str, Path]
         Strategy -> the ``output-dir`` its run wrote ``history.json`` into.
     """
 
