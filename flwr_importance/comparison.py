@@ -59,16 +59,21 @@ class StrategyResult:
 class Comparison:
     """Strategies' results against the first (the baseline).
 
+    Built by :func:`compare_histories`; :func:`format_table` prints it and
+    :func:`write_comparison` saves it.
+
     Attributes
     ----------
     metric : str
         The quality metric compared (``accuracy`` or ``msd``).
     target : float
-        The quality every strategy's rounds to target are counted against.
+        The quality every strategy's rounds to target are counted against,
+        reached at ``>=`` for accuracy and ``<=`` for MSD.
     target_rule : str
-        How ``target`` was fixed from the baseline, in words.
+        How ``target`` was fixed from the baseline, in words, e.g.
+        ``accuracy >= 0.54: 90% of md's final accuracy 0.6``.
     results : tuple of StrategyResult
-        One per strategy, the baseline first.
+        One per strategy, the baseline (:attr:`baseline`) first.
     """
 
     metric: str
