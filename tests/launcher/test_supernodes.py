@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -87,3 +88,51 @@ def test_launcher_app_without_num_supernodes_runs_flwr_with_the_default(
     (command,) = commands
     federation_config = command[command.index("--federation-config") + 1]
     assert federation_config.startswith(f"num-supernodes={default} ")
+
+
+RAY_DID_NOT_START = (
+    "Exception: The current node timed out during startup. This could happen "
+    "because some of the raylet failed to startup or the GCS has become overloaded."
+)
+
+
+@pytest.mark.parametrize(
+    ("first_output", "capture", "runs"),
+    [
+        (RAY_DID_NOT_START, True, 2),
+        ("ValueError: a bug in the app", True, 1),
+        (RAY_DID_NOT_START, False, 1),
+    ],
+)
+def test_a_run_whose_ray_node_did_not_start_runs_once_more(
+    flower_example: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    first_output: str,
+    capture: bool,
+    runs: int,
+) -> None:
+    """Only Ray's own start-up timeout is retried, once, and only when captured."""
+    outputs = [first_output, "run finished"]
+    commands: list[Sequence[str]] = []
+
+    def fake_flwr_run(
+        command: Sequence[str], **kwargs: object
+    ) -> subprocess.CompletedProcess[str]:
+        commands.append(command)
+        return subprocess.CompletedProcess(command, 0, outputs[len(commands) - 1], "")
+
+    monkeypatch.setattr(launcher, "_start_managed_superlink", lambda *args: None)
+    monkeypatch.setattr(launcher.subprocess, "run", fake_flwr_run)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        completed = launcher.flwr_run(
+            flower_example,
+            num_supernodes=2,
+            flwr_home=tmp_path / "home",
+            capture=capture,
+        )
+    assert len(commands) == runs
+    assert completed.stdout == outputs[runs - 1]
+    retried = [w for w in caught if "start-up window" in str(w.message)]
+    assert len(retried) == runs - 1
