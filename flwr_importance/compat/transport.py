@@ -57,7 +57,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.supercore.run import Run
 from numpy.typing import NDArray
 
-from flwr_importance.local_grid import LocalGrid
+from flwr_importance.local_grid import SynchronousGrid
 
 #: Config key carrying the Message-API message type (``train``, ``query.norm``).
 MESSAGE_TYPE_KEY = "compat-message-type"
@@ -244,7 +244,7 @@ def proxies_by_node(client_manager: ClientManager) -> dict[int, ClientProxy]:
     return proxies
 
 
-class ProxyGrid(LocalGrid):
+class ProxyGrid(SynchronousGrid):
     """A Message-API ``Grid`` that reaches the nodes through legacy ``ClientProxy``.
 
     What a Message-API strategy needs from inside ``configure_fit``: the
@@ -270,14 +270,6 @@ class ProxyGrid(LocalGrid):
     def get_node_ids(self) -> Iterable[int]:
         """Ids of the clients the legacy server knows."""
         return list(proxies_by_node(self.client_manager))
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        """Not available: legacy proxies answer synchronously, see send_and_receive."""
-        raise NotImplementedError("ProxyGrid only offers send_and_receive")
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        """Not available: legacy proxies answer synchronously, see send_and_receive."""
-        raise NotImplementedError("ProxyGrid only offers send_and_receive")
 
     def send_and_receive(
         self, messages: Iterable[Message], *, timeout: float | None = None

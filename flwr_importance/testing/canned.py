@@ -25,7 +25,7 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 from numpy.typing import NDArray
 
-from flwr_importance.local_grid import LocalGrid
+from flwr_importance.local_grid import SynchronousGrid
 from flwr_importance.registry import (
     CannedSetup,
     CannedVariant,
@@ -41,7 +41,7 @@ MAX_SIZE = 100
 
 
 @dataclass
-class CannedReplyGrid(LocalGrid):
+class CannedReplyGrid(SynchronousGrid):
     """A grid whose nodes answer each message type with a pre-built reply.
 
     Parameters
@@ -82,14 +82,6 @@ class CannedReplyGrid(LocalGrid):
     def node_index(self, node_id: int) -> int:
         """The node's position ``0..num_nodes-1`` (for per-node canned values)."""
         return node_id - 2
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        """Not used: replies are built in :meth:`send_and_receive`."""
-        raise NotImplementedError("CannedReplyGrid only serves send_and_receive")
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        """Not used: replies are built in :meth:`send_and_receive`."""
-        raise NotImplementedError("CannedReplyGrid only serves send_and_receive")
 
     def send_and_receive(
         self, messages: Iterable[Message], *, timeout: float | None = None
