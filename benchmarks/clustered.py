@@ -58,6 +58,9 @@ from simulations.inprocess import load_preset, resolve_run_config
 from simulations.methods import load_method
 from simulations.task import federated_data, global_model
 
+#: The section title of this benchmark in docs/results.md.
+TITLE = "Clustered sampling vs MD sampling (Fraboni et al., ICML 2021)"
+
 NUM_CLIENTS = 100
 #: Clients drawn per round and classes of the task, in every setting.
 DRAWS, NUM_CLASSES = 10, 10

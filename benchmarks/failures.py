@@ -40,6 +40,9 @@ from benchmarks.harness import (
 from simulations.inprocess import run_inprocess
 from simulations.methods import LIBRARY_METHODS
 
+#: The section title of this benchmark in docs/results.md.
+TITLE = "Every strategy under failed replies"
+
 STRATEGIES = ("fedavg", *LIBRARY_METHODS)
 FAULT_RATES = (0.0, 0.1, 0.3)
 ALL_KINDS = "raise,timeout,silent"

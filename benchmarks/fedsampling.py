@@ -71,6 +71,9 @@ from flwr_importance.sampling import (
 from flwr_importance.tasks import FederatedSplit, Objective, build_model
 from flwr_importance.tasks.generators import lognormal_mixture
 
+#: The section title of this benchmark in docs/results.md.
+TITLE = "FedSampling vs client-level sampling (Qi et al., IJCAI 2023)"
+
 PAPER = "Qi et al. 2023, FedSampling: a better sampling strategy for FL"
 LEARNING_RATE = "learning-rate"
 

@@ -64,6 +64,9 @@ from simulations.inprocess import load_preset, resolve_run_config
 from simulations.methods import load_method
 from simulations.task import federated_data, global_model
 
+#: The section title of this benchmark in docs/results.md.
+TITLE = "FOLB vs FedProx and FedAvg (Nguyen et al., JSAC 2021, Table I)"
+
 NUM_CLIENTS = 30
 PAPER = "Nguyen et al., IEEE JSAC 2021, Fast-convergent federated learning"
 FOLB, FEDPROX, FEDAVG = "FOLB", "FedProx", "FedAvg"

@@ -28,6 +28,9 @@ from collections.abc import Sequence
 
 from benchmarks.harness import benchmark_parser, markdown_table
 
+#: The section title of this benchmark in docs/results.md.
+TITLE = "Server-side import time vs Flower's strategies"
+
 #: Flower's Message-API strategies: what both ratios are taken against.
 BASELINE = "flwr.serverapp.strategy"
 #: The library's server side, then Flower's legacy strategies for reference.

@@ -86,6 +86,9 @@ from simulations.methods import load_method, uniform_sampling
 from simulations.methods.isfedavg import build_strategy as build_isfedavg
 from simulations.task import federated_data, global_model, local_task
 
+#: The section title of this benchmark in docs/results.md.
+TITLE = "ISFedAvg vs FedAvg (Rizk et al., ICASSP 2021)"
+
 #: Config keys of the step-matched FedAvg's train messages, and the metric its
 #: handler replies with so that Flower's FedAvg takes the plain mean (eq. 5).
 LOCAL_STEPS, BATCH_SIZE, LEARNING_RATE = "local-steps", "batch-size", "local-lr"

@@ -46,6 +46,9 @@ from simulations.inprocess import run_inprocess
 from simulations.methods.mmfl import parse_tasks
 from simulations.report import HistoryRow
 
+#: The section title of this benchmark in docs/results.md.
+TITLE = "OCS/AOCS vs uniform, MMFL vs random (Chen et al. 2022; Zhang et al. 2024)"
+
 TUNING_SEEDS = (100, 101)
 #: Overrides of both settings.
 COMMON: dict[str, bool | int | float | str] = {

@@ -38,6 +38,9 @@ from flwr_importance.tasks import (
     weighted_sgd_step,
 )
 
+#: The section title of this benchmark in docs/results.md.
+TITLE = "Per-sample gradient norms (ISFedAvg's client)"
+
 TARGET_MODEL = "mlp"
 TARGET_RATIO = 2.5
 DIGITS_SHAPE = (1, 8, 8)

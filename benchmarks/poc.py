@@ -56,6 +56,9 @@ from simulations.inprocess import load_preset, resolve_run_config
 from simulations.methods import load_method
 from simulations.task import federated_data, global_model
 
+#: The section title of this benchmark in docs/results.md.
+TITLE = "Power-of-Choice vs MD and uniform sampling (Cho et al., AISTATS 2022)"
+
 PRESET = "poc-digits-dirichlet"
 PAPER = (
     "Cho, Wang, Joshi, AISTATS 2022, Towards understanding biased client "

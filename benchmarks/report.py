@@ -62,22 +62,6 @@ TIMING_BENCHMARKS = (
     "import_time",
     "deployment_overhead",
 )
-#: Section titles: each method's comparison as its registry declaration names
-#: it, then the other benchmarks; a benchmark not listed is titled by its module.
-TITLES = {
-    **{
-        spec.benchmark: spec.benchmark_title
-        for spec in methods()
-        if spec.benchmark and spec.benchmark_title
-    },
-    "failures": "Every strategy under failed replies",
-    "server_overhead": "Server time per round vs Flower's FedAvg",
-    "client_overhead": "Client time per round vs a FedAvg client",
-    "sampling_overhead": "Samplers at scale",
-    "per_sample_grads": "Per-sample gradient norms (ISFedAvg's client)",
-    "import_time": "Server-side import time vs Flower's strategies",
-    "deployment_overhead": "Deployment seconds per message vs a plain FedAvg app",
-}
 README_START = "<!-- results:start -->"
 README_END = "<!-- results:end -->"
 #: Per method (its strategy class name), the preset of its paper's headline
@@ -347,9 +331,23 @@ def runs_table(
     return "\n".join(lines)
 
 
-def section_title(name: str) -> str:
-    """The heading of benchmark ``name``'s section in ``docs/results.md``."""
-    return TITLES.get(name, f"`benchmarks/{name}.py`")
+def section_title(name: str, directory: Path = BENCHMARKS_DIR) -> str:
+    """The heading of benchmark ``name``'s section in ``docs/results.md``.
+
+    The benchmark module's own ``TITLE`` string, read with :mod:`ast` as
+    :func:`discover_benchmarks` reads it; without one, the module's path.
+    """
+    path = directory / f"{name}.py"
+    tree = ast.parse(path.read_text()) if path.is_file() else ast.Module([], [])
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and [getattr(target, "id", None) for target in node.targets] == ["TITLE"]
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            return node.value.value
+    return f"`benchmarks/{name}.py`"
 
 
 def heading_anchor(heading: str) -> str:

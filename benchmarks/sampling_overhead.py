@@ -43,6 +43,9 @@ from flwr_importance.sampling.clustered import (
 from flwr_importance.sampling.optimal import optimal_client_probs
 from flwr_importance.sampling.pips import capped_inclusion_probs, systematic_sample
 
+#: The section title of this benchmark in docs/results.md.
+TITLE = "Samplers at scale"
+
 MIN_SPEEDUP = 50.0
 MAX_SECONDS_LARGE = 10.0
 #: Quick mode times this many random pairs of the Python loop and extrapolates.

@@ -76,6 +76,9 @@ from flwr_importance.testing.canned import (
     canned_strategy,
 )
 
+#: The section title of this benchmark in docs/results.md.
+TITLE = "Server time per round vs Flower's FedAvg"
+
 #: Layer shapes of the benchmark model: 1,000,656 parameters.
 MODEL_SHAPES = {
     "hidden.weight": (1024, 768),

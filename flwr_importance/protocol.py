@@ -90,17 +90,6 @@ QUERY_CATEGORY = "query"
 SIZES_QUERY = "sizes"
 
 
-def query_message_type(action: str) -> str:
-    """The message type of the query ``action``.
-
-    Examples
-    --------
-    >>> query_message_type(SIZES_QUERY)
-    'query.sizes'
-    """
-    return f"{QUERY_CATEGORY}.{action}"
-
-
 # --- ISFedAvg -----------------------------------------------------------------
 #: ``p_k``: the client's realized normalized inclusion probability ``P(k in S)/L``.
 ISFEDAVG_CLIENT_PROB = "isfedavg-client-prob"
@@ -165,6 +154,22 @@ KEPT_UPDATE = "kept-update"
 UPDATE_RECORD = "update"
 #: Prefix of the ArrayRecords carrying model ``s`` in MMFL's server messages.
 MODEL_RECORD_PREFIX = "model-"
+
+
+# --- Names built from the constants -------------------------------------------
+def query_message_type(action: str) -> str:
+    """The message type of the query ``action``.
+
+    Flower routes a message of type ``query.<action>`` to the ClientApp
+    function registered with ``@app.query("<action>")``; a ClientApp without
+    one answers with an error reply, which the strategies log and leave out.
+
+    Examples
+    --------
+    >>> query_message_type(SIZES_QUERY)
+    'query.sizes'
+    """
+    return f"{QUERY_CATEGORY}.{action}"
 
 
 def model_record_name(model_index: int) -> str:

@@ -23,7 +23,7 @@ import functools
 import importlib
 import pkgutil
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from flwr.serverapp.strategy import Strategy
@@ -73,7 +73,7 @@ class LocalWork:
     clients_per_round: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CannedVariant:
     """One configuration of a method, answered by canned replies.
 
@@ -86,11 +86,13 @@ class CannedVariant:
     Attributes
     ----------
     name : str
-        Unique among all methods' variants, e.g. ``"clustered-size"``.
+        Unique among all methods' variants, e.g. ``"clustered-size"``; empty:
+        the method's name (its :class:`MethodSpec` fills it in).
     label : str
-        How tables and plots name it.
+        How tables and plots name it; empty: the strategy class's name.
     arguments : Callable[[CannedSetup], Mapping[str, Any]]
-        The strategy's keyword arguments for a setup.
+        The strategy's keyword arguments for a setup; by default
+        :func:`sampling_arguments` without options.
     replies : Mapping[str, str]
         Per message type (``"train"``, ``"query.sizes"`` ...), the reply kind.
     baseline : str
@@ -101,9 +103,11 @@ class CannedVariant:
         :func:`~flwr_importance.strategies.pack_models` (one here).
     """
 
-    name: str
-    label: str
-    arguments: Callable[[CannedSetup], Mapping[str, Any]]
+    name: str = ""
+    label: str = ""
+    arguments: Callable[[CannedSetup], Mapping[str, Any]] = field(
+        default_factory=lambda: sampling_arguments()
+    )
     replies: Mapping[str, str]
     baseline: str = "fedavg"
     packed_models: bool = False
@@ -112,8 +116,8 @@ class CannedVariant:
 def sampling_arguments(**options: Any) -> Callable[[CannedSetup], Mapping[str, Any]]:
     """A client-sampling strategy's arguments in a canned run, plus ``options``.
 
-    ``clients_per_round`` from the setup, federated evaluation off, and one
-    connected node enough to start a round.
+    ``clients_per_round`` from the setup and federated evaluation off; the
+    other arguments keep the strategy's defaults.
 
     Examples
     --------
@@ -125,7 +129,6 @@ def sampling_arguments(**options: Any) -> Callable[[CannedSetup], Mapping[str, A
     return lambda setup: {
         "clients_per_round": setup.clients_per_round,
         "fraction_evaluate": 0.0,
-        "min_available_nodes": 1,
         **options,
     }
 
@@ -141,8 +144,6 @@ class MethodSpec:
         and its key everywhere else.
     strategy : type[Strategy]
         The Message-API strategy.
-    paper : str
-        Short citation (authors, venue, year); docs/methods.md has the rest.
     client_handlers : str
         ``"module:function"``: the ready-made ClientApp handlers, built from a
         :class:`~flwr_importance.clientapps.LocalTask` factory; empty: FedAvg's
@@ -168,8 +169,6 @@ class MethodSpec:
         Whether the method runs on Flower's legacy Strategy API at all.
     benchmark : str or None
         Module under ``benchmarks/`` of its fair comparison.
-    benchmark_title : str
-        The report's section title of that comparison.
     app_aliases : tuple[str, ...]
         Other app ``strategy`` names of the same method.
     clients_per_round : bool
@@ -188,7 +187,6 @@ class MethodSpec:
 
     name: str
     strategy: type[Strategy]
-    paper: str
     headline_preset: str
     canned: tuple[CannedVariant, ...]
     client_handlers: str = ""
@@ -198,11 +196,23 @@ class MethodSpec:
     legacy: str | None = None
     legacy_api: bool = True
     benchmark: str | None = None
-    benchmark_title: str = ""
     app_aliases: tuple[str, ...] = ()
     clients_per_round: bool = True
     client_queries: tuple[str, ...] = ()
     app_options: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # An unnamed variant is the method's one canned configuration: it goes
+        # by the method's name and its strategy class's name.
+        named = tuple(
+            replace(
+                variant,
+                name=variant.name or self.name,
+                label=variant.label or self.strategy.__name__,
+            )
+            for variant in self.canned
+        )
+        object.__setattr__(self, "canned", named)
 
     def build(self, **arguments: Any) -> Strategy:
         """A new instance of the strategy with these keyword arguments."""

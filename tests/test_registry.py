@@ -18,6 +18,7 @@ import tomllib
 from flwr.app import Array, ArrayRecord
 from flwr.serverapp.strategy import Strategy
 
+from benchmarks.report import section_title
 from flwr_importance import compat, strategies
 from flwr_importance.compat import LegacyStrategyAdapter, legacy_class
 from flwr_importance.registry import (
@@ -104,10 +105,12 @@ def test_declared_presets_run_the_method(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
-def test_declared_benchmark_exists(name: str) -> None:
+def test_declared_benchmark_exists_and_has_a_title(name: str) -> None:
     spec = SPECS[name]
     if spec.benchmark is not None:
         assert (ROOT / "benchmarks" / f"{spec.benchmark}.py").is_file()
+        # The report titles its section by the module's TITLE, not its path.
+        assert not section_title(spec.benchmark).startswith("`benchmarks/")
 
 
 def test_every_legacy_class_belongs_to_a_method() -> None:

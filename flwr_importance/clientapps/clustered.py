@@ -14,23 +14,15 @@ The ready-made set, for a :class:`~flwr_importance.clientapps.LocalTask`::
 
 from __future__ import annotations
 
-from flwr_importance.clientapps.common import (
-    ClientHandler,
-    TaskFactory,
-    make_evaluate_handler,
-    make_train_handler,
-)
-from flwr_importance.clientapps.sizes import make_sizes_handler
-from flwr_importance.protocol import SIZES_QUERY, query_message_type
+from flwr_importance import protocol
+from flwr_importance.clientapps.common import ClientHandler, TaskFactory
+from flwr_importance.clientapps.standard import standard_handlers
 
 
 def make_clustered_handlers(task_factory: TaskFactory) -> dict[str, ClientHandler]:
-    """The handler set of clustered, MD and size-weighted sampling.
+    """The handler set of clustered and MD sampling.
 
-    FedAvg's train and evaluate, and ``query.sizes`` with the true size.
+    FedAvg's train and evaluate, and ``query.sizes`` with the true size: the
+    standard handlers of the methods' ``client_queries``.
     """
-    return {
-        "train": make_train_handler(task_factory),
-        "evaluate": make_evaluate_handler(task_factory),
-        query_message_type(SIZES_QUERY): make_sizes_handler(task_factory),
-    }
+    return standard_handlers(task_factory, (protocol.SIZES_QUERY,))

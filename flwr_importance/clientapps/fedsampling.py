@@ -51,6 +51,7 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from flwr_importance import protocol
 from flwr_importance.clientapps._device import (
     Criterion,
     Unpack,
@@ -68,16 +69,6 @@ from flwr_importance.clientapps.common import (
     task_batches,
 )
 from flwr_importance.clientapps.sizes import SampleCount, sample_count_source
-from flwr_importance.protocol import (
-    FEDSAMPLING_EPSILON,
-    FEDSAMPLING_ESTIMATED_TOTAL_SIZE,
-    FEDSAMPLING_MAX_SIZE,
-    FEDSAMPLING_SAMPLES_PER_ROUND,
-    FEDSAMPLING_SIZE_RESPONSE,
-    LOCAL_STEPS,
-    SIZES_QUERY,
-    query_message_type,
-)
 from flwr_importance.sampling import bernoulli_keep, keep_probability, privatize_size
 from flwr_importance.tasks.training import BatchLoss, mean_gradient
 
@@ -118,8 +109,8 @@ def private_size_reply(
     Message
         The reply, with the one metric ``size-response``.
     """
-    max_size = int(config_number(message, FEDSAMPLING_MAX_SIZE))
-    epsilon = config_number(message, FEDSAMPLING_EPSILON)
+    max_size = int(config_number(message, protocol.FEDSAMPLING_MAX_SIZE))
+    epsilon = config_number(message, protocol.FEDSAMPLING_EPSILON)
     if max_epsilon is not None and epsilon > max_epsilon:
         raise ValueError(
             f"the server asks for epsilon={epsilon:g}, this node allows at "
@@ -132,7 +123,7 @@ def private_size_reply(
         rng if rng is not None else np.random.default_rng(),
     )
     content = RecordDict(
-        {"metrics": MetricRecord({FEDSAMPLING_SIZE_RESPONSE: response})}
+        {"metrics": MetricRecord({protocol.FEDSAMPLING_SIZE_RESPONSE: response})}
     )
     return Message(content, reply_to=message)
 
@@ -169,7 +160,7 @@ def add_private_size_query(
             message, num_examples=count(context), max_epsilon=max_epsilon
         )
 
-    app.query(SIZES_QUERY)(private_size)
+    app.query(protocol.SIZES_QUERY)(private_size)
 
 
 @dataclass(frozen=True)
@@ -229,13 +220,16 @@ def fedsampling_round(
     ValueError
         If the config lacks a key or ``local-steps`` is below 1.
     """
-    samples_per_round = int(config_number(message, FEDSAMPLING_SAMPLES_PER_ROUND))
-    probability = keep_probability(
-        samples_per_round, config_number(message, FEDSAMPLING_ESTIMATED_TOTAL_SIZE)
+    samples_per_round = int(
+        config_number(message, protocol.FEDSAMPLING_SAMPLES_PER_ROUND)
     )
-    local_steps = int(config_number(message, LOCAL_STEPS, 1))
+    probability = keep_probability(
+        samples_per_round,
+        config_number(message, protocol.FEDSAMPLING_ESTIMATED_TOTAL_SIZE),
+    )
+    local_steps = int(config_number(message, protocol.LOCAL_STEPS, 1))
     if local_steps < 1:
-        raise ValueError(f"{LOCAL_STEPS} must be >= 1, got {local_steps}")
+        raise ValueError(f"{protocol.LOCAL_STEPS} must be >= 1, got {local_steps}")
     keep = bernoulli_keep(
         num_examples, probability, rng if rng is not None else np.random.default_rng()
     )
@@ -317,7 +311,7 @@ def _fedsampling_gradient(
     """:func:`fedsampling_gradient` for a ``(model, inputs, targets) -> loss``."""
     if plan.local_steps > 1 and (lr is None or not lr > 0):
         raise ValueError(
-            f"{LOCAL_STEPS}={plan.local_steps} needs a positive lr, got {lr!r}"
+            f"{protocol.LOCAL_STEPS}={plan.local_steps} needs a positive lr, got {lr!r}"
         )
     parameters = list(model.parameters())
     total = [torch.zeros_like(parameter) for parameter in parameters]
@@ -431,6 +425,8 @@ def make_fedsampling_train_handler(task_factory: TaskFactory) -> ClientHandler:
 def make_fedsampling_handlers(task_factory: TaskFactory) -> dict[str, ClientHandler]:
     """FedSampling's handler set: ``query.sizes`` and ``train``, no ``evaluate``."""
     return {
-        query_message_type(SIZES_QUERY): make_size_query_handler(task_factory),
+        protocol.query_message_type(protocol.SIZES_QUERY): make_size_query_handler(
+            task_factory
+        ),
         "train": make_fedsampling_train_handler(task_factory),
     }

@@ -72,6 +72,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from torch import Tensor, nn
 
+from flwr_importance import protocol
 from flwr_importance.clientapps._device import (
     Criterion,
     Unpack,
@@ -86,13 +87,6 @@ from flwr_importance.clientapps.common import (
     make_evaluate_handler,
     make_train_handler,
     received_task,
-)
-from flwr_importance.protocol import (
-    FOLB_GAMMA,
-    FOLB_GRADIENT,
-    FOLB_UPDATE,
-    NUM_EXAMPLES,
-    PROXIMAL_MU,
 )
 from flwr_importance.tasks import full_gradient
 from flwr_importance.tasks.training import mean_gradient
@@ -134,9 +128,9 @@ class ProximalTerm:
     """
 
     def __init__(self, model: nn.Module, message: Message) -> None:
-        self.mu = config_number(message, PROXIMAL_MU, 0.0)
+        self.mu = config_number(message, protocol.PROXIMAL_MU, 0.0)
         if self.mu < 0:
-            raise ValueError(f"{PROXIMAL_MU} must be >= 0, got {self.mu}")
+            raise ValueError(f"{protocol.PROXIMAL_MU} must be >= 0, got {self.mu}")
         received = _received_state(message)
         missing = [name for name, _ in model.named_parameters() if name not in received]
         if missing:
@@ -353,8 +347,10 @@ def folb_reply(
     ValueError
         If ``metrics`` lacks ``num-examples``.
     """
-    if NUM_EXAMPLES not in metrics:
-        raise ValueError(f"FOLB weighs devices by '{NUM_EXAMPLES}': add it to metrics")
+    if protocol.NUM_EXAMPLES not in metrics:
+        raise ValueError(
+            f"FOLB weighs devices by '{protocol.NUM_EXAMPLES}': add it to metrics"
+        )
     received = _received_state(message)
     update = ArrayRecord(
         {
@@ -364,9 +360,9 @@ def folb_reply(
     )
     content = RecordDict(
         {
-            FOLB_UPDATE: update,
-            FOLB_GRADIENT: gradient,
-            "metrics": MetricRecord({**metrics, FOLB_GAMMA: gamma}),
+            protocol.FOLB_UPDATE: update,
+            protocol.FOLB_GRADIENT: gradient,
+            "metrics": MetricRecord({**metrics, protocol.FOLB_GAMMA: gamma}),
         }
     )
     return Message(content, reply_to=message)
@@ -378,8 +374,8 @@ def gradient_reply(
     """The ``query.gradient`` reply (two-set FOLB): ``g_k`` and ``n_k``."""
     content = RecordDict(
         {
-            FOLB_GRADIENT: gradient,
-            "metrics": MetricRecord({NUM_EXAMPLES: num_examples}),
+            protocol.FOLB_GRADIENT: gradient,
+            "metrics": MetricRecord({protocol.NUM_EXAMPLES: num_examples}),
         }
     )
     return Message(content, reply_to=message)

@@ -66,6 +66,7 @@ from numpy.typing import ArrayLike, NDArray
 from torch import Tensor, nn
 from torch.utils.data import Sampler
 
+from flwr_importance import protocol
 from flwr_importance.aggregation.isfedavg import (
     local_gradient_variance,
     realized_normalized_probs,
@@ -81,18 +82,6 @@ from flwr_importance.clientapps.common import (
     received_task,
     round_generators,
     server_round_of,
-)
-from flwr_importance.protocol import (
-    ISFEDAVG_ADAPT_SAMPLE_PROBS,
-    ISFEDAVG_BATCH_SIZE,
-    ISFEDAVG_CLIENT_PROB,
-    ISFEDAVG_GRADIENT_SQ_NORM,
-    ISFEDAVG_LOCAL_STEPS,
-    ISFEDAVG_MIN_RELATIVE_SAMPLE_PROB,
-    ISFEDAVG_NUM_CLIENTS,
-    ISFEDAVG_SIGMA2,
-    NUM_EXAMPLES,
-    TRAIN_LOSS,
 )
 from flwr_importance.sampling import systematic_sample, update_sample_probs
 from flwr_importance.tasks import WeightedStep, _per_sample
@@ -135,25 +124,30 @@ class RoundSettings:
     def from_message(cls, message: Message) -> RoundSettings:
         """Read and check the settings; a bad value raises ``ValueError``."""
         settings = cls(
-            client_prob=config_number(message, ISFEDAVG_CLIENT_PROB),
-            num_clients=int(config_number(message, ISFEDAVG_NUM_CLIENTS)),
-            local_steps=int(config_number(message, ISFEDAVG_LOCAL_STEPS)),
-            batch_size=int(config_number(message, ISFEDAVG_BATCH_SIZE)),
-            adapt_sample_probs=_config_flag(message, ISFEDAVG_ADAPT_SAMPLE_PROBS),
+            client_prob=config_number(message, protocol.ISFEDAVG_CLIENT_PROB),
+            num_clients=int(config_number(message, protocol.ISFEDAVG_NUM_CLIENTS)),
+            local_steps=int(config_number(message, protocol.ISFEDAVG_LOCAL_STEPS)),
+            batch_size=int(config_number(message, protocol.ISFEDAVG_BATCH_SIZE)),
+            adapt_sample_probs=_config_flag(
+                message, protocol.ISFEDAVG_ADAPT_SAMPLE_PROBS
+            ),
             min_relative_sample_prob=config_number(
-                message, ISFEDAVG_MIN_RELATIVE_SAMPLE_PROB
+                message, protocol.ISFEDAVG_MIN_RELATIVE_SAMPLE_PROB
             ),
         )
         if not 0 < settings.client_prob <= 1:
-            raise ValueError(f"{ISFEDAVG_CLIENT_PROB} must lie in (0, 1]")
+            raise ValueError(f"{protocol.ISFEDAVG_CLIENT_PROB} must lie in (0, 1]")
         if settings.num_clients < 1 or settings.local_steps < 1:
             raise ValueError(
-                f"{ISFEDAVG_NUM_CLIENTS} and {ISFEDAVG_LOCAL_STEPS} must be >= 1"
+                f"{protocol.ISFEDAVG_NUM_CLIENTS} and "
+                f"{protocol.ISFEDAVG_LOCAL_STEPS} must be >= 1"
             )
         if settings.batch_size < 1:
-            raise ValueError(f"{ISFEDAVG_BATCH_SIZE} must be >= 1")
+            raise ValueError(f"{protocol.ISFEDAVG_BATCH_SIZE} must be >= 1")
         if not 0 < settings.min_relative_sample_prob <= 1:
-            raise ValueError(f"{ISFEDAVG_MIN_RELATIVE_SAMPLE_PROB} must lie in (0, 1]")
+            raise ValueError(
+                f"{protocol.ISFEDAVG_MIN_RELATIVE_SAMPLE_PROB} must lie in (0, 1]"
+            )
         return settings
 
 
@@ -523,7 +517,10 @@ class ImportanceSampler(Sampler[list[int]]):
         gradient_sq_norm = float(
             sum(g.double().pow(2).sum() for g in self._round_gradient)
         )
-        return {ISFEDAVG_SIGMA2: sigma2, ISFEDAVG_GRADIENT_SQ_NORM: gradient_sq_norm}
+        return {
+            protocol.ISFEDAVG_SIGMA2: sigma2,
+            protocol.ISFEDAVG_GRADIENT_SQ_NORM: gradient_sq_norm,
+        }
 
     def finish(self, context: Context) -> dict[str, float]:
         """Store ``p_n`` in ``context.state``; return :meth:`metrics` for the reply."""
@@ -574,7 +571,7 @@ def importance_sampled_sgd(
             ):
                 parameter.sub_(task.lr * parameter_grad)
     return {
-        TRAIN_LOSS: loss_sum / sampler.local_steps,
+        protocol.TRAIN_LOSS: loss_sum / sampler.local_steps,
         "num-steps": float(sampler.local_steps),
     }
 
@@ -600,7 +597,11 @@ def make_isfedavg_train_handler(task_factory: TaskFactory) -> ClientHandler:
         return model_reply(
             message,
             task.model,
-            {**train_metrics, **sampler.finish(context), NUM_EXAMPLES: len(task.x)},
+            {
+                **train_metrics,
+                **sampler.finish(context),
+                protocol.NUM_EXAMPLES: len(task.x),
+            },
         )
 
     return train

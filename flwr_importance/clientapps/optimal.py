@@ -77,6 +77,7 @@ from flwr.app.message import make_message
 from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable
 
+from flwr_importance import protocol
 from flwr_importance.clientapps.common import (
     ClientHandler,
     LocalTask,
@@ -87,23 +88,6 @@ from flwr_importance.clientapps.common import (
     server_round_of,
 )
 from flwr_importance.clientapps.sizes import checked_sample_count
-from flwr_importance.protocol import (
-    KEPT_UPDATE,
-    LOSS,
-    LOSS_QUERY,
-    MODEL_INDEX,
-    MODEL_RECORD_PREFIX,
-    NORM_QUERY,
-    NUM_EXAMPLES,
-    NUM_MODELS,
-    SIZES_QUERY,
-    TRAIN_LOSS,
-    UPDATE_NORM,
-    UPDATE_RECORD,
-    model_record_name,
-    per_model_key,
-    query_message_type,
-)
 
 #: ``(context, model_index) -> LocalTask``: a node's task for each model.
 ModelTaskFactory = Callable[[Context, int], LocalTask]
@@ -134,8 +118,8 @@ def received_models(message: Message) -> dict[int, ArrayRecord]:
     """
     models: dict[int, ArrayRecord] = {}
     for name, record in message.content.array_records.items():
-        index = name.removeprefix(MODEL_RECORD_PREFIX)
-        if not name.startswith(MODEL_RECORD_PREFIX) or not index.isdigit():
+        index = name.removeprefix(protocol.MODEL_RECORD_PREFIX)
+        if not name.startswith(protocol.MODEL_RECORD_PREFIX) or not index.isdigit():
             raise ValueError(f"unexpected ArrayRecord '{name}' (expected model-<s>)")
         models[int(index)] = record
     if not models:
@@ -207,7 +191,9 @@ def _message_for_user(
     content = RecordDict(
         {
             USER_ARRAYS_KEY: model,
-            USER_CONFIG_KEY: ConfigRecord({**config, MODEL_INDEX: model_index}),
+            USER_CONFIG_KEY: ConfigRecord(
+                {**config, protocol.MODEL_INDEX: model_index}
+            ),
         }
     )
     return make_message(metadata=metadata, content=content)
@@ -264,7 +250,7 @@ def _train_update(
         _message_for_user(message, MessageType.TRAIN, global_model, model_index),
         context,
     )
-    metrics = _reply_metrics(reply, [NUM_EXAMPLES, train_loss_key], "train")
+    metrics = _reply_metrics(reply, [protocol.NUM_EXAMPLES, train_loss_key], "train")
     local_models = list(reply.content.array_records.values())
     if len(local_models) != 1:
         raise ValueError(
@@ -273,8 +259,8 @@ def _train_update(
     strategy_metrics = MetricRecord(
         {
             **metrics,
-            TRAIN_LOSS: _number(metrics, train_loss_key),
-            MODEL_INDEX: model_index,
+            protocol.TRAIN_LOSS: _number(metrics, train_loss_key),
+            protocol.MODEL_INDEX: model_index,
         }
     )
     return model_update(global_model, local_models[0]), strategy_metrics
@@ -368,7 +354,7 @@ class KeptUpdateMod:
         add_norm_query(app, train, train_loss_key="train_loss")
     """
 
-    def __init__(self, *, train_loss_key: str = TRAIN_LOSS) -> None:
+    def __init__(self, *, train_loss_key: str = protocol.TRAIN_LOSS) -> None:
         self.train_loss_key = train_loss_key
 
     def __call__(
@@ -379,17 +365,19 @@ class KeptUpdateMod:
         if (
             message.metadata.message_type != MessageType.TRAIN
             or config is None
-            or KEPT_UPDATE not in config
+            or protocol.KEPT_UPDATE not in config
         ):
             return call_next(message, context)
         server_round = server_round_of(message)
-        model_index = int(config_number(message, MODEL_INDEX))
-        if config[KEPT_UPDATE]:
+        model_index = int(config_number(message, protocol.MODEL_INDEX))
+        if config[protocol.KEPT_UPDATE]:
             update, metrics = _kept_update(context, server_round, model_index)
         else:
             global_model = received_models(message).get(model_index)
             if global_model is None:
-                raise ValueError(f"the message lacks {model_record_name(model_index)}")
+                raise ValueError(
+                    f"the message lacks {protocol.model_record_name(model_index)}"
+                )
             update, metrics = _train_update(
                 call_next,
                 message,
@@ -398,14 +386,18 @@ class KeptUpdateMod:
                 global_model,
                 self.train_loss_key,
             )
-        content = RecordDict({UPDATE_RECORD: update, "metrics": metrics})
+        content = RecordDict({protocol.UPDATE_RECORD: update, "metrics": metrics})
         return Message(content, reply_to=message)
 
 
 def norm_query_handler(
-    train_fn: ClientAppCallable, *, train_loss_key: str = TRAIN_LOSS
+    train_fn: ClientAppCallable, *, train_loss_key: str = protocol.TRAIN_LOSS
 ) -> ClientHandler:
     """The ``query.norm`` handler: run ``train_fn`` per model, keep, reply norms.
+
+    Every queried node trains, sampled or not: the norm of the update it would
+    send is what the server's probabilities need. The update stays in
+    ``context.state`` until the round's train message asks for it.
 
     Parameters
     ----------
@@ -425,9 +417,11 @@ def norm_query_handler(
                 train_fn, message, context, model_index, global_model, train_loss_key
             )
             kept[model_index] = (update, metrics)
-            reply[per_model_key(UPDATE_NORM, model_index)] = update_norm(update)
-            for key in (NUM_EXAMPLES, TRAIN_LOSS):
-                reply[per_model_key(key, model_index)] = _number(metrics, key)
+            reply[protocol.per_model_key(protocol.UPDATE_NORM, model_index)] = (
+                update_norm(update)
+            )
+            for key in (protocol.NUM_EXAMPLES, protocol.TRAIN_LOSS):
+                reply[protocol.per_model_key(key, model_index)] = _number(metrics, key)
         _keep_updates(context, server_round_of(message), kept)
         return _metrics_reply(message, reply)
 
@@ -435,7 +429,10 @@ def norm_query_handler(
 
 
 def add_norm_query(
-    app: ClientApp, train_fn: ClientAppCallable, *, train_loss_key: str = TRAIN_LOSS
+    app: ClientApp,
+    train_fn: ClientAppCallable,
+    *,
+    train_loss_key: str = protocol.TRAIN_LOSS,
 ) -> None:
     """Register ``@app.query("norm")``, answered by running ``train_fn``.
 
@@ -453,11 +450,13 @@ def add_norm_query(
         The metric of its reply holding the training loss (quickstart:
         ``"train_loss"``).
     """
-    app.query(NORM_QUERY)(norm_query_handler(train_fn, train_loss_key=train_loss_key))
+    app.query(protocol.NORM_QUERY)(
+        norm_query_handler(train_fn, train_loss_key=train_loss_key)
+    )
 
 
 def loss_query_handler(
-    evaluate_fn: ClientAppCallable, *, loss_key: str = LOSS
+    evaluate_fn: ClientAppCallable, *, loss_key: str = protocol.LOSS
 ) -> ClientHandler:
     """The ``query.loss`` handler: the user's evaluate function on each model.
 
@@ -479,10 +478,14 @@ def loss_query_handler(
                 ),
                 context,
             )
-            metrics = _reply_metrics(user_reply, [NUM_EXAMPLES, loss_key], "evaluate")
-            reply[per_model_key(LOSS, model_index)] = _number(metrics, loss_key)
-            reply[per_model_key(NUM_EXAMPLES, model_index)] = _number(
-                metrics, NUM_EXAMPLES
+            metrics = _reply_metrics(
+                user_reply, [protocol.NUM_EXAMPLES, loss_key], "evaluate"
+            )
+            reply[protocol.per_model_key(protocol.LOSS, model_index)] = _number(
+                metrics, loss_key
+            )
+            reply[protocol.per_model_key(protocol.NUM_EXAMPLES, model_index)] = _number(
+                metrics, protocol.NUM_EXAMPLES
             )
         return _metrics_reply(message, reply)
 
@@ -490,14 +493,14 @@ def loss_query_handler(
 
 
 def add_loss_query(
-    app: ClientApp, evaluate_fn: ClientAppCallable, *, loss_key: str = LOSS
+    app: ClientApp, evaluate_fn: ClientAppCallable, *, loss_key: str = protocol.LOSS
 ) -> None:
     """Register ``@app.query("loss")`` (MMFL's loss variant) on ``evaluate_fn``.
 
     Each received model is evaluated on the node's data of that model's task
     (``model-index`` in the config); no training.
     """
-    app.query(LOSS_QUERY)(loss_query_handler(evaluate_fn, loss_key=loss_key))
+    app.query(protocol.LOSS_QUERY)(loss_query_handler(evaluate_fn, loss_key=loss_key))
 
 
 def model_sizes_query_handler(num_examples: ModelSampleCount) -> ClientHandler:
@@ -510,9 +513,11 @@ def model_sizes_query_handler(num_examples: ModelSampleCount) -> ClientHandler:
     """
 
     def query_sizes(message: Message, context: Context) -> Message:
-        num_models = int(config_number(message, NUM_MODELS))
+        num_models = int(config_number(message, protocol.NUM_MODELS))
         reply: dict[str, float] = {
-            per_model_key(NUM_EXAMPLES, model_index): checked_sample_count(
+            protocol.per_model_key(
+                protocol.NUM_EXAMPLES, model_index
+            ): checked_sample_count(
                 num_examples(context, model_index), source="num_examples"
             )
             for model_index in range(num_models)
@@ -531,7 +536,7 @@ def add_model_sizes_query(app: ClientApp, *, num_examples: ModelSampleCount) -> 
     >>> app = ClientApp()
     >>> add_model_sizes_query(app, num_examples=lambda context, model_index: 600)
     """
-    app.query(SIZES_QUERY)(model_sizes_query_handler(num_examples))
+    app.query(protocol.SIZES_QUERY)(model_sizes_query_handler(num_examples))
 
 
 def _for_model(
@@ -541,7 +546,7 @@ def _for_model(
     """A ready-made FedAvg handler on the task of the message's ``model-index``."""
 
     def handler(message: Message, context: Context) -> Message:
-        model_index = int(config_number(message, MODEL_INDEX, 0))
+        model_index = int(config_number(message, protocol.MODEL_INDEX, 0))
         return make_handler(lambda ctx: task_factory(ctx, model_index))(
             message, context
         )
@@ -563,9 +568,9 @@ def make_mmfl_handlers(task_factory: ModelTaskFactory) -> dict[str, ClientHandle
     train = _for_model(make_train_handler, task_factory)
     evaluate = _for_model(make_evaluate_handler, task_factory)
     return {
-        query_message_type(NORM_QUERY): norm_query_handler(train),
-        query_message_type(LOSS_QUERY): loss_query_handler(evaluate),
-        query_message_type(SIZES_QUERY): model_sizes_query_handler(
+        protocol.query_message_type(protocol.NORM_QUERY): norm_query_handler(train),
+        protocol.query_message_type(protocol.LOSS_QUERY): loss_query_handler(evaluate),
+        protocol.query_message_type(protocol.SIZES_QUERY): model_sizes_query_handler(
             lambda context, model_index: len(task_factory(context, model_index).x)
         ),
         MessageType.TRAIN: _with_mod(KeptUpdateMod(), train),
@@ -582,7 +587,9 @@ def make_ocs_handlers(task_factory: TaskFactory) -> dict[str, ClientHandler]:
 
     handlers = make_mmfl_handlers(single_task)
     return {
-        query_message_type(NORM_QUERY): handlers[query_message_type(NORM_QUERY)],
+        protocol.query_message_type(protocol.NORM_QUERY): handlers[
+            protocol.query_message_type(protocol.NORM_QUERY)
+        ],
         MessageType.TRAIN: handlers[MessageType.TRAIN],
         MessageType.EVALUATE: make_evaluate_handler(task_factory),
     }

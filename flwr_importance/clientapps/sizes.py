@@ -31,8 +31,8 @@ from collections.abc import Callable
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from flwr_importance import protocol
 from flwr_importance.clientapps.common import ClientHandler, TaskFactory
-from flwr_importance.protocol import NUM_EXAMPLES, SIZES_QUERY
 
 #: ``context -> n``: a node's number of local training samples.
 SampleCount = Callable[[Context], int]
@@ -118,7 +118,9 @@ def sample_count_source(
 
 def size_reply(message: Message, *, num_examples: int) -> Message:
     """The reply to ``query.sizes``: ``MetricRecord({"num-examples": n})``."""
-    content = RecordDict({"metrics": MetricRecord({NUM_EXAMPLES: num_examples})})
+    content = RecordDict(
+        {"metrics": MetricRecord({protocol.NUM_EXAMPLES: num_examples})}
+    )
     return Message(content, reply_to=message)
 
 
@@ -169,7 +171,7 @@ def add_size_query(
     >>> app = ClientApp()
     >>> add_size_query(app, num_examples=lambda context: 600)
     """
-    app.query(SIZES_QUERY)(
+    app.query(protocol.SIZES_QUERY)(
         size_query_handler(num_examples=num_examples, node_config_key=node_config_key)
     )
 

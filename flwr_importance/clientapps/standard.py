@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from flwr_importance import protocol
 from flwr_importance.clientapps.common import (
     ClientHandler,
     TaskFactory,
@@ -20,7 +21,6 @@ from flwr_importance.clientapps.common import (
 )
 from flwr_importance.clientapps.optimal import loss_query_handler
 from flwr_importance.clientapps.sizes import make_sizes_handler
-from flwr_importance.protocol import LOSS_QUERY, SIZES_QUERY, query_message_type
 from flwr_importance.registry import MethodSpec, load_attribute
 
 
@@ -43,8 +43,8 @@ def standard_handlers(
     """
     evaluate = make_evaluate_handler(task_factory)
     available = {
-        SIZES_QUERY: lambda: make_sizes_handler(task_factory),
-        LOSS_QUERY: lambda: loss_query_handler(evaluate),
+        protocol.SIZES_QUERY: lambda: make_sizes_handler(task_factory),
+        protocol.LOSS_QUERY: lambda: loss_query_handler(evaluate),
     }
     unknown = sorted(set(queries) - set(available))
     if unknown:
@@ -55,7 +55,10 @@ def standard_handlers(
     return {
         "train": make_train_handler(task_factory),
         "evaluate": evaluate,
-        **{query_message_type(action): available[action]() for action in queries},
+        **{
+            protocol.query_message_type(action): available[action]()
+            for action in queries
+        },
     }
 
 

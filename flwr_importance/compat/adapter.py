@@ -368,13 +368,13 @@ def legacy_class(name: str) -> type[LegacyStrategyAdapter]:
             "message_strategy_class": strategy,
             "__module__": "flwr_importance.compat",
             "__qualname__": strategy.__name__,
-            "__doc__": GENERATED_DOC.format(name=strategy.__name__, paper=spec.paper),
+            "__doc__": GENERATED_DOC.format(name=strategy.__name__),
         },
     )
 
 
 #: The docstring of a generated legacy class.
-GENERATED_DOC = """{name} ({paper}) as a legacy ``FedAvg`` subclass.
+GENERATED_DOC = """{name} as a legacy ``FedAvg`` subclass.
 
     Runs :class:`flwr_importance.strategies.{name}`, whose docstring gives the
     method, its parameters and its client contract. Takes that class's keyword

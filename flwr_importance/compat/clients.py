@@ -28,6 +28,7 @@ from flwr.client import Client, NumPyClient
 from flwr.common import NDArrays, Scalar
 from flwr.common.constant import SUPERLINK_NODE_ID
 
+from flwr_importance import protocol
 from flwr_importance.clientapps.common import ClientHandler, TaskFactory
 from flwr_importance.compat.transport import (
     ARRAY_LAYOUT_KEY,
@@ -37,7 +38,6 @@ from flwr_importance.compat.transport import (
     pack_arrays,
     unpack_arrays,
 )
-from flwr_importance.protocol import NUM_EXAMPLES
 from flwr_importance.tasks import get_weights
 
 #: ``task_factory -> {message type: handler}``, e.g. ``make_isfedavg_handlers``.
@@ -91,14 +91,18 @@ class HandlerClient(NumPyClient):
         arrays, layout = pack_arrays(reply.content.array_records)
         metrics = self._metrics(reply)
         metrics[ARRAY_LAYOUT_KEY] = layout
-        return arrays, int(metrics.get(NUM_EXAMPLES, 0)), metrics
+        return arrays, int(metrics.get(protocol.NUM_EXAMPLES, 0)), metrics
 
     def evaluate(
         self, parameters: NDArrays, config: ScalarDict
     ) -> tuple[float, int, ScalarDict]:
         """The ``evaluate`` handler: loss, ``num-examples`` and its metrics."""
         metrics = self._metrics(self._handle(parameters, config, "evaluate"))
-        return float(metrics["loss"]), int(metrics.get(NUM_EXAMPLES, 0)), metrics
+        return (
+            float(metrics["loss"]),
+            int(metrics.get(protocol.NUM_EXAMPLES, 0)),
+            metrics,
+        )
 
     def _handle(
         self, parameters: NDArrays, config: ScalarDict, default_type: str

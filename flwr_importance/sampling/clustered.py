@@ -26,7 +26,7 @@ exactly before the final division.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -44,7 +44,7 @@ from flwr_importance.sampling._checks import (
 # every strategy module imports this one (most never cluster).
 
 Distance = Literal["arccos", "l2", "l1"]
-DISTANCES: tuple[Distance, ...] = ("arccos", "l2", "l1")
+DISTANCES: tuple[Distance, ...] = get_args(Distance)
 
 # Units are compared with float linkage heights and divided into floats: below
 # 2**53 every unit count is an exact float64.

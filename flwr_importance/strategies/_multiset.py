@@ -25,13 +25,8 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
+from flwr_importance import protocol
 from flwr_importance.aggregation import weighted_sum
-from flwr_importance.protocol import (
-    NUM_EXAMPLES,
-    SERVER_ROUND,
-    SIZES_QUERY,
-    query_message_type,
-)
 from flwr_importance.strategies.arrays import combine_arrays, flatten
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
 from flwr_importance.strategies.checks import check_count
@@ -194,7 +189,7 @@ class MultisetSampling(ImportanceStrategy[DrawPlan], ABC):
             len(drawn),
             len(node_ids),
         )
-        config[SERVER_ROUND] = server_round
+        config[protocol.SERVER_ROUND] = server_round
         return self.build_messages(
             dict.fromkeys(sorted(drawn), config), MessageType.TRAIN, arrays
         )
@@ -210,7 +205,7 @@ class MultisetSampling(ImportanceStrategy[DrawPlan], ABC):
         """
         usable = check_replies(
             replies,
-            nonnegative_keys=[NUM_EXAMPLES],
+            nonnegative_keys=[protocol.NUM_EXAMPLES],
             expected_arrays=plan.arrays,
             expected_nodes=plan.nodes,
         )
@@ -243,24 +238,26 @@ class MultisetSampling(ImportanceStrategy[DrawPlan], ABC):
         unknown = [node_id for node_id in connected if node_id not in self._sizes]
         if not unknown:
             return
-        query_config = ConfigRecord({SERVER_ROUND: server_round})
-        replies = self.query(grid, dict.fromkeys(unknown, query_config), SIZES_QUERY)
-        context = query_message_type(SIZES_QUERY)
+        query_config = ConfigRecord({protocol.SERVER_ROUND: server_round})
+        replies = self.query(
+            grid, dict.fromkeys(unknown, query_config), protocol.SIZES_QUERY
+        )
+        context = protocol.query_message_type(protocol.SIZES_QUERY)
         for reply in check_replies(
-            replies.values(), nonnegative_keys=[NUM_EXAMPLES], context=context
+            replies.values(), nonnegative_keys=[protocol.NUM_EXAMPLES], context=context
         ):
             self._store_size(reply, context)
 
     def _store_size(self, reply: CheckedReply, context: str) -> None:
         """Keep a reply's ``num-examples`` if it is a whole number (logged if not)."""
-        size = reply.metrics[NUM_EXAMPLES]
+        size = reply.metrics[protocol.NUM_EXAMPLES]
         if size != int(size):
             log(
                 WARNING,
                 "%s: node %d sent a non-integer %s (%r), size not updated",
                 context,
                 reply.node_id,
-                NUM_EXAMPLES,
+                protocol.NUM_EXAMPLES,
                 size,
             )
             return

@@ -30,7 +30,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
-from flwr_importance.protocol import NUM_EXAMPLES, SERVER_ROUND, query_message_type
+from flwr_importance import protocol
 from flwr_importance.strategies.checks import check_count, check_keys, check_positive
 from flwr_importance.strategies.messages import (
     SharedArrays,
@@ -184,7 +184,7 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
         fraction_evaluate: float | None = None,
         min_evaluate_nodes: int = 2,
         min_available_nodes: int = 1,
-        weighted_by_key: str = NUM_EXAMPLES,
+        weighted_by_key: str = protocol.NUM_EXAMPLES,
         arrayrecord_key: str = "arrays",
         configrecord_key: str = "config",
         evaluate_metrics_aggr_fn: MetricsAggregation | None = None,
@@ -322,7 +322,9 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
         Waits ``query_timeout`` seconds; nodes that fail or do not answer are
         logged and left out.
         """
-        messages = self.build_messages(node_configs, query_message_type(action), arrays)
+        messages = self.build_messages(
+            node_configs, protocol.query_message_type(action), arrays
+        )
         return send_query(grid, messages, action, self.query_timeout)
 
     # -- replies -------------------------------------------------------------------
@@ -352,7 +354,7 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
             len(node_ids),
             len(connected),
         )
-        config[SERVER_ROUND] = server_round
+        config[protocol.SERVER_ROUND] = server_round
         return self.build_messages(
             dict.fromkeys(node_ids, config), MessageType.EVALUATE, arrays
         )

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from logging import INFO
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
+from flwr_importance import protocol
 from flwr_importance.registry import CannedVariant, MethodSpec, sampling_arguments
 from flwr_importance.sampling import (
     DISTANCES,
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from flwr_importance.strategies.base import StrategyOptions
 
 ClusteringMethod = Literal["size", "similarity"]
-METHODS: tuple[ClusteringMethod, ...] = ("size", "similarity")
+METHODS: tuple[ClusteringMethod, ...] = get_args(ClusteringMethod)
 _SizeKey = tuple[tuple[int, ...], tuple[int, ...], int]
 
 
@@ -368,9 +369,8 @@ class RepresentativeGradients:
 METHOD = MethodSpec(
     name="clustered",
     strategy=ClusteredSampling,
-    paper="Fraboni, Vidal, Kameni, Lorenzi, ICML 2021",
-    client_handlers="flwr_importance.clientapps.clustered:make_clustered_handlers",
     headline_preset="clustered-digits",
+    client_queries=(protocol.SIZES_QUERY,),
     canned=(
         CannedVariant(
             name="clustered-size",
@@ -382,11 +382,8 @@ METHOD = MethodSpec(
             name="clustered-similarity",
             label="ClusteredSampling (similarity, Alg. 2)",
             arguments=lambda setup: {
-                "clients_per_round": setup.clients_per_round,
-                "method": "similarity",
+                **sampling_arguments(method="similarity")(setup),
                 "projection_dim": setup.projection_dim,
-                "fraction_evaluate": 0.0,
-                "min_available_nodes": 1,
             },
             replies={"query.sizes": "sizes", "train": "model"},
         ),
@@ -394,5 +391,4 @@ METHOD = MethodSpec(
     equal_work=lambda work: {"clustered-method": "similarity"},
     smoke={"partitioning": "iid"},
     benchmark="clustered",
-    benchmark_title="Clustered sampling vs MD sampling (Fraboni et al., ICML 2021)",
 )

@@ -12,18 +12,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from flwr_importance import protocol
 from flwr_importance.aggregation.fedsampling import server_update
-from flwr_importance.protocol import (
-    FEDSAMPLING_EPSILON,
-    FEDSAMPLING_ESTIMATED_TOTAL_SIZE,
-    FEDSAMPLING_MAX_SIZE,
-    FEDSAMPLING_SAMPLES_PER_ROUND,
-    FEDSAMPLING_SIZE_RESPONSE,
-    LOCAL_STEPS,
-    SERVER_ROUND,
-    SIZES_QUERY,
-    query_message_type,
-)
 from flwr_importance.registry import CannedVariant, MethodSpec
 from flwr_importance.sampling import estimate_total_size, ldp_alpha
 from flwr_importance.strategies.arrays import combine_arrays
@@ -291,10 +281,10 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
                 len(responses),
             )
         )
-        config[SERVER_ROUND] = server_round
-        config[FEDSAMPLING_SAMPLES_PER_ROUND] = self.samples_per_round
-        config[FEDSAMPLING_ESTIMATED_TOTAL_SIZE] = estimate
-        config[LOCAL_STEPS] = self.local_steps
+        config[protocol.SERVER_ROUND] = server_round
+        config[protocol.FEDSAMPLING_SAMPLES_PER_ROUND] = self.samples_per_round
+        config[protocol.FEDSAMPLING_ESTIMATED_TOTAL_SIZE] = estimate
+        config[protocol.LOCAL_STEPS] = self.local_steps
         return self.build_messages(
             dict.fromkeys(responses, config), MessageType.TRAIN, arrays
         )
@@ -360,23 +350,24 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
     ) -> dict[int, int]:
         """The valid randomized size replies, by node id."""
         query = {
-            FEDSAMPLING_MAX_SIZE: self.max_size,
-            FEDSAMPLING_EPSILON: self.epsilon,
-            SERVER_ROUND: server_round,
+            protocol.FEDSAMPLING_MAX_SIZE: self.max_size,
+            protocol.FEDSAMPLING_EPSILON: self.epsilon,
+            protocol.SERVER_ROUND: server_round,
         }
         replies = self.query(
             grid,
             {node_id: ConfigRecord(dict(query)) for node_id in node_ids},
-            SIZES_QUERY,
+            protocol.SIZES_QUERY,
         )
         checked = check_replies(
             replies.values(),
-            metric_keys=[FEDSAMPLING_SIZE_RESPONSE],
-            context=f"configure_train: {query_message_type(SIZES_QUERY)}",
+            metric_keys=[protocol.FEDSAMPLING_SIZE_RESPONSE],
+            context="configure_train: "
+            + protocol.query_message_type(protocol.SIZES_QUERY),
         )
         responses: dict[int, int] = {}
         for reply in checked:
-            value = reply.metrics[FEDSAMPLING_SIZE_RESPONSE]
+            value = reply.metrics[protocol.FEDSAMPLING_SIZE_RESPONSE]
             if value != int(value) or not 1 <= value <= self.max_size - 1:
                 log(
                     WARNING,
@@ -423,18 +414,14 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
 METHOD = MethodSpec(
     name="fedsampling",
     strategy=FedSampling,
-    paper="Qi, Wu, Lyu, Huang, Xie, IJCAI 2023",
-    client_handlers="flwr_importance.clientapps.fedsampling:make_fedsampling_handlers",
     headline_preset="fedsampling-lognormal-sigma2",
+    client_handlers="flwr_importance.clientapps.fedsampling:make_fedsampling_handlers",
     canned=(
         CannedVariant(
-            name="fedsampling",
-            label="FedSampling",
             arguments=lambda setup: {
                 "samples_per_round": setup.total_size // 10,
                 "max_size": setup.max_size,
                 "fraction_evaluate": 0.0,
-                "min_available_nodes": 1,
             },
             replies={"query.sizes": "size-response", "train": "gradient-sum"},
             # Every node answers the size query and trains on its kept samples.
@@ -448,6 +435,5 @@ METHOD = MethodSpec(
     smoke_preset="fedsampling-lognormal-sigma1",
     legacy="flwr_importance.compat.fedsampling:FedSampling",
     benchmark="fedsampling",
-    benchmark_title="FedSampling vs client-level sampling (Qi et al., IJCAI 2023)",
     clients_per_round=False,
 )

@@ -9,13 +9,14 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from flwr_importance import protocol
 from flwr_importance.aggregation import weighted_sum
 from flwr_importance.aggregation.folb import (
     Denominator,
@@ -26,18 +27,7 @@ from flwr_importance.aggregation.folb import (
     check_options,
     folb_weights,
 )
-from flwr_importance.protocol import (
-    FOLB_FALLBACK,
-    FOLB_GAMMA,
-    FOLB_GRADIENT,
-    FOLB_GRADIENT_QUERY,
-    FOLB_NEGATIVE_WEIGHTS,
-    FOLB_UPDATE,
-    NUM_EXAMPLES,
-    PROXIMAL_MU,
-    SERVER_ROUND,
-)
-from flwr_importance.registry import CannedVariant, MethodSpec
+from flwr_importance.registry import CannedVariant, MethodSpec, sampling_arguments
 from flwr_importance.sampling import uniform_client_set
 from flwr_importance.strategies.arrays import array_values, combine_arrays
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
@@ -51,9 +41,9 @@ if TYPE_CHECKING:
     from flwr_importance.strategies.base import MetricsAggregation, StrategyOptions
 
 Mode = Literal["single-set", "two-set"]
-MODES: tuple[Mode, ...] = ("single-set", "two-set")
+MODES: tuple[Mode, ...] = get_args(Mode)
 Weighting = Literal["samples", "uniform"]
-WEIGHTINGS: tuple[Weighting, ...] = ("samples", "uniform")
+WEIGHTINGS: tuple[Weighting, ...] = get_args(Weighting)
 
 #: ``uniform_client_set`` streams: ``S`` (``S1``), shared with the baselines of a
 #: comparison, and FOLB's own second set ``S2``.
@@ -286,8 +276,8 @@ class FOLB(ImportanceStrategy[FolbPlan]):
                 self.clients_per_round,
                 "the multiset draws every node, most of them several times",
             )
-        config[SERVER_ROUND] = server_round
-        config[PROXIMAL_MU] = self.proximal_mu
+        config[protocol.SERVER_ROUND] = server_round
+        config[protocol.PROXIMAL_MU] = self.proximal_mu
         train_draws = self._draw(node_ids, server_round, TRAIN_STREAM)
         reference_draws: Counter[int] = Counter()
         reference_gradients: dict[int, tuple[ArrayRecord, float]] = {}
@@ -346,27 +336,32 @@ class FOLB(ImportanceStrategy[FolbPlan]):
         if not node_ids:
             return {}
         answers = self.query(
-            grid, dict.fromkeys(node_ids, config), FOLB_GRADIENT_QUERY, arrays
+            grid, dict.fromkeys(node_ids, config), protocol.FOLB_GRADIENT_QUERY, arrays
         )
         checked = check_replies(
             answers.values(),
             nonnegative_keys=self._sample_keys,
-            expected_arrays={FOLB_GRADIENT: arrays},
+            expected_arrays={protocol.FOLB_GRADIENT: arrays},
             context="query.gradient",
         )
         return {
-            reply.node_id: (reply.arrays[FOLB_GRADIENT], self._sample_count(reply))
+            reply.node_id: (
+                reply.arrays[protocol.FOLB_GRADIENT],
+                self._sample_count(reply),
+            )
             for reply in checked
         }
 
     @property
     def _sample_keys(self) -> tuple[str, ...]:
         """The metrics a reply must carry for this weighting."""
-        return (NUM_EXAMPLES,) if self.weighting == "samples" else ()
+        return (protocol.NUM_EXAMPLES,) if self.weighting == "samples" else ()
 
     def _sample_count(self, reply: CheckedReply) -> float:
         """A reply's weight ``n_k`` (``weighting="samples"``), else 1."""
-        return reply.metrics[NUM_EXAMPLES] if self.weighting == "samples" else 1.0
+        return (
+            reply.metrics[protocol.NUM_EXAMPLES] if self.weighting == "samples" else 1.0
+        )
 
     # -- aggregate ---------------------------------------------------------------
     def aggregate_round(
@@ -375,9 +370,12 @@ class FOLB(ImportanceStrategy[FolbPlan]):
         """``w^t + sum_k a_k dw_k`` with FOLB's weights ``a_k`` (eq. 13, 9 or 18)."""
         usable = check_replies(
             replies,
-            metric_keys=(FOLB_GAMMA,),
-            nonnegative_keys=(FOLB_GAMMA, self.weighted_by_key),
-            expected_arrays={FOLB_UPDATE: plan.arrays, FOLB_GRADIENT: plan.arrays},
+            metric_keys=(protocol.FOLB_GAMMA,),
+            nonnegative_keys=(protocol.FOLB_GAMMA, self.weighted_by_key),
+            expected_arrays={
+                protocol.FOLB_UPDATE: plan.arrays,
+                protocol.FOLB_GRADIENT: plan.arrays,
+            },
             expected_nodes=plan.nodes,
         )
         if not usable:
@@ -394,19 +392,22 @@ class FOLB(ImportanceStrategy[FolbPlan]):
         # w^t + eta sum_k a_k dw_k, array by array, each read in place.
         step_weights = self.server_lr * result.weights
         new_arrays = combine_arrays(
-            [plan.arrays, *(reply.arrays[FOLB_UPDATE] for reply in usable)],
+            [plan.arrays, *(reply.arrays[protocol.FOLB_UPDATE] for reply in usable)],
             lambda arrays: arrays[0] + weighted_sum(arrays[1:], step_weights),
             plan.arrays,
         )
         metrics = self.train_metrics(usable)
-        metrics[FOLB_FALLBACK] = int(result.fallback_reason is not None)
-        metrics[FOLB_NEGATIVE_WEIGHTS] = int(np.sum(result.weights < 0))
+        metrics[protocol.FOLB_FALLBACK] = int(result.fallback_reason is not None)
+        metrics[protocol.FOLB_NEGATIVE_WEIGHTS] = int(np.sum(result.weights < 0))
         return new_arrays, metrics
 
     def _weights(self, usable: list[CheckedReply], draws: FolbPlan) -> FolbWeights:
         """FOLB's weights for the usable replies (multiplicities, ``n_k`` included)."""
         gradients = {
-            reply.node_id: (reply.arrays[FOLB_GRADIENT], self._sample_count(reply))
+            reply.node_id: (
+                reply.arrays[protocol.FOLB_GRADIENT],
+                self._sample_count(reply),
+            )
             for reply in usable
         }
         reference_gradients = None
@@ -450,7 +451,7 @@ def _split_gradient(record: ArrayRecord) -> SplitVector:
 
 def _clipped_gamma(reply: CheckedReply) -> float:
     """The reply's ``gamma_k`` clipped to ``[0, 1]`` (eq. 18 assumes that range)."""
-    gamma = reply.metrics[FOLB_GAMMA]
+    gamma = reply.metrics[protocol.FOLB_GAMMA]
     if gamma > 1.0:
         log(
             WARNING,
@@ -464,21 +465,13 @@ def _clipped_gamma(reply: CheckedReply) -> float:
 METHOD = MethodSpec(
     name="folb",
     strategy=FOLB,
-    paper="Nguyen, Sehwag, Hosseinalipour, Brinton, Chiang, Poor, IEEE JSAC 2021",
-    client_handlers="flwr_importance.clientapps.folb:make_folb_handlers",
     headline_preset="folb-synthetic-1-1",
+    client_handlers="flwr_importance.clientapps.folb:make_folb_handlers",
     canned=(
+        # Two-set FOLB's gradient set costs about m more nodes' work.
         CannedVariant(
-            name="folb",
-            label="FOLB",
-            arguments=lambda setup: {
-                "clients_per_round": setup.clients_per_round,
-                "proximal_mu": 0.01,
-                "fraction_evaluate": 0.0,
-                "min_available_nodes": setup.clients_per_round,
-            },
+            arguments=sampling_arguments(proximal_mu=0.01),
             replies={"train": "folb-train"},
-            # Two-set FOLB's gradient set costs about m more nodes' work.
             baseline="fedavg-2m",
         ),
     ),
@@ -488,5 +481,4 @@ METHOD = MethodSpec(
     smoke={"partitioning": "iid", "local-lr": 0.2},
     legacy="flwr_importance.compat.folb:FOLB",
     benchmark="folb",
-    benchmark_title="FOLB vs FedProx and FedAvg (Nguyen et al., JSAC 2021, Table I)",
 )

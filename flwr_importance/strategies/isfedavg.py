@@ -12,24 +12,14 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
+from flwr_importance import protocol
 from flwr_importance.aggregation import mean
 from flwr_importance.aggregation.isfedavg import (
     DEFAULT_MIN_RELATIVE_CLIENT_PROB,
     realized_normalized_probs,
     update_client_probs,
 )
-from flwr_importance.protocol import (
-    ISFEDAVG_ADAPT_SAMPLE_PROBS,
-    ISFEDAVG_BATCH_SIZE,
-    ISFEDAVG_CLIENT_PROB,
-    ISFEDAVG_GRADIENT_SQ_NORM,
-    ISFEDAVG_LOCAL_STEPS,
-    ISFEDAVG_MIN_RELATIVE_SAMPLE_PROB,
-    ISFEDAVG_NUM_CLIENTS,
-    ISFEDAVG_SIGMA2,
-    SERVER_ROUND,
-)
-from flwr_importance.registry import CannedVariant, MethodSpec, sampling_arguments
+from flwr_importance.registry import CannedVariant, MethodSpec
 from flwr_importance.sampling import systematic_sample
 from flwr_importance.strategies.arrays import combine_arrays
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
@@ -277,13 +267,15 @@ class ISFedAvg(ImportanceStrategy[RoundPlan]):
     ) -> ConfigRecord:
         """The shared ``config`` plus this node's ISFedAvg settings."""
         node_config = ConfigRecord(dict(config))
-        node_config[SERVER_ROUND] = server_round
-        node_config[ISFEDAVG_CLIENT_PROB] = float(client_prob)
-        node_config[ISFEDAVG_NUM_CLIENTS] = num_clients
-        node_config[ISFEDAVG_LOCAL_STEPS] = self.local_steps[node_id]
-        node_config[ISFEDAVG_BATCH_SIZE] = self.batch_sizes[node_id]
-        node_config[ISFEDAVG_ADAPT_SAMPLE_PROBS] = not self.uniform
-        node_config[ISFEDAVG_MIN_RELATIVE_SAMPLE_PROB] = self.min_relative_sample_prob
+        node_config[protocol.SERVER_ROUND] = server_round
+        node_config[protocol.ISFEDAVG_CLIENT_PROB] = float(client_prob)
+        node_config[protocol.ISFEDAVG_NUM_CLIENTS] = num_clients
+        node_config[protocol.ISFEDAVG_LOCAL_STEPS] = self.local_steps[node_id]
+        node_config[protocol.ISFEDAVG_BATCH_SIZE] = self.batch_sizes[node_id]
+        node_config[protocol.ISFEDAVG_ADAPT_SAMPLE_PROBS] = not self.uniform
+        node_config[protocol.ISFEDAVG_MIN_RELATIVE_SAMPLE_PROB] = (
+            self.min_relative_sample_prob
+        )
         return node_config
 
     def aggregate_round(
@@ -293,8 +285,8 @@ class ISFedAvg(ImportanceStrategy[RoundPlan]):
         checked = check_replies(
             replies,
             nonnegative_keys=(
-                ISFEDAVG_SIGMA2,
-                ISFEDAVG_GRADIENT_SQ_NORM,
+                protocol.ISFEDAVG_SIGMA2,
+                protocol.ISFEDAVG_GRADIENT_SQ_NORM,
                 self.weighted_by_key,
             ),
             expected_arrays=plan.arrays,
@@ -329,8 +321,8 @@ class ISFedAvg(ImportanceStrategy[RoundPlan]):
         updated = update_client_probs(
             self.probability_vector(node_ids),
             [position[node] for node in participants],
-            [reply.metrics[ISFEDAVG_SIGMA2] for reply in checked],
-            [reply.metrics[ISFEDAVG_GRADIENT_SQ_NORM] for reply in checked],
+            [reply.metrics[protocol.ISFEDAVG_SIGMA2] for reply in checked],
+            [reply.metrics[protocol.ISFEDAVG_GRADIENT_SQ_NORM] for reply in checked],
             [self.local_steps[node] for node in participants],
             [self.batch_sizes[node] for node in participants],
             self.min_relative_client_prob,
@@ -341,17 +333,9 @@ class ISFedAvg(ImportanceStrategy[RoundPlan]):
 METHOD = MethodSpec(
     name="isfedavg",
     strategy=ISFedAvg,
-    paper="Rizk, Vlaski, Sayed, ICASSP 2021",
-    client_handlers="flwr_importance.clientapps.isfedavg:make_isfedavg_handlers",
     headline_preset="isfedavg-logistic",
-    canned=(
-        CannedVariant(
-            name="isfedavg",
-            label="ISFedAvg",
-            arguments=sampling_arguments(),
-            replies={"train": "isfedavg-train"},
-        ),
-    ),
+    client_handlers="flwr_importance.clientapps.isfedavg:make_isfedavg_handlers",
+    canned=(CannedVariant(replies={"train": "isfedavg-train"}),),
     # Fixed E_k and B_k: the same steps and batch as a FedAvg client.
     equal_work=lambda work: {
         "isfedavg-min-local-steps": work.local_steps,
@@ -361,5 +345,4 @@ METHOD = MethodSpec(
     },
     legacy="flwr_importance.compat.isfedavg:ISFedAvg",
     benchmark="isfedavg",
-    benchmark_title="ISFedAvg vs FedAvg (Rizk et al., ICASSP 2021)",
 )

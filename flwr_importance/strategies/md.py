@@ -12,7 +12,8 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_importance.registry import CannedVariant, MethodSpec, sampling_arguments
+from flwr_importance import protocol
+from flwr_importance.registry import CannedVariant, MethodSpec
 from flwr_importance.sampling import md_sample
 from flwr_importance.strategies._multiset import DrawRound, MultisetSampling
 
@@ -86,17 +87,9 @@ SizeWeightedSampling = MDSampling
 METHOD = MethodSpec(
     name="md",
     strategy=MDSampling,
-    paper="Fraboni, Vidal, Kameni, Lorenzi, ICML 2021 (Li et al.'s scheme)",
-    client_handlers="flwr_importance.clientapps.clustered:make_clustered_handlers",
     headline_preset="clustered-digits-md",
-    canned=(
-        CannedVariant(
-            name="md",
-            label="MDSampling",
-            arguments=sampling_arguments(),
-            replies={"query.sizes": "sizes", "train": "model"},
-        ),
-    ),
+    client_queries=(protocol.SIZES_QUERY,),
+    canned=(CannedVariant(replies={"query.sizes": "sizes", "train": "model"}),),
     smoke={"partitioning": "iid"},
     # FedSampling's comparisons call it size-weighted client sampling.
     app_aliases=("sizeweighted",),

@@ -17,24 +17,12 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
+from flwr_importance import protocol
 from flwr_importance.aggregation.optimal import size_fractions, uniform_assignment_prob
-from flwr_importance.protocol import (
-    LOSS,
-    LOSS_QUERY,
-    MODEL_RECORD_PREFIX,
-    NORM_QUERY,
-    NUM_EXAMPLES,
-    NUM_MODELS,
-    SERVER_ROUND,
-    SIZES_QUERY,
-    UPDATE_NORM,
-    model_record_name,
-)
-from flwr_importance.registry import CannedVariant, MethodSpec
+from flwr_importance.registry import CannedVariant, MethodSpec, sampling_arguments
 from flwr_importance.sampling import assign_models, estimator_variance, mmfl_probs
 from flwr_importance.strategies.base import log_settings
 from flwr_importance.strategies.checks import check_choice, check_count
-from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
 from flwr_importance.strategies.ocs import SamplePlan, UnbiasedSampling
 
 if TYPE_CHECKING:
@@ -69,7 +57,9 @@ def pack_models(models: Sequence[ArrayRecord]) -> ArrayRecord:
     arrays: dict[str, Array] = {}
     for model_index, model in enumerate(models):
         for key, array in model.items():
-            arrays[f"{model_record_name(model_index)}{PACKED_SEPARATOR}{key}"] = array
+            arrays[
+                f"{protocol.model_record_name(model_index)}{PACKED_SEPARATOR}{key}"
+            ] = array
     return ArrayRecord.from_array_dict(arrays)
 
 
@@ -85,11 +75,11 @@ def unpack_models(packed: ArrayRecord) -> list[ArrayRecord]:
     grouped: dict[int, dict[str, Array]] = {}
     for packed_key, array in packed.items():
         name, separator, key = packed_key.partition(PACKED_SEPARATOR)
-        index = name.removeprefix(MODEL_RECORD_PREFIX)
+        index = name.removeprefix(protocol.MODEL_RECORD_PREFIX)
         if (
             not separator
             or not index.isdigit()
-            or name != model_record_name(int(index))
+            or name != protocol.model_record_name(int(index))
         ):
             raise ValueError(f"'{packed_key}' is not a packed model key")
         grouped.setdefault(int(index), {})[key] = array
@@ -213,13 +203,12 @@ class MultiModelSampling(UnbiasedSampling):
             raise ValueError(
                 f"{len(models)} packed models, strategy built for {self.num_models}"
             )
-        node_ids = connected_nodes(grid, self.min_available_nodes)
-        warn_if_fewer_nodes(
-            len(node_ids),
-            self.clients_per_round,
+        node_ids, query_config = self.round_population(
+            grid,
+            server_round,
+            config,
             "every node trains every round (only which model it trains is sampled)",
         )
-        query_config = ConfigRecord({**dict(config), SERVER_ROUND: server_round})
         if self.variant in ("gradnorm", "loss"):
             sample = self._optimal_sample(node_ids, query_config, models, grid)
         else:
@@ -255,17 +244,17 @@ class MultiModelSampling(UnbiasedSampling):
     ) -> _Sample:
         """``p = mmfl_probs(d * score, m)`` from a norm or loss query."""
         action, score_key = (
-            (NORM_QUERY, UPDATE_NORM)
+            (protocol.NORM_QUERY, protocol.UPDATE_NORM)
             if self.variant == "gradnorm"
-            else (LOSS_QUERY, LOSS)
+            else (protocol.LOSS_QUERY, protocol.LOSS)
         )
         answered, (scores, sizes) = self.query_matrix(
             grid,
             dict.fromkeys(node_ids, config),
             action,
-            [score_key, NUM_EXAMPLES],
+            [score_key, protocol.NUM_EXAMPLES],
             self.num_models,
-            {model_record_name(s): model for s, model in enumerate(models)},
+            {protocol.model_record_name(s): model for s, model in enumerate(models)},
         )
         fractions = size_fractions(sizes)
         weighted_scores = fractions * scores
@@ -286,9 +275,11 @@ class MultiModelSampling(UnbiasedSampling):
         if unknown:
             answered, (sizes,) = self.query_matrix(
                 grid,
-                dict.fromkeys(unknown, ConfigRecord({NUM_MODELS: self.num_models})),
-                SIZES_QUERY,
-                [NUM_EXAMPLES],
+                dict.fromkeys(
+                    unknown, ConfigRecord({protocol.NUM_MODELS: self.num_models})
+                ),
+                protocol.SIZES_QUERY,
+                [protocol.NUM_EXAMPLES],
                 self.num_models,
             )
             self._known_sizes.update(zip(answered, sizes, strict=True))
@@ -338,18 +329,12 @@ class MultiModelSampling(UnbiasedSampling):
 METHOD = MethodSpec(
     name="mmfl",
     strategy=MultiModelSampling,
-    paper="Zhang, Li, Gong, Siew, Joe-Wong, El-Azouzi, ICDCS 2024",
-    client_handlers="flwr_importance.clientapps.optimal:make_mmfl_handlers",
     headline_preset="mmfl-digits",
+    client_handlers="flwr_importance.clientapps.optimal:make_mmfl_handlers",
     canned=(
         CannedVariant(
-            name="mmfl",
             label="MultiModelSampling (S=1, gradnorm)",
-            arguments=lambda setup: {
-                "num_models": 1,
-                "clients_per_round": setup.clients_per_round,
-                "variant": "gradnorm",
-            },
+            arguments=sampling_arguments(num_models=1, variant="gradnorm"),
             replies={"query.norm": "norm", "train": "kept-update"},
             packed_models=True,
         ),

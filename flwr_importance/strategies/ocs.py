@@ -21,21 +21,9 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
+from flwr_importance import protocol
 from flwr_importance.aggregation.optimal import size_fractions, unbiased_update
-from flwr_importance.protocol import (
-    KEPT_UPDATE,
-    MODEL_INDEX,
-    NORM_QUERY,
-    NUM_EXAMPLES,
-    SERVER_ROUND,
-    TRAIN_LOSS,
-    UPDATE_NORM,
-    UPDATE_RECORD,
-    model_record_name,
-    per_model_key,
-    query_message_type,
-)
-from flwr_importance.registry import CannedVariant, MethodSpec, sampling_arguments
+from flwr_importance.registry import CannedVariant, MethodSpec
 from flwr_importance.sampling import (
     aocs_probs,
     estimator_variance,
@@ -122,6 +110,20 @@ class UnbiasedSampling(ImportanceStrategy[SamplePlan]):
         self.server_lr = check_positive("server_lr", server_lr)
         super().__init__(**options)
 
+    def round_population(
+        self, grid: Grid, server_round: int, config: ConfigRecord, few_nodes: str
+    ) -> tuple[list[int], ConfigRecord]:
+        """The connected nodes, all queried this round, and their query config.
+
+        Both methods ask every node before sampling; ``few_nodes`` says what
+        happens when there are no more nodes than ``clients_per_round``.
+        """
+        node_ids = connected_nodes(grid, self.min_available_nodes)
+        warn_if_fewer_nodes(len(node_ids), self.clients_per_round, few_nodes)
+        return node_ids, ConfigRecord(
+            {**dict(config), protocol.SERVER_ROUND: server_round}
+        )
+
     def query_matrix(
         self,
         grid: Grid,
@@ -145,7 +147,7 @@ class UnbiasedSampling(ImportanceStrategy[SamplePlan]):
         """
         replies = self.query(grid, node_configs, action, models)
         keys = [
-            per_model_key(prefix, s)
+            protocol.per_model_key(prefix, s)
             for prefix in metric_prefixes
             for s in range(num_models)
         ]
@@ -153,14 +155,17 @@ class UnbiasedSampling(ImportanceStrategy[SamplePlan]):
             check_replies(
                 replies.values(),
                 nonnegative_keys=keys,
-                context=query_message_type(action),
+                context=protocol.query_message_type(action),
             ),
             key=lambda reply: reply.node_id,
         )
         matrices = [
             np.array(
                 [
-                    [reply.metrics[per_model_key(prefix, s)] for s in range(num_models)]
+                    [
+                        reply.metrics[protocol.per_model_key(prefix, s)]
+                        for s in range(num_models)
+                    ]
                     for reply in checked
                 ],
                 dtype=np.float64,
@@ -183,13 +188,13 @@ class UnbiasedSampling(ImportanceStrategy[SamplePlan]):
             node_config = ConfigRecord(
                 {
                     **dict(config),
-                    SERVER_ROUND: plan.server_round,
-                    MODEL_INDEX: model_index,
-                    KEPT_UPDATE: not send_models,
+                    protocol.SERVER_ROUND: plan.server_round,
+                    protocol.MODEL_INDEX: model_index,
+                    protocol.KEPT_UPDATE: not send_models,
                 }
             )
             model = (
-                {model_record_name(model_index): plan.models[model_index]}
+                {protocol.model_record_name(model_index): plan.models[model_index]}
                 if send_models
                 else None
             )
@@ -220,8 +225,8 @@ class UnbiasedSampling(ImportanceStrategy[SamplePlan]):
             reply
             for reply in check_replies(
                 replies,
-                metric_keys=[TRAIN_LOSS, MODEL_INDEX],
-                nonnegative_keys=[NUM_EXAMPLES],
+                metric_keys=[protocol.TRAIN_LOSS, protocol.MODEL_INDEX],
+                nonnegative_keys=[protocol.NUM_EXAMPLES],
                 expected_nodes=plan.nodes,
             )
             if _update_is_usable(reply, plan)
@@ -242,14 +247,14 @@ class UnbiasedSampling(ImportanceStrategy[SamplePlan]):
             rows = [plan.row_of(reply.node_id) for reply in group]
             new_models[model_index] = _stepped_model(
                 model,
-                [reply.arrays[UPDATE_RECORD] for reply in group],
+                [reply.arrays[protocol.UPDATE_RECORD] for reply in group],
                 plan.fractions[rows, model_index],
                 plan.probs[rows, model_index],
                 self.server_lr,
             )
         if usable:
-            metrics[TRAIN_LOSS] = float(
-                np.mean([reply.metrics[TRAIN_LOSS] for reply in usable])
+            metrics[protocol.TRAIN_LOSS] = float(
+                np.mean([reply.metrics[protocol.TRAIN_LOSS] for reply in usable])
             )
         return new_models, metrics
 
@@ -261,11 +266,15 @@ def _update_is_usable(reply: CheckedReply, plan: SamplePlan) -> bool:
     """
     model_index = plan.assigned[reply.node_id]
     problem: str | None
-    if reply.metrics[MODEL_INDEX] != model_index:
-        problem = f"not sampled for model {reply.metrics[MODEL_INDEX]} this round"
+    if reply.metrics[protocol.MODEL_INDEX] != model_index:
+        problem = (
+            f"not sampled for model {reply.metrics[protocol.MODEL_INDEX]} this round"
+        )
     else:
         problem = array_record_problem(
-            UPDATE_RECORD, reply.arrays.get(UPDATE_RECORD), plan.models[model_index]
+            protocol.UPDATE_RECORD,
+            reply.arrays.get(protocol.UPDATE_RECORD),
+            plan.models[model_index],
         )
     if problem is not None:
         log(
@@ -395,20 +404,19 @@ class OptimalClientSampling(UnbiasedSampling):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Query every node's update norm, compute ``p``, sample independently."""
-        node_ids = connected_nodes(grid, self.min_available_nodes)
-        warn_if_fewer_nodes(
-            len(node_ids),
-            self.clients_per_round,
+        node_ids, query_config = self.round_population(
+            grid,
+            server_round,
+            config,
             "every node takes part with probability 1 (no sampling, variance 0)",
         )
-        query_config = ConfigRecord({**dict(config), SERVER_ROUND: server_round})
         answered, (norms, sizes) = self.query_matrix(
             grid,
             dict.fromkeys(node_ids, query_config),
-            NORM_QUERY,
-            [UPDATE_NORM, NUM_EXAMPLES],
+            protocol.NORM_QUERY,
+            [protocol.UPDATE_NORM, protocol.NUM_EXAMPLES],
             1,
-            {model_record_name(0): arrays},
+            {protocol.model_record_name(0): arrays},
         )
         fractions = size_fractions(sizes)
         scores = fractions * norms
@@ -464,19 +472,9 @@ class OptimalClientSampling(UnbiasedSampling):
 METHOD = MethodSpec(
     name="ocs",
     strategy=OptimalClientSampling,
-    paper="Chen, Horvath, Richtarik, TMLR 2022",
-    client_handlers="flwr_importance.clientapps.optimal:make_ocs_handlers",
     headline_preset="ocs-digits-lognormal",
-    canned=(
-        CannedVariant(
-            name="ocs",
-            label="OptimalClientSampling",
-            arguments=sampling_arguments(),
-            replies={"query.norm": "norm", "train": "kept-update"},
-        ),
-    ),
+    client_handlers="flwr_importance.clientapps.optimal:make_ocs_handlers",
+    canned=(CannedVariant(replies={"query.norm": "norm", "train": "kept-update"}),),
     legacy="flwr_importance.compat.ocs:OptimalClientSampling",
     benchmark="optimal_sampling",
-    benchmark_title="OCS/AOCS vs uniform, MMFL vs random (Chen et al. 2022; "
-    "Zhang et al. 2024)",
 )

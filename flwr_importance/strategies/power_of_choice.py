@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord
@@ -27,17 +27,8 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_importance.protocol import (
-    LOSS,
-    LOSS_QUERY,
-    NUM_EXAMPLES,
-    SERVER_ROUND,
-    TRAIN_LOSS,
-    model_record_name,
-    per_model_key,
-    query_message_type,
-)
-from flwr_importance.registry import CannedVariant, MethodSpec, sampling_arguments
+from flwr_importance import protocol
+from flwr_importance.registry import CannedVariant, MethodSpec
 from flwr_importance.strategies._multiset import (
     DrawRound,
     MultisetSampling,
@@ -54,12 +45,12 @@ if TYPE_CHECKING:
 #: (``query.loss``); ``rpow-d``: no query, each candidate ranks by the mean
 #: training loss it reported the last time it trained.
 Variant = Literal["pow-d", "rpow-d"]
-VARIANTS: tuple[Variant, ...] = ("pow-d", "rpow-d")
+VARIANTS: tuple[Variant, ...] = get_args(Variant)
 
 #: The loss and the sample count the candidates report in their ``query.loss``
 #: reply (model 0).
-CANDIDATE_LOSS = per_model_key(LOSS, 0)
-CANDIDATE_SIZE = per_model_key(NUM_EXAMPLES, 0)
+CANDIDATE_LOSS = protocol.per_model_key(protocol.LOSS, 0)
+CANDIDATE_SIZE = protocol.per_model_key(protocol.NUM_EXAMPLES, 0)
 
 
 def draw_candidates(
@@ -394,18 +385,18 @@ class PowerOfChoice(MultisetSampling):
         Candidates that fail, do not answer or send no finite, non-negative
         loss and count are left out (logged by node).
         """
-        config = ConfigRecord({SERVER_ROUND: server_round})
+        config = ConfigRecord({protocol.SERVER_ROUND: server_round})
         replies = self.query(
             grid,
             dict.fromkeys(candidate_ids, config),
-            LOSS_QUERY,
-            {model_record_name(0): arrays},
+            protocol.LOSS_QUERY,
+            {protocol.model_record_name(0): arrays},
         )
         checked = check_replies(
             replies.values(),
             nonnegative_keys=[CANDIDATE_LOSS, CANDIDATE_SIZE],
             expected_nodes=set(candidate_ids),
-            context=query_message_type(LOSS_QUERY),
+            context=protocol.query_message_type(protocol.LOSS_QUERY),
         )
         if len(checked) < len(candidate_ids):
             log(
@@ -423,7 +414,7 @@ class PowerOfChoice(MultisetSampling):
             return
         missing = 0
         for reply in replies:
-            loss = reply.metrics.get(TRAIN_LOSS)
+            loss = reply.metrics.get(protocol.TRAIN_LOSS)
             if loss is None or not math.isfinite(loss):
                 missing += 1
             else:
@@ -435,20 +426,18 @@ class PowerOfChoice(MultisetSampling):
                 "ranks those clients by their previous one",
                 missing,
                 len(replies),
-                TRAIN_LOSS,
+                protocol.TRAIN_LOSS,
             )
 
 
 METHOD = MethodSpec(
     name="poc",
     strategy=PowerOfChoice,
-    paper="Cho, Wang, Joshi, AISTATS 2022",
     headline_preset="poc-digits-dirichlet",
+    client_queries=(protocol.SIZES_QUERY, protocol.LOSS_QUERY),
     canned=(
         CannedVariant(
-            name="poc",
             label="PowerOfChoice (pow-d, d = 2m)",
-            arguments=sampling_arguments(),
             replies={"query.sizes": "sizes", "query.loss": "loss", "train": "model"},
         ),
     ),
@@ -456,8 +445,5 @@ METHOD = MethodSpec(
     # preset's label skew may not improve the model), d = 2m (0) = 4.
     smoke={"partitioning": "iid", "poc-candidates": 0},
     benchmark="poc",
-    benchmark_title="Power-of-Choice vs MD and uniform sampling (Cho et al., "
-    "AISTATS 2022)",
-    client_queries=("sizes", "loss"),
     app_options={"poc-candidates": "candidates", "poc-variant": "variant"},
 )

@@ -12,7 +12,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 import torch
@@ -28,7 +28,7 @@ from flwr_importance.tasks._per_sample import (
 )
 
 TaskKind = Literal["classification", "regression"]
-TASK_KINDS: tuple[TaskKind, ...] = ("classification", "regression")
+TASK_KINDS: tuple[TaskKind, ...] = get_args(TaskKind)
 
 # Rows per forward pass when evaluating or taking a full gradient, so memory stays
 # bounded on large local data sets.
