@@ -13,7 +13,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from flwr_importance.tasks._per_sample import model_device
-from flwr_importance.tasks.training import BatchLoss
+from flwr_importance.tasks.training import BatchLoss, mean_gradient
 
 #: Splits one batch of the user's DataLoader into ``(inputs, targets)``.
 Unpack = Callable[[Any], tuple[Tensor, Tensor]]
@@ -27,6 +27,7 @@ __all__ = [
     "Unpack",
     "criterion_batch_loss",
     "inputs_and_targets",
+    "mean_loss_gradient",
     "model_device",
     "unpacked",
 ]
@@ -71,3 +72,19 @@ def criterion_batch_loss(criterion: Criterion) -> BatchLoss:
         return criterion(model(inputs), targets)
 
     return batch_loss
+
+
+def mean_loss_gradient(
+    model: nn.Module,
+    batches: Iterable[Any],
+    criterion: Criterion,
+    unpack: Unpack = inputs_and_targets,
+) -> list[Tensor]:
+    """The gradient of the user's mean loss over all samples of ``batches``.
+
+    :func:`~flwr_importance.tasks.training.mean_gradient` on the user's
+    DataLoader and loss: one value per parameter, the model unchanged.
+    """
+    return mean_gradient(
+        model, unpacked(batches, unpack), criterion_batch_loss(criterion)
+    )

@@ -76,9 +76,8 @@ from flwr_importance import protocol
 from flwr_importance.clientapps._device import (
     Criterion,
     Unpack,
-    criterion_batch_loss,
     inputs_and_targets,
-    unpacked,
+    mean_loss_gradient,
 )
 from flwr_importance.clientapps.common import (
     ClientHandler,
@@ -89,7 +88,6 @@ from flwr_importance.clientapps.common import (
     received_task,
 )
 from flwr_importance.tasks import full_gradient
-from flwr_importance.tasks.training import mean_gradient
 
 #: A value a MetricRecord holds.
 MetricValue = int | float | list[int] | list[float]
@@ -218,10 +216,7 @@ FOLB_GRADIENT`). The model is not changed (BatchNorm statistics included).
     ArrayRecord
         Keyed like the model's state dict (zeros for buffers).
     """
-    batch_loss = criterion_batch_loss(criterion)
-    return gradient_record(
-        model, mean_gradient(model, unpacked(batches, unpack), batch_loss)
-    )
+    return gradient_record(model, mean_loss_gradient(model, batches, criterion, unpack))
 
 
 def inexactness_ratio(proximal_gradient_norm: float, initial_norm: float) -> float:
@@ -309,9 +304,7 @@ def inexactness(
     float
         ``gamma_k`` in ``[0, 1]``.
     """
-    trained_gradient = mean_gradient(
-        model, unpacked(batches, unpack), criterion_batch_loss(criterion)
-    )
+    trained_gradient = mean_loss_gradient(model, batches, criterion, unpack)
     return _gamma(model, trained_gradient, gradient, proximal, node_id)
 
 

@@ -7,9 +7,8 @@ message names the argument and the value given.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
 from numbers import Integral, Real
-from typing import Any
+from typing import Any, get_args
 
 
 def check_count(name: str, value: Any, minimum: int = 1) -> int:
@@ -47,10 +46,25 @@ def check_positive(name: str, value: Any) -> float:
     return number
 
 
-def check_choice(name: str, value: Any, choices: Collection[Any]) -> None:
-    """Raise a ValueError naming the valid ``choices`` if ``value`` is not one."""
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+def check_choice(name: str, value: Any, choices: Any) -> None:
+    """Raise a ValueError naming the valid choices if ``value`` is not one.
+
+    ``choices`` is the parameter's ``Literal`` type, whose arguments are the
+    valid values, so that the annotation is their one list.
+
+    Examples
+    --------
+    >>> from typing import Literal
+    >>> Mode = Literal["single-set", "two-set"]
+    >>> check_choice("mode", "two-set", Mode)
+    >>> check_choice("mode", "other", Mode)
+    Traceback (most recent call last):
+    ...
+    ValueError: mode must be one of ('single-set', 'two-set'), got 'other'
+    """
+    valid = get_args(choices)
+    if value not in valid:
+        raise ValueError(f"{name} must be one of {valid}, got {value!r}")
 
 
 def check_keys(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from logging import INFO
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from flwr.common.logger import log
@@ -13,7 +13,6 @@ from numpy.typing import NDArray
 from flwr_importance import protocol
 from flwr_importance.registry import CannedVariant, MethodSpec, sampling_arguments
 from flwr_importance.sampling import (
-    DISTANCES,
     Distance,
     clustered_distributions_by_size,
     clustered_distributions_from_distances,
@@ -30,7 +29,6 @@ if TYPE_CHECKING:
     from flwr_importance.strategies.base import StrategyOptions
 
 ClusteringMethod = Literal["size", "similarity"]
-METHODS: tuple[ClusteringMethod, ...] = get_args(ClusteringMethod)
 _SizeKey = tuple[tuple[int, ...], tuple[int, ...], int]
 
 
@@ -117,8 +115,8 @@ class ClusteredSampling(MultisetSampling):
         projection_dim: int | None = None,
         **options: Unpack[StrategyOptions],
     ) -> None:
-        check_choice("method", method, METHODS)
-        check_choice("distance", distance, DISTANCES)
+        check_choice("method", method, ClusteringMethod)
+        check_choice("distance", distance, Distance)
         if projection_dim is not None:
             check_count("projection_dim", projection_dim)
         super().__init__(clients_per_round=clients_per_round, **options)

@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
@@ -41,9 +41,7 @@ if TYPE_CHECKING:
     from flwr_importance.strategies.base import MetricsAggregation, StrategyOptions
 
 Mode = Literal["single-set", "two-set"]
-MODES: tuple[Mode, ...] = get_args(Mode)
 Weighting = Literal["samples", "uniform"]
-WEIGHTINGS: tuple[Weighting, ...] = get_args(Weighting)
 
 #: ``uniform_client_set`` streams: ``S`` (``S1``), shared with the baselines of a
 #: comparison, and FOLB's own second set ``S2``.
@@ -208,8 +206,8 @@ class FOLB(ImportanceStrategy[FolbPlan]):
         self.clients_per_round = check_count("clients_per_round", clients_per_round)
         if not proximal_mu >= 0:
             raise ValueError(f"proximal_mu must be >= 0, got {proximal_mu}")
-        check_choice("mode", mode, MODES)
-        check_choice("weighting", weighting, WEIGHTINGS)
+        check_choice("mode", mode, Mode)
+        check_choice("weighting", weighting, Weighting)
         if not isinstance(replace, bool):
             raise TypeError(f"replace must be True or False, got {replace!r}")
         self.server_lr = check_positive("server_lr", server_lr)

@@ -175,7 +175,7 @@ class MultiModelSampling(UnbiasedSampling):
         **options: Unpack[StrategyOptions],
     ) -> None:
         self.num_models = check_count("num_models", num_models)
-        check_choice("variant", variant, VARIANTS)
+        check_choice("variant", variant, Variant)
         self.variant = variant
         super().__init__(
             clients_per_round=clients_per_round, server_lr=server_lr, **options

@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord
@@ -45,7 +45,6 @@ if TYPE_CHECKING:
 #: (``query.loss``); ``rpow-d``: no query, each candidate ranks by the mean
 #: training loss it reported the last time it trained.
 Variant = Literal["pow-d", "rpow-d"]
-VARIANTS: tuple[Variant, ...] = get_args(Variant)
 
 #: The loss and the sample count the candidates report in their ``query.loss``
 #: reply (model 0).
@@ -294,7 +293,7 @@ class PowerOfChoice(MultisetSampling):
         **options: Unpack[StrategyOptions],
     ) -> None:
         super().__init__(clients_per_round=clients_per_round, **options)
-        check_choice("variant", variant, VARIANTS)
+        check_choice("variant", variant, Variant)
         self.candidates = check_count(
             "candidates", 0 if candidates is None else candidates, minimum=0
         )
