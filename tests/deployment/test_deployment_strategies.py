@@ -40,8 +40,9 @@ from simulations.inprocess import load_preset, resolve_run_config
 from simulations.task import federated_data
 from tests.app_variant import app_variant
 from tests.deployment.capturing_server_app import REPLIES_FILE
+from tests.markers import HEAVY
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, HEAVY]
 
 APP_DIR = Path(__file__).resolve().parents[2]
 NUM_SUPERNODES = 4

@@ -58,10 +58,11 @@ from flwr_importance.launcher import (
     free_port,
     processes_mentioning,
 )
+from tests.markers import HEAVY
 
 # Room for both nodes' NODE_TIMEOUT and the RUN_TIMEOUT within pytest's limit,
 # so that a slow start fails here, with the logs, rather than by pytest-timeout.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), HEAVY]
 
 APP_DIR = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).parent / "ray")

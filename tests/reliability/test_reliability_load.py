@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from flwr_importance.launcher import processes_mentioning
+from tests.markers import HEAVY
 from tests.reliability.load_app import (
     NUM_NODES,
     ROUNDS,
@@ -51,6 +52,7 @@ def check_results(results: dict[str, Any], strategies: tuple[str, ...]) -> None:
 
 
 @pytest.mark.slow
+@HEAVY
 def test_every_strategy_runs_on_1000_virtual_supernodes(tmp_path: Path) -> None:
     flwr_home = tmp_path / "flwr-home"
     # About 3 min alone, 5 min beside the rest of the suite on 2 cores.
