@@ -8,5 +8,5 @@ bash scripts/setup-env.sh
 .venv/bin/mypy
 # The end-to-end tests spend most of their time waiting on process and Ray
 # start-up, not on the CPU, so four workers finish well within 2 cores' budget.
-# --dist loadgroup: the runs marked HEAVY (tests/markers.py) share one worker.
-.venv/bin/python -m pytest -n "${TEST_WORKERS:-4}" --dist loadgroup "$@"
+# The runs that start many processes at once take turns (tests/heavy.py).
+.venv/bin/python -m pytest -n "${TEST_WORKERS:-4}" "$@"

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from flwr_importance.launcher import flwr_run, processes_mentioning
+from tests.heavy import heavy_run_slot
 
 APP_DIR = Path(__file__).resolve().parent.parent
 
@@ -64,3 +65,10 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def heavy_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Run the test while no other heavy run does (:mod:`tests.heavy`)."""
+    with heavy_run_slot(tmp_path_factory):
+        yield

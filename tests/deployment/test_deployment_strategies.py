@@ -40,9 +40,10 @@ from simulations.inprocess import load_preset, resolve_run_config
 from simulations.task import federated_data
 from tests.app_variant import app_variant
 from tests.deployment.capturing_server_app import REPLIES_FILE
-from tests.markers import HEAVY
+from tests.heavy import heavy_run_slot, shared_dir
 
-pytestmark = [pytest.mark.slow, HEAVY]
+# Besides its own minutes, the wait for another heavy run (tests/heavy.py).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 APP_DIR = Path(__file__).resolve().parents[2]
 NUM_SUPERNODES = 4
@@ -85,6 +86,24 @@ def capturing_app(app_dir: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def deployment_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every strategy's status and output dir from one deployment run.
+
+    The deployment runs once per session: xdist may hand this module's tests
+    to several workers, and the first to hold the heavy-run lock leaves the
+    results in the session's shared folder for the others.
+    """
+    results = shared_dir(tmp_path_factory) / "deployment-runs.json"
+    with heavy_run_slot(tmp_path_factory):
+        if not results.exists():
+            results.write_text(json.dumps(run_deployment(tmp_path_factory)))
+    found = json.loads(results.read_text())
+    return {
+        **found,
+        "outputs": {name: Path(path) for name, path in found["outputs"].items()},
+    }
+
+
+def run_deployment(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Run every strategy on one deployment; their statuses and output dirs."""
     work = tmp_path_factory.mktemp("deployment")
     outputs = {strategy: work / "out" / strategy for strategy in RUNS}
@@ -114,9 +133,9 @@ def deployment_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         statuses = running.wait(list(run_ids), timeout=480)
     return {
         "statuses": {run_ids[run_id]: status for run_id, status in statuses.items()},
-        "outputs": outputs,
+        "outputs": {name: str(path) for name, path in outputs.items()},
         "leftover": running.leftover_processes(),
-        "logs": work / "logs",
+        "logs": str(work / "logs"),
     }
 
 

@@ -58,11 +58,14 @@ from flwr_importance.launcher import (
     free_port,
     processes_mentioning,
 )
-from tests.markers import HEAVY
 
 # Room for both nodes' NODE_TIMEOUT and the RUN_TIMEOUT within pytest's limit,
 # so that a slow start fails here, with the logs, rather than by pytest-timeout.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), HEAVY]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(1200),
+    pytest.mark.usefixtures("heavy_run"),
+]
 
 APP_DIR = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).parent / "ray")

@@ -27,7 +27,6 @@ from typing import Any
 import pytest
 
 from flwr_importance.launcher import processes_mentioning
-from tests.markers import HEAVY
 from tests.reliability.load_app import (
     NUM_NODES,
     ROUNDS,
@@ -52,7 +51,9 @@ def check_results(results: dict[str, Any], strategies: tuple[str, ...]) -> None:
 
 
 @pytest.mark.slow
-@HEAVY
+# Besides its own minutes, the wait for another heavy run (tests/heavy.py).
+@pytest.mark.timeout(1200)
+@pytest.mark.usefixtures("heavy_run")
 def test_every_strategy_runs_on_1000_virtual_supernodes(tmp_path: Path) -> None:
     flwr_home = tmp_path / "flwr-home"
     # About 3 min alone, 5 min beside the rest of the suite on 2 cores.
