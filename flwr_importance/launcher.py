@@ -42,6 +42,7 @@ every process started is stopped, with its descendants, on exit.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import os
@@ -49,6 +50,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
@@ -407,7 +409,8 @@ def flwr_run(
     timeout : float, optional
         Seconds before the run is killed (``subprocess.TimeoutExpired`` raised).
     capture : bool
-        Capture stdout/stderr (tests) instead of streaming them to the terminal.
+        Capture stdout/stderr (tests) instead of streaming them to the terminal
+        (:func:`run_command`).
     extra_env : mapping, optional
         Environment variables for ``flwr run`` and the SuperLink it starts (and
         so the simulation runtime), e.g. ``RAY_ADDRESS`` to run the simulation
@@ -423,8 +426,8 @@ def flwr_run(
 
     Notes
     -----
-    With ``capture``, a run whose Ray node did not start in time
-    (:data:`RAY_STARTUP_TIMEOUT`) is run once more, with a ``RuntimeWarning``.
+    A run whose Ray node did not start in time (:data:`RAY_STARTUP_TIMEOUT`)
+    is run once more, with a ``RuntimeWarning``.
     """
     app_dir = app_dir.resolve()
     num_supernodes = supernodes_for_run(app_dir, run_config, num_supernodes)
@@ -455,7 +458,7 @@ def flwr_run(
     elif run_config:
         command += ["--run-config", format_run_config(run_config)]
     completed = _flwr_run_once(command, env, app_dir, flwr_home, capture, timeout)
-    if capture and RAY_STARTUP_TIMEOUT in completed.stdout + completed.stderr:
+    if RAY_STARTUP_TIMEOUT in completed.stdout + completed.stderr:
         warnings.warn(
             "Ray's node missed its fixed 30 s start-up window (a busy machine); "
             "running once more",
@@ -484,20 +487,77 @@ def _flwr_run_once(
     """Start the SuperLink, run ``command``, stop everything the run started."""
     try:
         _start_managed_superlink(flwr_home, env)
-        return subprocess.run(
-            command,
-            env=env,
-            cwd=app_dir,
-            text=True,
-            capture_output=capture,
-            timeout=timeout,
-            check=False,
-        )
+        return run_command(command, env, app_dir, capture=capture, timeout=timeout)
     finally:
         stop_local_superlink(flwr_home)
         # What the SuperLink's children left behind (Ray's processes outlive a
         # killed simulation) or started while being stopped carries the marker.
         _terminate(processes_with_environment(RUN_MARKER, env[RUN_MARKER]))
+
+
+#: How many of the last output lines a streamed run keeps for its checks.
+STREAMED_TAIL_LINES = 1000
+
+
+def run_command(
+    command: Sequence[str],
+    env: Mapping[str, str],
+    cwd: Path,
+    *,
+    capture: bool,
+    timeout: float | None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` and wait; its output captured, or echoed as it comes.
+
+    Echoed (``capture=False``), stdout and stderr go to this process's stdout
+    line by line, and the returned ``stdout`` holds the last
+    :data:`STREAMED_TAIL_LINES` of them, so a streamed run can be checked as
+    a captured one is (``stderr`` is then empty).
+
+    Raises
+    ------
+    subprocess.TimeoutExpired
+        The command ran past ``timeout`` seconds; it has been killed.
+    """
+    if capture:
+        return subprocess.run(
+            command,
+            env=env,
+            cwd=cwd,
+            text=True,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
+    tail: collections.deque[str] = collections.deque(maxlen=STREAMED_TAIL_LINES)
+    with subprocess.Popen(
+        command,
+        env=env,
+        cwd=cwd,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    ) as process:
+        stream = process.stdout
+        assert stream is not None  # stdout=PIPE
+
+        def echo() -> None:
+            for line in stream:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                tail.append(line)
+
+        # A thread reads while the main one waits, so that the timeout holds
+        # even when the command prints nothing.
+        reader = threading.Thread(target=echo, daemon=True)
+        reader.start()
+        try:
+            returncode = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise
+        reader.join()
+    return subprocess.CompletedProcess(list(command), returncode, "".join(tail), "")
 
 
 # The name of a deployment's SuperLink connection in its FLWR_HOME config.toml.

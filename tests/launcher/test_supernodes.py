@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -73,14 +75,14 @@ def test_launcher_app_without_num_supernodes_runs_flwr_with_the_default(
     commands: list[Sequence[str]] = []
 
     def fake_flwr_run(
-        command: Sequence[str], **kwargs: object
+        command: Sequence[str], *args: object, **kwargs: object
     ) -> subprocess.CompletedProcess[str]:
         commands.append(command)
-        return subprocess.CompletedProcess(command, 0)
+        return subprocess.CompletedProcess(command, 0, "", "")
 
     # Everything up to starting processes is real: config reading, the command.
     monkeypatch.setattr(launcher, "_start_managed_superlink", lambda *args: None)
-    monkeypatch.setattr(launcher.subprocess, "run", fake_flwr_run)
+    monkeypatch.setattr(launcher, "run_command", fake_flwr_run)
     argv = ["--app", str(flower_example), "--flwr-home", str(tmp_path / "home")]
     default = DEFAULT_SIMULATION_CONFIG.num_supernodes
     with pytest.warns(UserWarning, match=f"Flower's default of {default} virtual"):
@@ -101,7 +103,8 @@ RAY_DID_NOT_START = (
     [
         (RAY_DID_NOT_START, True, 2),
         ("ValueError: a bug in the app", True, 1),
-        (RAY_DID_NOT_START, False, 1),
+        (RAY_DID_NOT_START, False, 2),
+        ("ValueError: a bug in the app", False, 1),
     ],
 )
 def test_a_run_whose_ray_node_did_not_start_runs_once_more(
@@ -112,18 +115,18 @@ def test_a_run_whose_ray_node_did_not_start_runs_once_more(
     capture: bool,
     runs: int,
 ) -> None:
-    """Only Ray's own start-up timeout is retried, once, and only when captured."""
+    """Only Ray's own start-up timeout is retried, once, streamed or captured."""
     outputs = [first_output, "run finished"]
     commands: list[Sequence[str]] = []
 
     def fake_flwr_run(
-        command: Sequence[str], **kwargs: object
+        command: Sequence[str], *args: object, **kwargs: object
     ) -> subprocess.CompletedProcess[str]:
         commands.append(command)
         return subprocess.CompletedProcess(command, 0, outputs[len(commands) - 1], "")
 
     monkeypatch.setattr(launcher, "_start_managed_superlink", lambda *args: None)
-    monkeypatch.setattr(launcher.subprocess, "run", fake_flwr_run)
+    monkeypatch.setattr(launcher, "run_command", fake_flwr_run)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         completed = launcher.flwr_run(
@@ -136,3 +139,32 @@ def test_a_run_whose_ray_node_did_not_start_runs_once_more(
     assert completed.stdout == outputs[runs - 1]
     retried = [w for w in caught if "start-up window" in str(w.message)]
     assert len(retried) == runs - 1
+
+
+def test_a_streamed_command_is_echoed_live_and_its_tail_kept(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Streamed runs show their output and can still be checked afterwards."""
+    script = "import sys; print('to stdout'); print('to stderr', file=sys.stderr)"
+    completed = launcher.run_command(
+        [sys.executable, "-c", script],
+        dict(os.environ),
+        tmp_path,
+        capture=False,
+        timeout=60,
+    )
+    assert completed.returncode == 0
+    assert sorted(completed.stdout.splitlines()) == ["to stderr", "to stdout"]
+    echoed = capfd.readouterr().out
+    assert "to stdout" in echoed and "to stderr" in echoed
+
+
+def test_a_streamed_command_past_its_timeout_is_killed(tmp_path: Path) -> None:
+    with pytest.raises(subprocess.TimeoutExpired):
+        launcher.run_command(
+            [sys.executable, "-c", "import time; time.sleep(60)"],
+            dict(os.environ),
+            tmp_path,
+            capture=False,
+            timeout=1,
+        )
