@@ -338,8 +338,7 @@ def section_title(name: str, directory: Path = BENCHMARKS_DIR) -> str:
     :func:`discover_benchmarks` reads it; without one, the module's path.
     """
     path = directory / f"{name}.py"
-    tree = ast.parse(path.read_text()) if path.is_file() else ast.Module([], [])
-    for node in tree.body:
+    for node in ast.parse(path.read_text()).body if path.is_file() else []:
         if (
             isinstance(node, ast.Assign)
             and [getattr(target, "id", None) for target in node.targets] == ["TITLE"]

@@ -73,6 +73,26 @@ class LocalWork:
     clients_per_round: int
 
 
+def sampling_arguments(**options: Any) -> Callable[[CannedSetup], Mapping[str, Any]]:
+    """A client-sampling strategy's arguments in a canned run, plus ``options``.
+
+    ``clients_per_round`` from the setup and federated evaluation off; the
+    other arguments keep the strategy's defaults.
+
+    Examples
+    --------
+    >>> setup = CannedSetup(clients_per_round=3, total_size=0, max_size=0,
+    ...                     projection_dim=0)
+    >>> sampling_arguments(method="size")(setup)["method"]
+    'size'
+    """
+    return lambda setup: {
+        "clients_per_round": setup.clients_per_round,
+        "fraction_evaluate": 0.0,
+        **options,
+    }
+
+
 @dataclass(frozen=True, kw_only=True)
 class CannedVariant:
     """One configuration of a method, answered by canned replies.
@@ -106,31 +126,11 @@ class CannedVariant:
     name: str = ""
     label: str = ""
     arguments: Callable[[CannedSetup], Mapping[str, Any]] = field(
-        default_factory=lambda: sampling_arguments()
+        default_factory=sampling_arguments
     )
     replies: Mapping[str, str]
     baseline: str = "fedavg"
     packed_models: bool = False
-
-
-def sampling_arguments(**options: Any) -> Callable[[CannedSetup], Mapping[str, Any]]:
-    """A client-sampling strategy's arguments in a canned run, plus ``options``.
-
-    ``clients_per_round`` from the setup and federated evaluation off; the
-    other arguments keep the strategy's defaults.
-
-    Examples
-    --------
-    >>> setup = CannedSetup(clients_per_round=3, total_size=0, max_size=0,
-    ...                     projection_dim=0)
-    >>> sampling_arguments(method="size")(setup)["method"]
-    'size'
-    """
-    return lambda setup: {
-        "clients_per_round": setup.clients_per_round,
-        "fraction_evaluate": 0.0,
-        **options,
-    }
 
 
 @dataclass(frozen=True)

@@ -164,6 +164,9 @@ class MultiModelSampling(UnbiasedSampling):
         "(evaluate_fn) instead"
     )
     unused_settings = frozenset({"arrayrecord_key"})
+    fewer_nodes_effect = (
+        "every node trains every round (only which model it trains is sampled)"
+    )
 
     def __init__(
         self,
@@ -203,12 +206,7 @@ class MultiModelSampling(UnbiasedSampling):
             raise ValueError(
                 f"{len(models)} packed models, strategy built for {self.num_models}"
             )
-        node_ids, query_config = self.round_population(
-            grid,
-            server_round,
-            config,
-            "every node trains every round (only which model it trains is sampled)",
-        )
+        node_ids, query_config = self.round_population(grid, server_round, config)
         if self.variant in ("gradnorm", "loss"):
             sample = self._optimal_sample(node_ids, query_config, models, grid)
         else:

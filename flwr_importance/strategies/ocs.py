@@ -110,16 +110,20 @@ class UnbiasedSampling(ImportanceStrategy[SamplePlan]):
         self.server_lr = check_positive("server_lr", server_lr)
         super().__init__(**options)
 
+    #: What a round does when fewer nodes are connected than ``m`` (logged).
+    fewer_nodes_effect = "every node takes part"
+
     def round_population(
-        self, grid: Grid, server_round: int, config: ConfigRecord, few_nodes: str
+        self, grid: Grid, server_round: int, config: ConfigRecord
     ) -> tuple[list[int], ConfigRecord]:
         """The connected nodes, all queried this round, and their query config.
 
-        Both methods ask every node before sampling; ``few_nodes`` says what
-        happens when there are no more nodes than ``clients_per_round``.
+        Both methods ask every node before sampling.
         """
         node_ids = connected_nodes(grid, self.min_available_nodes)
-        warn_if_fewer_nodes(len(node_ids), self.clients_per_round, few_nodes)
+        warn_if_fewer_nodes(
+            len(node_ids), self.clients_per_round, self.fewer_nodes_effect
+        )
         return node_ids, ConfigRecord(
             {**dict(config), protocol.SERVER_ROUND: server_round}
         )
@@ -371,6 +375,10 @@ class OptimalClientSampling(UnbiasedSampling):
     round's updates) and ``uniform-variance`` (the same for ``p_i = m / N``).
     """
 
+    fewer_nodes_effect = (
+        "every node takes part with probability 1 (no sampling, variance 0)"
+    )
+
     def __init__(
         self,
         *,
@@ -404,12 +412,7 @@ class OptimalClientSampling(UnbiasedSampling):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Query every node's update norm, compute ``p``, sample independently."""
-        node_ids, query_config = self.round_population(
-            grid,
-            server_round,
-            config,
-            "every node takes part with probability 1 (no sampling, variance 0)",
-        )
+        node_ids, query_config = self.round_population(grid, server_round, config)
         answered, (norms, sizes) = self.query_matrix(
             grid,
             dict.fromkeys(node_ids, query_config),
