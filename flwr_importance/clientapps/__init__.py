@@ -6,33 +6,77 @@ that meet its contract (:mod:`flwr_importance.protocol`) from your own
 device; and ``make_<method>_handlers(task_factory)``, ready-made handlers built
 on the same pieces for a ``TaskFactory`` (``Context -> LocalTask``):
 
-- :mod:`.common`: FedAvg/FedProx training and evaluation, shared helpers;
+- :mod:`.messages`: the handler type, config reading and handler
+  registration every module shares (torch-free);
+- :mod:`.common`: the :class:`LocalTask`, FedAvg/FedProx training and
+  evaluation (torch);
 - :mod:`.isfedavg`: importance-sampled mini-batches, eq. 8 steps, eq. 29;
 - :mod:`.folb`: FedProx solve plus the local gradient and inexactness;
 - :mod:`.fedsampling`: randomized-response sizes, the round's kept samples,
   ``G_c`` over your DataLoader and loss;
+- :mod:`.private_sizes`: FedSampling's randomized-response size query alone;
 - :mod:`.sizes`: the true-size query of clustered, MD and size-weighted
   sampling (:func:`~.sizes.add_size_query`);
 - :mod:`.clustered`: clustered and MD sampling's handler set;
 - :mod:`.optimal`: OCS/AOCS/MMFL: :class:`~.optimal.KeptUpdateMod` on your
-  train function and the norm, loss and size queries run on your functions.
+  train function and the norm, loss and size queries run on your functions;
+- :mod:`.standard`: the ready-made client side of any registry method.
+
+Model-agnostic helpers import no torch, so a scikit-learn, JAX or TensorFlow
+ClientApp can use them without it: :mod:`.messages`, :mod:`.sizes`,
+:mod:`.private_sizes`, :mod:`.optimal` (its helpers; ``make_*_handlers``
+load torch when called) and this package itself, whose torch-using names
+(those of :mod:`.common`) load on first use.
 """
 
-from flwr_importance.clientapps.common import (
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from flwr_importance.clientapps.messages import (
     ClientHandler,
-    LocalTask,
-    TaskFactory,
     config_number,
-    load_global_model,
-    make_evaluate_handler,
-    make_train_handler,
-    model_reply,
     register_handlers,
-    round_generators,
-    round_local_steps,
     server_round_of,
-    train_round,
 )
+
+if TYPE_CHECKING:
+    from flwr_importance.clientapps.common import (
+        LocalTask,
+        TaskFactory,
+        load_global_model,
+        make_evaluate_handler,
+        make_train_handler,
+        model_reply,
+        round_generators,
+        round_local_steps,
+        train_round,
+    )
+
+#: Names of :mod:`.common`, imported on first use (they need torch).
+_TORCH_NAMES = frozenset(
+    {
+        "LocalTask",
+        "TaskFactory",
+        "load_global_model",
+        "make_evaluate_handler",
+        "make_train_handler",
+        "model_reply",
+        "round_generators",
+        "round_local_steps",
+        "train_round",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    """Load the torch-using names of :mod:`.common` on first use (PEP 562)."""
+    if name in _TORCH_NAMES:
+        from flwr_importance.clientapps import common
+
+        return getattr(common, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ClientHandler",

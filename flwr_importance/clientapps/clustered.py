@@ -14,9 +14,14 @@ The ready-made set, for a :class:`~flwr_importance.clientapps.LocalTask`::
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from flwr_importance import protocol
-from flwr_importance.clientapps.common import ClientHandler, TaskFactory
+from flwr_importance.clientapps.messages import ClientHandler
 from flwr_importance.clientapps.standard import standard_handlers
+
+if TYPE_CHECKING:
+    from flwr_importance.clientapps.common import TaskFactory
 
 
 def make_clustered_handlers(task_factory: TaskFactory) -> dict[str, ClientHandler]:

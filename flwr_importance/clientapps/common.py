@@ -5,8 +5,7 @@ and its training settings. Users describe those once, as a :class:`LocalTask`
 built by a ``TaskFactory`` from the node's ``Context``; every handler factory in
 :mod:`flwr_importance.clientapps` takes such a factory::
 
-    from flwr.clientapp import ClientApp
-    from flwr_importance.clientapps import LocalTask, make_train_handler
+        from flwr_importance.clientapps import LocalTask, make_train_handler
 
     def my_task(context):
         x, y = load_my_partition(context.node_config["partition-id"])
@@ -25,8 +24,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
-from flwr.clientapp import ClientApp
 
+from flwr_importance.clientapps.messages import (
+    ClientHandler,
+    config_number,
+    register_handlers,
+    server_round_of,
+)
 from flwr_importance.tasks import (
     Objective,
     evaluate,
@@ -34,8 +38,6 @@ from flwr_importance.tasks import (
     train_local,
 )
 from flwr_importance.tasks.training import EVAL_CHUNK_SIZE
-
-ClientHandler = Callable[[Message, Context], Message]
 
 
 @dataclass
@@ -63,6 +65,16 @@ class LocalTask:
         round (the FedProx/FOLB simulation of stragglers).
     seed : int
         Node-specific seed; each round's randomness derives from it and the round.
+    x_val, y_val : torch.Tensor or None
+        The node's local validation split (both or neither). When given, the
+        ready evaluate handler (:func:`make_evaluate_handler`) scores the
+        received model on it; otherwise on the training data ``x, y``.
+
+    Raises
+    ------
+    ValueError
+        If only one of ``x_val`` and ``y_val`` is given, or their numbers of
+        rows differ.
     """
 
     model: torch.nn.Module
@@ -75,9 +87,48 @@ class LocalTask:
     epochs: int | None = None
     heterogeneous_steps: bool = False
     seed: int = 0
+    x_val: torch.Tensor | None = None
+    y_val: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        """Check that the validation split is whole: both tensors, same rows."""
+        if (self.x_val is None) != (self.y_val is None):
+            raise ValueError("give both x_val and y_val, or neither")
+        if (
+            self.x_val is not None
+            and self.y_val is not None
+            and len(self.x_val) != len(self.y_val)
+        ):
+            raise ValueError(
+                f"x_val has {len(self.x_val)} rows, y_val {len(self.y_val)}"
+            )
+
+    def evaluation_data(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x, y)`` to evaluate on: the validation split if given, else training."""
+        if self.x_val is not None and self.y_val is not None:
+            return self.x_val, self.y_val
+        return self.x, self.y
 
 
 TaskFactory = Callable[[Context], LocalTask]
+
+__all__ = [
+    "ClientHandler",
+    "LocalTask",
+    "TaskFactory",
+    "config_number",
+    "load_global_model",
+    "make_evaluate_handler",
+    "make_train_handler",
+    "model_reply",
+    "received_task",
+    "register_handlers",
+    "round_generators",
+    "round_local_steps",
+    "server_round_of",
+    "task_batches",
+    "train_round",
+]
 
 
 def round_generators(
@@ -149,28 +200,6 @@ def model_reply(
     return Message(content, reply_to=message)
 
 
-def config_number(message: Message, key: str, default: float | None = None) -> float:
-    """A number from the message's ``config`` record, checked.
-
-    Raises
-    ------
-    ValueError
-        When the key is absent without a default, or its value is not a number.
-    """
-    config = message.content.config_records.get("config")
-    value = config.get(key, default) if config is not None else default
-    if value is None:
-        raise ValueError(f"the server's config lacks '{key}'")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"config '{key}' must be a number, got {value!r}")
-    return float(value)
-
-
-def server_round_of(message: Message) -> int:
-    """The ``server-round`` Flower's strategies put in the config (0 if absent)."""
-    return int(config_number(message, "server-round", 0))
-
-
 def train_round(
     task: LocalTask, server_round: int, proximal_mu: float = 0.0
 ) -> dict[str, float]:
@@ -227,32 +256,19 @@ def make_train_handler(task_factory: TaskFactory) -> ClientHandler:
 
 
 def make_evaluate_handler(task_factory: TaskFactory) -> ClientHandler:
-    """Federated evaluation of the received model on the node's local data."""
+    """Federated evaluation of the received model on the node's local data.
+
+    The data are the task's validation split (``x_val``, ``y_val``) when it
+    has one, else its training data; ``num-examples`` counts the rows scored.
+    """
 
     def evaluate_handler(message: Message, context: Context) -> Message:
         task = received_task(task_factory, message, context)
-        metrics = evaluate(task.model, task.x, task.y, task.objective)
+        x, y = task.evaluation_data()
+        metrics = evaluate(task.model, x, y, task.objective)
         content = RecordDict(
-            {"metrics": MetricRecord({**metrics, "num-examples": len(task.x)})}
+            {"metrics": MetricRecord({**metrics, "num-examples": len(x)})}
         )
         return Message(content, reply_to=message)
 
     return evaluate_handler
-
-
-def register_handlers(
-    app: ClientApp, handlers: Mapping[str, ClientHandler]
-) -> ClientApp:
-    """Register ``handlers``, keyed by message type, on ``app``.
-
-    Keys are Flower message types: ``"train"``, ``"evaluate"``, ``"query"`` or
-    ``"<category>.<action>"`` such as ``"query.norm"``.
-    """
-    registrars = {"train": app.train, "evaluate": app.evaluate, "query": app.query}
-    for message_type, handler in handlers.items():
-        category, _, action = message_type.partition(".")
-        if category not in registrars:
-            raise ValueError(f"unknown message category in '{message_type}'")
-        register = registrars[category]
-        (register(action) if action else register())(handler)
-    return app

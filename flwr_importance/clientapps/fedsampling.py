@@ -10,10 +10,11 @@ reply carries only ``G_c = (1/K) sum_{s in S_c} g_s``, an ArrayRecord shaped
 like the model, and no MetricRecord at all (in particular not Flower's usual
 ``num-examples``).
 
-From a quickstart-style ClientApp, the size query is one line and the train
-function keeps its model, data set, loss and device but, instead of training
-with its optimizer, returns the gradient sum (the server takes the SGD step,
-``Theta <- Theta - eta sum_c G_c``)::
+From a quickstart-style ClientApp, the size query is one line (its torch-free
+module :mod:`~flwr_importance.clientapps.private_sizes`, re-exported here) and
+the train function keeps its model, data set, loss and device but, instead of
+training with its optimizer, returns the gradient sum (the server takes the
+SGD step, ``Theta <- Theta - eta sum_c G_c``)::
 
      app = ClientApp()
     +add_private_size_query(app, num_examples=lambda ctx: len(load_trainset(ctx)))
@@ -48,8 +49,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
-from flwr.clientapp import ClientApp
+from flwr.app import ArrayRecord, Context, Message, RecordDict
 
 from flwr_importance import protocol
 from flwr_importance.clientapps._device import (
@@ -68,99 +68,24 @@ from flwr_importance.clientapps.common import (
     server_round_of,
     task_batches,
 )
-from flwr_importance.clientapps.sizes import SampleCount, sample_count_source
-from flwr_importance.sampling import bernoulli_keep, keep_probability, privatize_size
+from flwr_importance.clientapps.private_sizes import (
+    add_private_size_query,
+    private_size_reply,
+)
+from flwr_importance.sampling import bernoulli_keep, keep_probability
 from flwr_importance.tasks.training import BatchLoss, mean_gradient
 
-
-def private_size_reply(
-    message: Message,
-    *,
-    num_examples: int,
-    max_epsilon: float | None = None,
-    rng: np.random.Generator | None = None,
-) -> Message:
-    """The reply to FedSampling's ``query.sizes``: a randomized-response size.
-
-    Reads ``max-size`` (``M``) and ``epsilon`` from the config and replies
-    ``MetricRecord({"size-response": r})`` with ``r`` in ``{1..M-1}``: the
-    clipped true size with probability ``alpha``, else a uniform draw (eq. 1).
-    Each round's reply is eps-LDP; replies of different rounds are
-    independent, so over ``T`` rounds the privacy losses add up to ``T eps``
-    unless replies are de-linked from the node (the paper's client anonymity,
-    Section 3.5.2).
-
-    Parameters
-    ----------
-    message : Message
-        The ``query.sizes`` message.
-    num_examples : int
-        The node's true number of training samples; it never leaves the node.
-    max_epsilon : float, optional
-        The largest privacy budget this node accepts. The server chooses
-        ``epsilon`` (every node must use the same one for the estimate), so a
-        node that does not trust it to ask for a small one sets this cap: a
-        query asking for more raises, which Flower sends as an error reply.
-    rng : numpy.random.Generator, optional
-        Source of the randomized response (default: fresh OS entropy).
-
-    Returns
-    -------
-    Message
-        The reply, with the one metric ``size-response``.
-    """
-    max_size = int(config_number(message, protocol.FEDSAMPLING_MAX_SIZE))
-    epsilon = config_number(message, protocol.FEDSAMPLING_EPSILON)
-    if max_epsilon is not None and epsilon > max_epsilon:
-        raise ValueError(
-            f"the server asks for epsilon={epsilon:g}, this node allows at "
-            f"most {max_epsilon:g}"
-        )
-    response = privatize_size(
-        num_examples,
-        max_size,
-        epsilon,
-        rng if rng is not None else np.random.default_rng(),
-    )
-    content = RecordDict(
-        {"metrics": MetricRecord({protocol.FEDSAMPLING_SIZE_RESPONSE: response})}
-    )
-    return Message(content, reply_to=message)
-
-
-def add_private_size_query(
-    app: ClientApp,
-    *,
-    num_examples: SampleCount | None = None,
-    node_config_key: str | None = None,
-    max_epsilon: float | None = None,
-) -> None:
-    """Register ``@app.query("sizes")`` answering by randomized response.
-
-    Parameters
-    ----------
-    app, num_examples, node_config_key
-        As in :func:`~flwr_importance.clientapps.sizes.add_size_query`.
-    max_epsilon : float, optional
-        The node's cap on the server's ``epsilon`` (see
-        :func:`private_size_reply`).
-
-    Examples
-    --------
-    >>> from flwr.clientapp import ClientApp
-    >>> app = ClientApp()
-    >>> add_private_size_query(app, num_examples=lambda context: 600, max_epsilon=3)
-    """
-    count = sample_count_source(
-        num_examples=num_examples, node_config_key=node_config_key
-    )
-
-    def private_size(message: Message, context: Context) -> Message:
-        return private_size_reply(
-            message, num_examples=count(context), max_epsilon=max_epsilon
-        )
-
-    app.query(protocol.SIZES_QUERY)(private_size)
+__all__ = [
+    "FedSamplingRound",
+    "add_private_size_query",
+    "fedsampling_gradient",
+    "fedsampling_reply",
+    "fedsampling_round",
+    "make_fedsampling_handlers",
+    "make_fedsampling_train_handler",
+    "make_size_query_handler",
+    "private_size_reply",
+]
 
 
 @dataclass(frozen=True)

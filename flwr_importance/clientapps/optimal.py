@@ -54,13 +54,16 @@ For MMFL, ``train`` picks its model and data by
 ``add_loss_query(app, evaluate, loss_key="eval_loss")`` (your
 ``@app.evaluate()`` function), the baselines
 ``add_model_sizes_query(app, num_examples=...)``. The helpers never touch
-the model: they read and write ArrayRecords, and the user's functions train.
+the model: they read and write ArrayRecords (NumPy, no torch import), and the
+user's functions train, so they serve any framework's ClientApp; only the
+ready-made ``make_*_handlers`` load torch, when called.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 from flwr.app import (
@@ -78,19 +81,18 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable
 
 from flwr_importance import protocol
-from flwr_importance.clientapps.common import (
+from flwr_importance.clientapps.messages import (
     ClientHandler,
-    LocalTask,
-    TaskFactory,
     config_number,
-    make_evaluate_handler,
-    make_train_handler,
     server_round_of,
 )
 from flwr_importance.clientapps.sizes import checked_sample_count
 
+if TYPE_CHECKING:
+    from flwr_importance.clientapps.common import LocalTask, TaskFactory
+
 #: ``(context, model_index) -> LocalTask``: a node's task for each model.
-ModelTaskFactory = Callable[[Context, int], LocalTask]
+ModelTaskFactory = Callable[[Context, int], "LocalTask"]
 
 #: ``(context, model_index) -> n``: the node's sample count for each model.
 ModelSampleCount = Callable[[Context, int], int]
@@ -565,6 +567,12 @@ def make_mmfl_handlers(task_factory: ModelTaskFactory) -> dict[str, ClientHandle
     Built on the helpers above: FedAvg's ready-made train and evaluate handlers
     on task ``s`` play the user's functions.
     """
+    # The ready-made handlers train torch models; the helpers above do not.
+    from flwr_importance.clientapps.common import (
+        make_evaluate_handler,
+        make_train_handler,
+    )
+
     train = _for_model(make_train_handler, task_factory)
     evaluate = _for_model(make_evaluate_handler, task_factory)
     return {
@@ -579,6 +587,7 @@ def make_mmfl_handlers(task_factory: ModelTaskFactory) -> dict[str, ClientHandle
 
 def make_ocs_handlers(task_factory: TaskFactory) -> dict[str, ClientHandler]:
     """Single-model OCS: the multi-model contract with one model, plus evaluate."""
+    from flwr_importance.clientapps.common import make_evaluate_handler
 
     def single_task(context: Context, model_index: int) -> LocalTask:
         if model_index != 0:

@@ -21,18 +21,24 @@ or, when the SuperNode is started with ``--node-config "num-examples=600"``,
 
 The reply reveals the true size: FedSampling's privatized reply is
 :func:`~flwr_importance.clientapps.fedsampling.add_private_size_query`.
+
+This module imports no torch: it serves any framework's ClientApp.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from flwr_importance import protocol
-from flwr_importance.clientapps.common import ClientHandler, TaskFactory
+from flwr_importance.clientapps.messages import ClientHandler
+
+if TYPE_CHECKING:
+    from flwr_importance.clientapps.common import TaskFactory
 
 #: ``context -> n``: a node's number of local training samples.
 SampleCount = Callable[[Context], int]

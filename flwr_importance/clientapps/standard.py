@@ -6,22 +6,28 @@ standard queries declares them (``client_queries`` of its
 code: ``"sizes"`` (the true sample count, :mod:`.sizes`) and ``"loss"`` (the
 loss of the received model ``model-0`` on the local data, :mod:`.optimal`'s
 loss query on FedAvg's evaluate handler).
+
+On your own ClientApp (any framework), the same queries are one line each,
+torch-free: :func:`~flwr_importance.clientapps.sizes.add_size_query` and
+:func:`~flwr_importance.clientapps.optimal.add_loss_query` on your evaluate
+function (Power-of-Choice's whole client side). The ready-made handlers here
+train a :class:`~flwr_importance.clientapps.LocalTask` and load torch when
+built.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from flwr_importance import protocol
-from flwr_importance.clientapps.common import (
-    ClientHandler,
-    TaskFactory,
-    make_evaluate_handler,
-    make_train_handler,
-)
+from flwr_importance.clientapps.messages import ClientHandler
 from flwr_importance.clientapps.optimal import loss_query_handler
 from flwr_importance.clientapps.sizes import make_sizes_handler
 from flwr_importance.registry import MethodSpec, load_attribute
+
+if TYPE_CHECKING:
+    from flwr_importance.clientapps.common import TaskFactory
 
 
 def standard_handlers(
@@ -41,6 +47,11 @@ def standard_handlers(
     ValueError
         A query action that is not a standard one.
     """
+    from flwr_importance.clientapps.common import (
+        make_evaluate_handler,
+        make_train_handler,
+    )
+
     evaluate = make_evaluate_handler(task_factory)
     available = {
         protocol.SIZES_QUERY: lambda: make_sizes_handler(task_factory),
