@@ -1,24 +1,40 @@
-"""The ClientApp: Flower's quickstart-pytorch client, plus each strategy's lines.
+"""The ClientApp: Flower's quickstart-pytorch client, and each method's version of it.
 
-``train`` and ``evaluate`` are Flower's. The strategies of flwr-importance
-need a few lines more, each block marked with the strategies it serves; one
-app serves them all here (the run config's ``strategy`` says which runs), a
-project using one strategy keeps only that strategy's lines. docs/methods.md
-shows each strategy's lines as a diff against Flower's version ("Use it").
+``train`` and ``evaluate`` are Flower's. Each method of flwr-importance needs
+a few lines more on the client: its ``<method>_app()`` below is Flower's app
+with those lines (marked as the method's snippet region), and its train
+function, where the method changes training, is Flower's with the changed
+lines marked. A project using one method writes only that method's lines.
+
+One ``flwr run`` of this example may run several methods one after another
+(the run config's ``strategy``, comma-separated): the ``app`` Flower runs
+hands each message to the ClientApp of the method the server is running.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from logging import INFO
+
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.clientapp import ClientApp
+from flwr.common.logger import log
 from torch.utils.data import DataLoader, Subset
 
+from flwr_importance import protocol
 from flwr_importance.clientapps.fedsampling import (
+    add_private_size_query,
     fedsampling_gradient,
     fedsampling_reply,
     fedsampling_round,
-    private_size_reply,
 )
 from flwr_importance.clientapps.folb import (
     ProximalTerm,
@@ -32,198 +48,330 @@ from flwr_importance.clientapps.optimal import (
     add_loss_query,
     add_norm_query,
 )
-from flwr_importance.clientapps.sizes import size_reply
-from flwr_importance.protocol import MODEL_INDEX
-from quickstart_pytorch.task import Net, load_data
+from flwr_importance.clientapps.sizes import add_size_query
+from quickstart_pytorch.task import Net, load_data, unpack
 from quickstart_pytorch.task import test as test_fn
 from quickstart_pytorch.task import train as train_fn
+from quickstart_pytorch.task import train_isfedavg as train_isfedavg_fn
 
-app = ClientApp()
+#: The message the server sends every node before it starts a method, when
+#: the run has several (config ``method``); a message type of its own, so
+#: no method's handlers see it.
+METHOD_QUERY = "method"
+#: ``context.state`` record naming the method this node serves now.
+METHOD_STATE_KEY = "quickstart-method"
 
 
+# -- Flower's ClientApp (FedAvg) ------------------------------------------------
 def received_model(msg: Message) -> tuple[Net, torch.device]:
-    """The global model of the message, on this node's device."""
+    """Load the model and initialize it with the received weights."""
     model = Net()
     model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
     device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-    return model.to(device), device
+    model.to(device)
+    return model, device
 
 
 def node_data(context: Context, task: int = 0) -> tuple[DataLoader, DataLoader]:
-    """The node's train and test DataLoaders (of ``task``, for the multi-model run)."""
-    return load_data(
-        int(context.node_config["partition-id"]),
-        int(context.node_config["num-partitions"]),
-        int(context.run_config["batch-size"]),
-        task,
-    )
+    """Load this node's data (of ``task``, for MMFL's second model)."""
+    partition_id = int(context.node_config["partition-id"])
+    num_partitions = int(context.node_config["num-partitions"])
+    batch_size = int(context.run_config["batch-size"])
+    return load_data(partition_id, num_partitions, batch_size, task=task)
 
 
 def num_train_examples(context: Context) -> int:
     """The size of this node's training set."""
-    return len(node_data(context)[0].dataset)  # type: ignore[arg-type]
+    trainloader, _ = node_data(context)
+    return len(trainloader.dataset)  # type: ignore[arg-type]
 
 
-# ocs, aocs, mmfl: every node runs `train` once per round inside query.norm and
-# keeps the update; the mod sends it when the node is sampled, without training
-# again (plain train messages pass through).
-@app.train(mods=[KeptUpdateMod(train_loss_key="train_loss")])
-def train(msg: Message, context: Context) -> Message:
-    """Train the model on local data."""
-    strategy = str(context.run_config["strategy"])
-    if strategy == "isfedavg":
-        return train_isfedavg(msg, context)
-    if strategy == "folb":
-        return train_folb(msg, context)
-    if strategy == "fedsampling":
-        return train_fedsampling(msg, context)
-
-    model, device = received_model(msg)
-    config = msg.content.config_records["config"]
-    task = int(config.get(MODEL_INDEX, 0))  # type: ignore[arg-type]  # mmfl: which model
-    trainloader, _ = node_data(context, task)
-
-    train_loss = train_fn(
-        model,
-        trainloader,
-        int(context.run_config["local-epochs"]),
-        float(config["lr"]),  # type: ignore[arg-type]
-        device,
-    )
-
-    num_examples = len(trainloader.dataset)  # type: ignore[arg-type]
-    metrics = MetricRecord({"train_loss": train_loss, "num-examples": num_examples})
-    return trained_reply(msg, model, metrics)
+def lr_of(msg: Message) -> float:
+    """The learning rate the server sends (``train_config``)."""
+    return float(msg.content.config_records["config"]["lr"])  # type: ignore[arg-type]
 
 
 def trained_reply(
-    msg: Message, model: torch.nn.Module, metrics: MetricRecord
+    msg: Message, model: torch.nn.Module, metrics: Mapping[str, float]
 ) -> Message:
-    """The reply to a train message: the trained model and its metrics."""
-    content = RecordDict(
-        {"arrays": ArrayRecord(model.state_dict()), "metrics": metrics}
-    )
+    """Construct and return the reply Message: the trained model and its metrics."""
+    model_record = ArrayRecord(model.state_dict())
+    metric_record = MetricRecord({**metrics})
+    content = RecordDict({"arrays": model_record, "metrics": metric_record})
     return Message(content=content, reply_to=msg)
 
 
-# ocs, aocs, mmfl: answer query.norm by running `train` (above).
-add_norm_query(app, train, train_loss_key="train_loss")
-
-
-def train_isfedavg(msg: Message, context: Context) -> Message:
-    """ISFedAvg: batches drawn by importance, the eq. 8 weights on the loss.
-
-    The server decides this node's local steps and batch size: the sampler
-    yields exactly those batches, in place of the run config's epochs and
-    batch size.
-    """
+def train(msg: Message, context: Context) -> Message:
+    """Train the model on local data."""
     model, device = received_model(msg)
-    trainset = node_data(context)[0].dataset
-    sampler = ImportanceSampler.from_message(
-        msg,
-        context,
-        num_samples=len(trainset),  # type: ignore[arg-type]
+    trainloader, _ = node_data(context)
+    train_loss = train_fn(
+        model, trainloader, int(context.run_config["local-epochs"]), lr_of(msg), device
     )
-    trainloader = DataLoader(trainset, batch_sampler=sampler)
-    per_sample = torch.nn.CrossEntropyLoss(reduction="none")
-
-    def importance_weighted(
-        net: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor
-    ) -> torch.Tensor:
-        sampler.observe(net, images, labels, per_sample)
-        return sampler.weighted_loss(per_sample(net(images), labels))
-
-    lr = float(msg.content.config_records["config"]["lr"])  # type: ignore[arg-type]
-    train_fn(model, trainloader, 1, lr, device, batch_loss=importance_weighted)
-
-    num_examples = len(trainset)  # type: ignore[arg-type]
-    metrics = MetricRecord({**sampler.finish(context), "num-examples": num_examples})
+    metrics = {"train_loss": train_loss, "num-examples": len(trainloader.dataset)}  # type: ignore[arg-type]
     return trained_reply(msg, model, metrics)
 
 
-def train_folb(msg: Message, context: Context) -> Message:
-    """FOLB: FedProx's proximal term, the local gradient before, gamma after."""
-    model, device = received_model(msg)
-    trainloader, _ = node_data(context)
-    criterion = torch.nn.CrossEntropyLoss()
-    gradient = local_gradient(model, trainloader, criterion)  # g_k, before training
-    proximal = ProximalTerm(model, msg)  # (mu/2) ||w - w^t||^2, mu from the server
-
-    def with_proximal_term(
-        net: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor
-    ) -> torch.Tensor:
-        return criterion(net(images), labels) + proximal(net)
-
-    train_loss = train_fn(
-        model,
-        trainloader,
-        int(context.run_config["local-epochs"]),
-        float(msg.content.config_records["config"]["lr"]),  # type: ignore[arg-type]
-        device,
-        batch_loss=with_proximal_term,
-    )
-    gamma = inexactness(
-        model, trainloader, criterion, gradient=gradient, proximal=proximal
-    )
-    num_examples = len(trainloader.dataset)  # type: ignore[arg-type]
-    metrics = {"train_loss": train_loss, "num-examples": num_examples}
-    return folb_reply(msg, model, gradient=gradient, gamma=gamma, metrics=metrics)
-
-
-def train_fedsampling(msg: Message, context: Context) -> Message:
-    """FedSampling: the gradient sum over this round's kept samples, no count.
-
-    The server takes the step (its ``server_lr``), so the optimizer is not
-    used; the number of gradient steps is the server's (1 in the paper).
-    """
-    model, _ = received_model(msg)
-    trainset = node_data(context)[0].dataset
-    plan = fedsampling_round(msg, num_examples=len(trainset))  # type: ignore[arg-type]
-    trainloader = DataLoader(
-        Subset(trainset, plan.indices), batch_size=int(context.run_config["batch-size"])
-    )
-    criterion = torch.nn.CrossEntropyLoss()
-    gradient = fedsampling_gradient(model, trainloader, criterion, plan=plan)
-    return fedsampling_reply(msg, gradient)  # G_c alone: no num-examples
-
-
-# clustered, md: the true size; fedsampling: a randomized-response size.
-@app.query("sizes")
-def sizes(msg: Message, context: Context) -> Message:
-    """The node's training-set size, privatized for FedSampling."""
-    num_examples = num_train_examples(context)
-    if str(context.run_config["strategy"]) == "fedsampling":
-        return private_size_reply(msg, num_examples=num_examples)
-    return size_reply(msg, num_examples=num_examples)
-
-
-@app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Evaluate the model on local data."""
     model, device = received_model(msg)
     _, valloader = node_data(context)
-
     eval_loss, eval_acc = test_fn(model, valloader, device)
-
-    num_examples = len(valloader.dataset)  # type: ignore[arg-type]
-    metrics = MetricRecord(
-        {"eval_loss": eval_loss, "eval_acc": eval_acc, "num-examples": num_examples}
+    metric_record = MetricRecord(
+        {
+            "eval_loss": eval_loss,
+            "eval_acc": eval_acc,
+            "num-examples": len(valloader.dataset),  # type: ignore[arg-type]
+        }
     )
-    content = RecordDict({"metrics": metrics})
+    content = RecordDict({"metrics": metric_record})
     return Message(content=content, reply_to=msg)
 
 
-def local_loss(msg: Message, context: Context) -> Message:
-    """The received model's loss on this node's training data (no training)."""
+def fedavg_app() -> ClientApp:
+    """Flower's quickstart ClientApp: ``@app.train()`` and ``@app.evaluate()``."""
+    app = ClientApp()
+    app.train()(train)
+    app.evaluate()(evaluate)
+    return app
+
+
+# -- the methods that keep Flower's train function ------------------------------
+def md_app() -> ClientApp:
+    """MD sampling: Flower's app and the size query."""
+    app = fedavg_app()
+    # --8<-- [start:md-client]
+    add_size_query(app, num_examples=num_train_examples)
+    # --8<-- [end:md-client]
+    return app
+
+
+def clustered_app() -> ClientApp:
+    """Clustered sampling (both algorithms): Flower's app and the size query."""
+    app = fedavg_app()
+    # --8<-- [start:clustered-client]
+    add_size_query(app, num_examples=num_train_examples)
+    # --8<-- [end:clustered-client]
+    return app
+
+
+def poc_app() -> ClientApp:
+    """Power-of-Choice: the size query and the loss query on Flower's ``evaluate``."""
+    app = fedavg_app()
+    # --8<-- [start:poc-client]
+    add_size_query(app, num_examples=num_train_examples)
+    add_loss_query(app, evaluate, loss_key="eval_loss")
+    # --8<-- [end:poc-client]
+    return app
+
+
+def ocs_app() -> ClientApp:
+    """OCS: Flower's ``train`` behind the kept-update mod, and the norm query."""
+    app = ClientApp()
+    # --8<-- [start:ocs-client]
+    app.train(mods=[KeptUpdateMod(train_loss_key="train_loss")])(train)
+    add_norm_query(app, train, train_loss_key="train_loss")
+    # --8<-- [end:ocs-client]
+    app.evaluate()(evaluate)
+    return app
+
+
+def aocs_app() -> ClientApp:
+    """AOCS: the client of OCS (only the server's solver differs)."""
+    app = ClientApp()
+    # --8<-- [start:aocs-client]
+    app.train(mods=[KeptUpdateMod(train_loss_key="train_loss")])(train)
+    add_norm_query(app, train, train_loss_key="train_loss")
+    # --8<-- [end:aocs-client]
+    app.evaluate()(evaluate)
+    return app
+
+
+def train_mmfl(msg: Message, context: Context) -> Message:
+    """Flower's ``train`` on the data of the model the server sent (MMFL)."""
     model, device = received_model(msg)
-    task = int(msg.content.config_records["config"].get(MODEL_INDEX, 0))  # type: ignore[arg-type]
+    # --8<-- [start:mmfl-client]
+    task = int(msg.content.config_records["config"][protocol.MODEL_INDEX])  # type: ignore[arg-type]
     trainloader, _ = node_data(context, task)
-    loss, _ = test_fn(model, trainloader, device)
-    num_examples = len(trainloader.dataset)  # type: ignore[arg-type]
-    metrics = MetricRecord({"train_loss": loss, "num-examples": num_examples})
-    return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
+    # --8<-- [end:mmfl-client]
+    train_loss = train_fn(
+        model, trainloader, int(context.run_config["local-epochs"]), lr_of(msg), device
+    )
+    metrics = {"train_loss": train_loss, "num-examples": len(trainloader.dataset)}  # type: ignore[arg-type]
+    return trained_reply(msg, model, metrics)
 
 
-# Strategies that rank nodes by their local loss (mmfl's loss variant, poc):
-# answer query.loss with `local_loss` on each received model.
-add_loss_query(app, local_loss, loss_key="train_loss")
+def mmfl_app() -> ClientApp:
+    """MMFL: ``train_mmfl`` behind the kept-update mod, and the norm query.
+
+    No federated evaluation: the server evaluates each model centrally.
+    """
+    app = ClientApp()
+    # --8<-- [start:mmfl-client]
+    app.train(mods=[KeptUpdateMod(train_loss_key="train_loss")])(train_mmfl)
+    add_norm_query(app, train_mmfl, train_loss_key="train_loss")
+    # --8<-- [end:mmfl-client]
+    return app
+
+
+# -- the methods that change training --------------------------------------------
+def train_isfedavg(msg: Message, context: Context) -> Message:
+    """Flower's ``train`` on the batches ISFedAvg draws (``task.train_isfedavg``)."""
+    model, device = received_model(msg)
+    trainloader, _ = node_data(context)
+    # --8<-- [start:isfedavg-client]
+    trainset = trainloader.dataset
+    sampler = ImportanceSampler.from_message(msg, context, num_samples=len(trainset))  # type: ignore[arg-type]
+    trainloader = DataLoader(trainset, batch_sampler=sampler)
+    train_loss = train_isfedavg_fn(model, trainloader, sampler, lr_of(msg), device)
+    metrics = {
+        "train_loss": train_loss,
+        **sampler.finish(context),
+        "num-examples": len(trainset),  # type: ignore[arg-type]
+    }
+    # --8<-- [end:isfedavg-client]
+    return trained_reply(msg, model, metrics)
+
+
+def isfedavg_app() -> ClientApp:
+    """ISFedAvg: ``train_isfedavg`` in place of Flower's ``train``."""
+    app = ClientApp()
+    # --8<-- [start:isfedavg-client]
+    app.train()(train_isfedavg)
+    # --8<-- [end:isfedavg-client]
+    app.evaluate()(evaluate)
+    return app
+
+
+def train_folb(msg: Message, context: Context) -> Message:
+    """Flower's ``train`` with FOLB's gradient, proximal term and inexactness."""
+    model, device = received_model(msg)
+    trainloader, _ = node_data(context)
+    # --8<-- [start:folb-client]
+    criterion = torch.nn.CrossEntropyLoss()
+    gradient = local_gradient(model, trainloader, criterion, unpack=unpack)
+    proximal = ProximalTerm(model, msg)  # mu from the server
+    # --8<-- [end:folb-client]
+    train_loss = train_fn(
+        model,
+        trainloader,
+        int(context.run_config["local-epochs"]),
+        lr_of(msg),
+        device,
+        # --8<-- [start:folb-client]
+        proximal=proximal,
+        # --8<-- [end:folb-client]
+    )
+    metrics = {"train_loss": train_loss, "num-examples": len(trainloader.dataset)}  # type: ignore[arg-type]
+    # --8<-- [start:folb-client]
+    gamma = inexactness(
+        model,
+        trainloader,
+        criterion,
+        gradient=gradient,
+        proximal=proximal,
+        unpack=unpack,
+        node_id=context.node_id,
+    )
+    return folb_reply(msg, model, gradient=gradient, gamma=gamma, metrics=metrics)
+    # --8<-- [end:folb-client]
+
+
+def folb_app() -> ClientApp:
+    """FOLB: ``train_folb`` in place of Flower's ``train``."""
+    app = ClientApp()
+    # --8<-- [start:folb-client]
+    app.train()(train_folb)
+    # --8<-- [end:folb-client]
+    app.evaluate()(evaluate)
+    return app
+
+
+def train_fedsampling(msg: Message, context: Context) -> Message:
+    """FedSampling: the gradient over this round's kept samples; the server steps."""
+    model, _ = received_model(msg)
+    trainloader, _ = node_data(context)
+    log(INFO, "quickstart-pytorch train_fedsampling: gradient of the kept samples")
+    # --8<-- [start:fedsampling-client]
+    trainset = trainloader.dataset
+    plan = fedsampling_round(msg, num_examples=len(trainset))  # type: ignore[arg-type]
+    kept = DataLoader(Subset(trainset, plan.indices), batch_size=trainloader.batch_size)
+    criterion = torch.nn.CrossEntropyLoss()
+    gradient = fedsampling_gradient(model, kept, criterion, plan=plan, unpack=unpack)
+    return fedsampling_reply(msg, gradient)  # G_c alone: no num-examples
+    # --8<-- [end:fedsampling-client]
+
+
+def fedsampling_app() -> ClientApp:
+    """FedSampling: the private size query and ``train_fedsampling``.
+
+    No ``@app.evaluate()``: evaluation replies carry ``num-examples``, the size
+    this method keeps private; the server evaluates centrally.
+    """
+    app = ClientApp()
+    # --8<-- [start:fedsampling-client]
+    add_private_size_query(app, num_examples=num_train_examples)
+    app.train()(train_fedsampling)
+    # --8<-- [end:fedsampling-client]
+    return app
+
+
+#: Each method's ClientApp, by the name the run config's ``strategy`` uses.
+METHOD_APPS: dict[str, Callable[[], ClientApp]] = {
+    "fedavg": fedavg_app,
+    "md": md_app,
+    "clustered": clustered_app,
+    "clustered-size": clustered_app,
+    "poc": poc_app,
+    "ocs": ocs_app,
+    "aocs": aocs_app,
+    "mmfl": mmfl_app,
+    "isfedavg": isfedavg_app,
+    "folb": folb_app,
+    "fedsampling": fedsampling_app,
+}
+_APPS = {name: make_app() for name, make_app in METHOD_APPS.items()}
+
+
+# -- the app Flower runs: one method, or several one after another ---------------
+def current_method(context: Context) -> str:
+    """The method this node serves: the last one the server named, else the run's."""
+    record = context.state.config_records.get(METHOD_STATE_KEY)
+    if record is not None:
+        return str(record["method"])
+    method = str(context.run_config["strategy"])
+    if method not in _APPS:
+        raise ValueError(
+            f"strategy '{method}' names no method (known: {sorted(_APPS)}); a run "
+            f"of several methods names each with a {METHOD_QUERY} query first"
+        )
+    return method
+
+
+def to_current_method(msg: Message, context: Context) -> Message:
+    """Hand ``msg`` to the ClientApp of the method the server is running."""
+    return _APPS[current_method(context)](msg, context)
+
+
+def start_method(msg: Message, context: Context) -> Message:
+    """Serve the method the server names next, from a fresh node state.
+
+    The node state of the previous method (OCS's kept updates, ISFedAvg's
+    sample probabilities) is dropped, so each method starts as in a run of
+    its own.
+    """
+    method = str(msg.content.config_records["config"]["method"])
+    if method not in _APPS:
+        raise ValueError(f"unknown method '{method}' (known: {sorted(_APPS)})")
+    for key in list(context.state):
+        del context.state[key]
+    context.state[METHOD_STATE_KEY] = ConfigRecord({"method": method})
+    return Message(RecordDict(), reply_to=msg)
+
+
+app = ClientApp()
+app.train()(to_current_method)
+app.evaluate()(to_current_method)
+for action in (protocol.SIZES_QUERY, protocol.NORM_QUERY, protocol.LOSS_QUERY):
+    app.query(action)(to_current_method)
+app.query(METHOD_QUERY)(start_method)

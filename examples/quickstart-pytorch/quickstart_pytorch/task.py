@@ -3,27 +3,35 @@
 Flower's quickstart-pytorch trains this CNN on CIFAR-10 downloaded through
 ``flwr-datasets``. Nothing may download here, so the images are scikit-learn's
 bundled 8x8 digits, upsampled to 32x32 and repeated over 3 channels: the same
-shapes, the same DataLoaders, the same ``train()``.
+shapes, the same DataLoaders of ``{"img", "label"}`` batches, the same
+``train()`` and ``test()``.
+
+Two methods change the training loop itself: FOLB adds FedProx's proximal
+term to ``train``'s loss, ISFedAvg trains on importance-sampled batches with
+weighted losses (:func:`train_isfedavg`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import cache
+from logging import INFO
 
 import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812 (PyTorch's own convention)
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from flwr.common.logger import log
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+
+from flwr_importance.clientapps.folb import ProximalTerm
+from flwr_importance.clientapps.isfedavg import ImportanceSampler
 
 #: Each partition keeps this share of its images for local evaluation.
 TEST_FRACTION = 0.2
 #: Seed of the split of the images over the partitions (``+ task`` for task > 0).
 PARTITION_SEED = 42
-
-#: ``(net, images, labels) -> loss``: what ``train()`` minimizes on one batch.
-BatchLoss = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+#: Batch size of the server's central test set (Flower's).
+CENTRAL_BATCH_SIZE = 128
 
 
 class Net(nn.Module):
@@ -38,7 +46,7 @@ class Net(nn.Module):
         self.fc2 = nn.Linear(120, 84)
         self.fc3 = nn.Linear(84, 10)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         """Class scores of a batch of 3x32x32 images."""
         x = self.pool(F.relu(self.conv1(x)))
         x = self.pool(F.relu(self.conv2(x)))
@@ -48,8 +56,29 @@ class Net(nn.Module):
         return self.fc3(x)
 
 
+class DigitImages(Dataset[dict[str, Tensor]]):
+    """Images and labels as Flower's datasets give them: ``{"img", "label"}``."""
+
+    def __init__(self, images: Tensor, labels: Tensor) -> None:
+        self.images = images
+        self.labels = labels
+
+    def __len__(self) -> int:
+        """The number of images."""
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> dict[str, Tensor]:
+        """One image and its label."""
+        return {"img": self.images[index], "label": self.labels[index]}
+
+
+def unpack(batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """A batch as ``(images, labels)``: the ``unpack=`` of the library helpers."""
+    return batch["img"], batch["label"]
+
+
 @cache
-def _images() -> tuple[torch.Tensor, torch.Tensor]:
+def _images() -> tuple[Tensor, Tensor]:
     """All 1,797 digits as 3x32x32 images in [-1, 1], and their labels."""
     from sklearn.datasets import load_digits  # only the data loader needs sklearn
 
@@ -61,31 +90,32 @@ def _images() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def load_data(
-    partition_id: int, num_partitions: int, batch_size: int, task: int = 0
+    partition_id: int, num_partitions: int, batch_size: int, *, task: int = 0
 ) -> tuple[DataLoader, DataLoader]:
-    """The partition's train and test DataLoaders (an IID split of the digits).
+    """Load the partition's data: train and test DataLoaders (an IID split).
 
-    ``task`` picks another split of the same images: the multi-model strategy
-    trains one model per task.
+    ``task`` picks another split of the same images: the multi-model method
+    (MMFL) trains one model per task.
     """
     images, labels = _images()
     order = np.random.default_rng(PARTITION_SEED + task).permutation(len(labels))
     mine = torch.from_numpy(np.array_split(order, num_partitions)[partition_id])
     num_test = int(len(mine) * TEST_FRACTION)
-    test, train = mine[:num_test], mine[num_test:]
+    test_part, train_part = mine[:num_test], mine[num_test:]
     trainloader = DataLoader(
-        TensorDataset(images[train], labels[train]), batch_size=batch_size, shuffle=True
+        DigitImages(images[train_part], labels[train_part]),
+        batch_size=batch_size,
+        shuffle=True,
     )
     testloader = DataLoader(
-        TensorDataset(images[test], labels[test]), batch_size=batch_size
+        DigitImages(images[test_part], labels[test_part]), batch_size=batch_size
     )
     return trainloader, testloader
 
 
 def load_centralized_dataset() -> DataLoader:
-    """Every image, for the server's evaluation of the global model."""
-    images, labels = _images()
-    return DataLoader(TensorDataset(images, labels), batch_size=128)
+    """Load the server's test set: every image."""
+    return DataLoader(DigitImages(*_images()), batch_size=CENTRAL_BATCH_SIZE)
 
 
 def train(
@@ -94,35 +124,76 @@ def train(
     epochs: int,
     lr: float,
     device: torch.device,
-    batch_loss: BatchLoss | None = None,
+    # --8<-- [start:folb-client]
+    proximal: ProximalTerm | None = None,
+    # --8<-- [end:folb-client]
 ) -> float:
     """Train the model on the training set; the mean training loss.
 
-    ``batch_loss`` replaces the plain cross-entropy of a batch, for a method
-    that changes the loss (a proximal term, importance weights) but not the
-    loop.
+    FOLB's local solve is FedProx's: ``proximal`` adds ``(mu/2) ||w - w^t||^2``
+    to the loss.
     """
+    log(INFO, "quickstart-pytorch train: %d batches", epochs * len(trainloader))
     net.to(device)  # move model to GPU if available
     criterion = torch.nn.CrossEntropyLoss().to(device)
-
-    def cross_entropy(
-        net: nn.Module, images: torch.Tensor, labels: torch.Tensor
-    ) -> torch.Tensor:
-        return criterion(net(images), labels)
-
-    loss_of = batch_loss if batch_loss is not None else cross_entropy
     optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
     net.train()
     running_loss = 0.0
     for _ in range(epochs):
-        for images, labels in trainloader:
-            images, labels = images.to(device), labels.to(device)
+        for batch in trainloader:
+            images = batch["img"].to(device)
+            labels = batch["label"].to(device)
             optimizer.zero_grad()
-            loss = loss_of(net, images, labels)
+            loss = criterion(net(images), labels)
+            # --8<-- [start:folb-client]
+            if proximal is not None:
+                loss = loss + proximal(net)
+            # --8<-- [end:folb-client]
             loss.backward()
             optimizer.step()
             running_loss += loss.item()
     return running_loss / (epochs * len(trainloader))
+
+
+# --8<-- [start:isfedavg-client]
+def train_isfedavg(
+    net: nn.Module,
+    trainloader: DataLoader,
+    sampler: ImportanceSampler,
+    lr: float,
+    device: torch.device,
+) -> float:
+    """``train`` on the batches ``sampler`` draws, each loss weighted by eq. 8.
+
+    ``trainloader`` iterates ``batch_sampler=sampler``: its ``E_k`` batches
+    of ``B_k`` samples, both the server's, replace the epochs and the batch size.
+    """
+    # --8<-- [end:isfedavg-client]
+    log(INFO, "quickstart-pytorch train_isfedavg: %d batches", len(trainloader))
+    net.to(device)
+    # --8<-- [start:isfedavg-client]
+    criterion = torch.nn.CrossEntropyLoss(reduction="none").to(device)
+    # --8<-- [end:isfedavg-client]
+    optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
+    net.train()
+    running_loss = 0.0
+    # --8<-- [start:isfedavg-client]
+    for batch in trainloader:
+        # --8<-- [end:isfedavg-client]
+        images = batch["img"].to(device)
+        labels = batch["label"].to(device)
+        # --8<-- [start:isfedavg-client]
+        sampler.observe(net, images, labels, criterion)  # before the step
+        optimizer.zero_grad()
+        sample_losses = criterion(net(images), labels)
+        loss = sampler.weighted_loss(sample_losses)
+        # --8<-- [end:isfedavg-client]
+        loss.backward()
+        optimizer.step()
+        # --8<-- [start:isfedavg-client]
+        running_loss += sample_losses.mean().item()
+    return running_loss / len(trainloader)
+    # --8<-- [end:isfedavg-client]
 
 
 def test(
@@ -134,8 +205,9 @@ def test(
     correct, loss = 0, 0.0
     net.eval()
     with torch.no_grad():
-        for images, labels in testloader:
-            images, labels = images.to(device), labels.to(device)
+        for batch in testloader:
+            images = batch["img"].to(device)
+            labels = batch["label"].to(device)
             outputs = net(images)
             loss += criterion(outputs, labels).item()
             correct += (outputs.argmax(1) == labels).sum().item()
