@@ -1,0 +1,256 @@
+"""``protocol.py``'s docstring documents every key the code puts on the wire.
+
+The keys the strategies, the client helpers and the legacy transport use are
+found by reading their source (``protocol.NAME`` and ``from
+flwr_importance.protocol import NAME``); a key counts as documented in a text
+when one of its double-backquoted literals names it (``update-norm-<s>``
+names ``update-norm``, ``query.norm`` names ``norm``). Each registry method's
+section must name the keys of its strategy's modules and of its client
+handlers; every constant must be documented and used. The module's doctests
+run in ``tests/test_doctests.py``.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+from pathlib import Path
+
+import pytest
+
+import flwr_importance
+from flwr_importance import protocol, registry
+
+PACKAGE_DIR = Path(flwr_importance.__file__).parent
+#: The packages whose modules put keys on the wire.
+SCANNED_PACKAGES = ("strategies", "clientapps", "compat")
+#: The strategy plumbing every method shares: its keys belong to the
+#: conventions section, not to a method's.
+SHARED_STRATEGY_MODULES = ("base", "messages", "replies")
+CONVENTIONS_HEADING = "Conventions shared by every method"
+LEGACY_HEADING = "Legacy API"
+
+#: Constants of keys the code still spells as string literals (the record
+#: names, ``num-steps``, the legacy transport's keys): each counts as used
+#: while its literal is in the scanned code, until the modules spelling it
+#: read it as ``protocol.NAME``.
+AWAITING_ADOPTION = frozenset(
+    {
+        "ARRAY_RECORD",
+        "CONFIG_RECORD",
+        "METRIC_RECORD",
+        "NUM_STEPS",
+        "COMPAT_MESSAGE_TYPE",
+        "COMPAT_ARRAY_LAYOUT",
+    }
+)
+
+#: What may follow a key in a literal that names it: a model index, the
+#: placeholder of one, or an action after ``query``; then ``= value``.
+_KEY_SUFFIX = r"(-<s>|-0|<s>|0|\.<action>)?( = .+)?"
+
+
+def protocol_constants() -> dict[str, str]:
+    """The public string constants of ``protocol.py``, by name."""
+    return {
+        name: value
+        for name, value in vars(protocol).items()
+        if name.isupper() and isinstance(value, str)
+    }
+
+
+@functools.cache
+def module_tree(path: Path) -> ast.Module:
+    """The parsed source of ``path``."""
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def scanned_modules() -> list[Path]:
+    """Every module of the scanned packages, found on disk."""
+    return sorted(
+        path
+        for package in SCANNED_PACKAGES
+        for path in (PACKAGE_DIR / package).glob("*.py")
+    )
+
+
+def referenced_constants(tree: ast.AST) -> set[str]:
+    """The protocol constants a module reads: ``protocol.NAME`` or imported."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "protocol"
+        ):
+            names.add(node.attr)
+        elif isinstance(node, ast.ImportFrom) and node.module == protocol.__name__:
+            names.update(alias.name for alias in node.names)
+    return {name for name in names if name.isupper()}
+
+
+def string_literals(tree: ast.AST) -> set[str]:
+    """Every string constant in a module's source."""
+    return {
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    }
+
+
+def module_path(dotted: str) -> Path:
+    """The source file of the package module ``dotted``, without importing it."""
+    return PACKAGE_DIR.parent.joinpath(*dotted.split(".")).with_suffix(".py")
+
+
+def sections(docstring: str) -> dict[str, str]:
+    """The docstring's sections (heading, dash underline, text) by heading."""
+    lines = docstring.splitlines()
+    starts = [
+        index
+        for index in range(len(lines) - 1)
+        if lines[index].strip()
+        and re.fullmatch(r"-+", lines[index + 1].strip())
+        and len(lines[index + 1].strip()) == len(lines[index].strip())
+    ]
+    return {
+        lines[start].strip(): "\n".join(lines[start + 2 : end])
+        for start, end in zip(starts, [*starts[1:], len(lines)], strict=True)
+    }
+
+
+def names_key(text: str, value: str) -> bool:
+    """Whether a double-backquoted literal of ``text`` names the key ``value``."""
+    pattern = rf"(query\.)?{re.escape(value)}{_KEY_SUFFIX}"
+    return any(
+        re.fullmatch(pattern, " ".join(literal.split()))
+        for literal in re.findall(r"``(.+?)``", text, flags=re.DOTALL)
+    )
+
+
+def undocumented(text: str, names: set[str]) -> list[str]:
+    """Those of the constants ``names`` whose value ``text`` does not name."""
+    constants = protocol_constants()
+    return sorted(name for name in names if not names_key(text, constants[name]))
+
+
+def section_of(heading_part: str) -> str:
+    """The one section whose heading holds ``heading_part``."""
+    matches = [
+        text
+        for heading, text in sections(protocol.__doc__ or "").items()
+        if heading_part in heading
+    ]
+    assert len(matches) == 1, f"{len(matches)} sections headed with {heading_part!r}"
+    return matches[0]
+
+
+def method_modules(spec: registry.MethodSpec) -> list[Path]:
+    """The modules that speak a method's wire contract.
+
+    Its strategy's own modules (the classes of its MRO in
+    ``flwr_importance.strategies``, but the shared plumbing) and its client
+    handlers' module, if it declares one (a method with standard
+    ``client_queries`` only has those: :func:`test_each_method_section_names_its_keys`
+    checks them by action).
+    """
+    shared = {f"flwr_importance.strategies.{name}" for name in SHARED_STRATEGY_MODULES}
+    modules = {
+        cls.__module__
+        for cls in spec.strategy.__mro__
+        if cls.__module__.startswith("flwr_importance.strategies.")
+        and cls.__module__ not in shared
+    }
+    if spec.client_handlers:
+        modules.add(spec.client_handlers.partition(":")[0])
+    return [module_path(name) for name in sorted(modules)]
+
+
+def test_every_key_the_code_uses_is_a_documented_constant() -> None:
+    constants = protocol_constants()
+    for path in scanned_modules():
+        used = referenced_constants(module_tree(path))
+        unknown = sorted(used - constants.keys())
+        assert not unknown, f"{path.name} reads protocol.{unknown}, which do not exist"
+        missing = undocumented(protocol.__doc__ or "", used)
+        assert not missing, (
+            f"{path.name} uses {missing}, not named in protocol.py's docstring"
+        )
+
+
+def test_every_constant_is_documented() -> None:
+    missing = undocumented(protocol.__doc__ or "", set(protocol_constants()))
+    assert not missing, f"constants not named in protocol.py's docstring: {missing}"
+
+
+@pytest.mark.parametrize("name", [spec.name for spec in registry.methods()])
+def test_each_method_section_names_its_keys(name: str) -> None:
+    section = section_of(f"``{name}``")
+    for path in method_modules(registry.method(name)):
+        missing = undocumented(section, referenced_constants(module_tree(path)))
+        assert not missing, (
+            f"the {name} section of protocol.py does not name {missing}, "
+            f"used in {path.relative_to(PACKAGE_DIR.parent)}"
+        )
+    for action in registry.method(name).client_queries:
+        assert names_key(section, protocol.query_message_type(action)), action
+
+
+def test_shared_and_legacy_keys_are_in_their_sections() -> None:
+    shared = set().union(
+        *(
+            referenced_constants(module_tree(PACKAGE_DIR / "strategies" / f"{name}.py"))
+            for name in SHARED_STRATEGY_MODULES
+        )
+    )
+    assert not undocumented(section_of(CONVENTIONS_HEADING), shared)
+    legacy = set().union(
+        *(referenced_constants(module_tree(path)) for path in scanned_modules())
+    )
+    legacy = {name for name in legacy if name.startswith("COMPAT_")}
+    legacy |= {name for name in AWAITING_ADOPTION if name.startswith("COMPAT_")}
+    assert not undocumented(section_of(LEGACY_HEADING), legacy)
+
+
+def test_every_constant_is_used() -> None:
+    trees = [module_tree(path) for path in scanned_modules()]
+    referenced = set().union(*(referenced_constants(tree) for tree in trees))
+    # The protocol's own functions build names from constants
+    # (query_message_type from QUERY_CATEGORY).
+    referenced |= {
+        node.id
+        for function in module_tree(module_path(protocol.__name__)).body
+        if isinstance(function, ast.FunctionDef)
+        for node in ast.walk(function)
+        if isinstance(node, ast.Name) and node.id.isupper()
+    }
+    spelled = set().union(*(string_literals(tree) for tree in trees))
+    constants = protocol_constants()
+    assert constants.keys() >= AWAITING_ADOPTION
+    unused = sorted(
+        name
+        for name, value in constants.items()
+        if name not in referenced
+        and not (name in AWAITING_ADOPTION and value in spelled)
+    )
+    assert not unused, (
+        f"protocol constants nothing in {SCANNED_PACKAGES} uses: {unused}"
+    )
+
+
+def test_the_checks_catch_an_undocumented_key() -> None:
+    tree = ast.parse(
+        "from flwr_importance.protocol import SIZES_QUERY\n"
+        "config[protocol.BRAND_NEW_KEY] = protocol.query_message_type('x')\n"
+    )
+    assert referenced_constants(tree) == {"SIZES_QUERY", "BRAND_NEW_KEY"}
+    assert not names_key(protocol.__doc__ or "", "brand-new-key")
+    assert names_key("reply ``update-norm-<s>``", protocol.UPDATE_NORM)
+    assert names_key("``query.norm``", protocol.NORM_QUERY)
+    assert names_key("``kept-update = true``", protocol.KEPT_UPDATE)
+    # A longer key is not its prefix: ``update-norm`` does not name ``update``.
+    assert not names_key("reply ``update-norm-<s>``", protocol.UPDATE_RECORD)
+    assert undocumented("only ``num-examples``", {"NUM_EXAMPLES", "TRAIN_LOSS"}) == [
+        "TRAIN_LOSS"
+    ]
