@@ -1,0 +1,1 @@
+"""sklearnexample: Flower's quickstart-sklearn with flwr-importance's strategies."""

@@ -1,0 +1,178 @@
+"""sklearnexample: Flower's quickstart-sklearn ServerApp, the strategy chosen by name.
+
+Each library method replaces Flower's ``FedAvg`` in one line of
+:func:`make_strategy` (marked ``<method>-server``); the multi-model method
+(``mmfl``) also starts from two models and evaluates both. The run config's
+``strategy`` may name several methods, separated by commas: they run one
+after another on the same nodes, each from the same initial model, and with
+``output-dir`` set each writes ``<output-dir>/<method>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from flwr.app import ArrayRecord, Context, MetricRecord
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg, Result, Strategy
+from sklearn.metrics import log_loss
+
+from flwr_importance.strategies import (
+    ClusteredSampling,
+    MDSampling,
+    MultiModelSampling,
+    OptimalClientSampling,
+    PowerOfChoice,
+    pack_models,
+    unpack_models,
+)
+from sklearnexample.task import (
+    NUM_TASKS,
+    UNIQUE_LABELS,
+    get_model,
+    get_model_params,
+    load_centralized_data,
+    set_initial_params,
+    set_model_params,
+)
+
+# Flower ServerApp
+app = ServerApp()
+
+#: ``(server_round, arrays) -> metrics``: the central evaluation of a run.
+EvaluateFn = Callable[[int, ArrayRecord], MetricRecord]
+
+
+def make_strategy(method: str, context: Context) -> Strategy:
+    """Flower's ``FedAvg`` or the library method that replaces it.
+
+    The library methods sample as many nodes per round as ``FedAvg`` trains.
+    """
+    fraction_train = float(context.run_config["fraction-train"])
+    clients_per_round = round(
+        fraction_train * int(context.run_config["num-supernodes"])
+    )
+    strategy: Strategy
+    match method:
+        case "fedavg":
+            strategy = FedAvg(fraction_train=fraction_train)
+        case "md":
+            # --8<-- [start:md-server]
+            strategy = MDSampling(clients_per_round=clients_per_round)
+            # --8<-- [end:md-server]
+        case "clustered":
+            # Algorithm 2: clusters of similar model updates.
+            # --8<-- [start:clustered-server]
+            strategy = ClusteredSampling(clients_per_round=clients_per_round)
+            # --8<-- [end:clustered-server]
+        case "clustered-size":
+            # Algorithm 1: clusters of the nodes' sample counts.
+            # --8<-- [start:clustered-server]
+            strategy = ClusteredSampling(
+                clients_per_round=clients_per_round, method="size"
+            )
+            # --8<-- [end:clustered-server]
+        case "ocs":
+            # --8<-- [start:ocs-server]
+            strategy = OptimalClientSampling(clients_per_round=clients_per_round)
+            # --8<-- [end:ocs-server]
+        case "aocs":
+            # --8<-- [start:aocs-server]
+            strategy = OptimalClientSampling(
+                clients_per_round=clients_per_round, approximate=True
+            )
+            # --8<-- [end:aocs-server]
+        case "poc":
+            # --8<-- [start:poc-server]
+            strategy = PowerOfChoice(clients_per_round=clients_per_round)
+            # --8<-- [end:poc-server]
+        case "mmfl":
+            # --8<-- [start:mmfl-server]
+            strategy = MultiModelSampling(
+                num_models=NUM_TASKS, clients_per_round=clients_per_round
+            )
+            # --8<-- [end:mmfl-server]
+        case _:
+            raise ValueError(f"unknown strategy '{method}'")
+    return strategy
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Run each method of the run config, with central evaluation every round."""
+    # Read run config
+    num_rounds = int(context.run_config["num-server-rounds"])
+    local_epochs = int(context.run_config["local-epochs"])
+
+    for method in str(context.run_config["strategy"]).split(","):
+        # Create LogisticRegression Model and initial parameters
+        model = get_model(local_epochs)
+        set_initial_params(model)
+        arrays = ArrayRecord(get_model_params(model))
+        evaluate_fn: EvaluateFn = global_evaluate
+        if method == "mmfl":
+            # --8<-- [start:mmfl-server]
+            arrays = pack_models([arrays] * NUM_TASKS)
+            evaluate_fn = evaluate_every_model
+            # --8<-- [end:mmfl-server]
+
+        # Start strategy, run for `num_rounds`
+        result = make_strategy(method, context).start(
+            grid=grid,
+            initial_arrays=arrays,
+            num_rounds=num_rounds,
+            evaluate_fn=evaluate_fn,
+        )
+        output_dir = str(context.run_config["output-dir"])
+        if output_dir:
+            write_history(Path(output_dir) / f"{method}.json", result)
+
+
+def central_metrics(arrays: ArrayRecord, task: int) -> tuple[float, float]:
+    """Accuracy and log-loss of the model on the central test set of ``task``."""
+    model = set_model_params(get_model(1), arrays.to_numpy_ndarrays())
+    X_test, y_test = load_centralized_data(task)  # noqa: N806 (scikit-learn's)
+    loss = log_loss(y_test, model.predict_proba(X_test), labels=UNIQUE_LABELS)
+    return float(model.score(X_test, y_test)), float(loss)
+
+
+def global_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+    """Evaluate the global model on the central test set."""
+    accuracy, loss = central_metrics(arrays, task=0)
+    return MetricRecord({"accuracy": accuracy, "loss": loss})
+
+
+def evaluate_every_model(server_round: int, packed: ArrayRecord) -> MetricRecord:
+    """Each model of the multi-model run on its task, and their mean."""
+    accuracies, losses = zip(
+        *(
+            central_metrics(arrays, task)
+            for task, arrays in enumerate(unpack_models(packed))
+        ),
+        strict=True,
+    )
+    return MetricRecord(
+        {
+            "accuracy": sum(accuracies) / len(accuracies),
+            "loss": sum(losses) / len(losses),
+            "accuracy-per-model": list(accuracies),
+        }
+    )
+
+
+def write_history(path: Path, result: Result) -> None:
+    """The run's central evaluation and the nodes' train metrics, by round."""
+    history = {
+        "central-evaluation": {
+            str(server_round): dict(metrics)
+            for server_round, metrics in result.evaluate_metrics_serverapp.items()
+        },
+        "train": {
+            str(server_round): dict(metrics)
+            for server_round, metrics in result.train_metrics_clientapp.items()
+        },
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(history, indent=1))
