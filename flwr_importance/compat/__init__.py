@@ -5,9 +5,12 @@ For projects built on ``ServerApp(server_fn=...)`` returning
 subclasses ``flwr.server.strategy.FedAvg`` and runs the Message-API strategy of
 the same name (:mod:`flwr_importance.strategies`), so both APIs share every
 line of sampling and aggregation; :mod:`.transport` carries the extra round
-trips over ``ClientProxy.get_properties``/``ClientProxy.fit`` and
-:func:`handler_client_fn` serves them on the client with the Message-API
-handlers of :mod:`flwr_importance.clientapps`.
+trips over ``ClientProxy.get_properties``/``ClientProxy.fit``. On the client,
+:func:`importance_client_fn` wraps your own ``client_fn`` so that your
+``NumPyClient`` answers them (MD, clustered sampling, OCS, AOCS,
+Power-of-Choice: :mod:`.numpy_client`), and :func:`handler_client_fn` serves
+every method with the ready-made Message-API handlers of
+:mod:`flwr_importance.clientapps`.
 
 Each class takes Flower's legacy ``FedAvg`` arguments that can apply to its
 method, as ``FedAvg`` does (:class:`LegacyOptions` lists them and what each
@@ -32,14 +35,17 @@ class here (``compat.MDSampling``, ``compat.ClusteredSampling`` ...) gets one
 generated on first use, under its Message-API class name: :func:`legacy_class`
 wraps any registry strategy, the legacy transport carrying its queries.
 
-The server side imports no ML framework; the client side (:mod:`.clients`,
-torch) loads only when :class:`HandlerClient` or :func:`handler_client_fn` is
-first used, so a TensorFlow, JAX or scikit-learn project can run these
-strategies without torch.
+The server side imports no ML framework, and neither does
+:func:`importance_client_fn` (your client brings its own); the ready-made
+client side (:mod:`.clients`, torch) loads only when :class:`HandlerClient` or
+:func:`handler_client_fn` is first used, so a TensorFlow, JAX or scikit-learn
+project can run these strategies without torch. Both client modules load on
+first use, keeping a ServerApp's import light.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from flwr_importance.compat.adapter import (
@@ -55,21 +61,29 @@ from flwr_importance.registry import methods
 
 if TYPE_CHECKING:
     from flwr_importance.compat.clients import HandlerClient, handler_client_fn
+    from flwr_importance.compat.numpy_client import (
+        ImportanceClient,
+        importance_client_fn,
+    )
 
-#: Client-side names, imported on first use (they need torch).
-_CLIENT_SIDE = frozenset({"HandlerClient", "handler_client_fn"})
+#: Client-side names by module, imported on first use (``clients`` needs torch).
+_CLIENT_SIDE = {
+    "HandlerClient": "clients",
+    "handler_client_fn": "clients",
+    "ImportanceClient": "numpy_client",
+    "importance_client_fn": "numpy_client",
+}
 
 
 def __getattr__(name: str) -> Any:
     """Load the client-side names and generated legacy classes on first use.
 
-    PEP 562: a name not defined here is a client-side name (loaded with
-    torch) or a registry method's strategy class name (its legacy class).
+    PEP 562: a name not defined here is a client-side name (loaded with its
+    module) or a registry method's strategy class name (its legacy class).
     """
     if name in _CLIENT_SIDE:
-        from flwr_importance.compat import clients
-
-        return getattr(clients, name)
+        module = importlib.import_module(f"{__name__}.{_CLIENT_SIDE[name]}")
+        return getattr(module, name)
     for spec in methods():
         if spec.strategy.__name__ == name and spec.legacy_api:
             return legacy_class(spec.name)
@@ -81,10 +95,12 @@ __all__ = [
     "FedSampling",
     "HandlerClient",
     "ISFedAvg",
+    "ImportanceClient",
     "LegacyOptions",
     "LegacyStrategyAdapter",
     "OptimalClientSampling",
     "handler_client_fn",
+    "importance_client_fn",
     "legacy_class",
     # The generated classes (see __getattr__).
     *(

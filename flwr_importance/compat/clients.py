@@ -20,31 +20,25 @@ Message-API ClientApp.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 
-from flwr.app import ConfigRecord, Context, Message, Metadata
+from flwr.app import Context, Message
 from flwr.client import Client, NumPyClient
-from flwr.common import NDArrays, Scalar
-from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.common import NDArrays
 
 from flwr_importance import protocol
 from flwr_importance.clientapps.common import ClientHandler, TaskFactory
 from flwr_importance.compat.transport import (
-    ARRAY_LAYOUT_KEY,
     MESSAGE_TYPE_KEY,
     ScalarDict,
-    legacy_scalars,
-    pack_arrays,
-    unpack_arrays,
+    fit_reply,
+    message_from_call,
+    reply_scalars,
 )
 from flwr_importance.tasks import get_weights
 
 #: ``task_factory -> {message type: handler}``, e.g. ``make_isfedavg_handlers``.
 HandlersFactory = Callable[[TaskFactory], Mapping[str, ClientHandler]]
-
-#: How long a rebuilt message lives; it is handled at once, in this process.
-_MESSAGE_TTL = 3600.0
 
 
 class HandlerClient(NumPyClient):
@@ -81,23 +75,19 @@ class HandlerClient(NumPyClient):
 
     def get_properties(self, config: ScalarDict) -> ScalarDict:
         """A query without arrays: its reply's metrics."""
-        return self._metrics(self._handle([], config, "query"))
+        return reply_scalars(self._handle([], config, "query"))
 
     def fit(
         self, parameters: NDArrays, config: ScalarDict
     ) -> tuple[NDArrays, int, ScalarDict]:
         """A train message or a query with arrays: its reply's arrays and metrics."""
-        reply = self._handle(parameters, config, "train")
-        arrays, layout = pack_arrays(reply.content.array_records)
-        metrics = self._metrics(reply)
-        metrics[ARRAY_LAYOUT_KEY] = layout
-        return arrays, int(metrics.get(protocol.NUM_EXAMPLES, 0)), metrics
+        return fit_reply(self._handle(parameters, config, "train"))
 
     def evaluate(
         self, parameters: NDArrays, config: ScalarDict
     ) -> tuple[float, int, ScalarDict]:
         """The ``evaluate`` handler: loss, ``num-examples`` and its metrics."""
-        metrics = self._metrics(self._handle(parameters, config, "evaluate"))
+        metrics = reply_scalars(self._handle(parameters, config, "evaluate"))
         return (
             float(metrics["loss"]),
             int(metrics.get(protocol.NUM_EXAMPLES, 0)),
@@ -108,47 +98,19 @@ class HandlerClient(NumPyClient):
         self, parameters: NDArrays, config: ScalarDict, default_type: str
     ) -> Message:
         """Rebuild the message from the legacy call and run its handler."""
-        settings = ConfigRecord()
-        for key, value in config.items():
-            settings[key] = value
-        message_type = str(settings.pop(MESSAGE_TYPE_KEY, default_type))
-        layout = settings.pop(ARRAY_LAYOUT_KEY, None)
+        message_type = str(config.get(MESSAGE_TYPE_KEY, default_type))
         handler = self.handlers.get(message_type)
         if handler is None:
             raise ValueError(f"no handler for message type '{message_type}'")
         model_keys = list(self.task_factory(self.node_context).model.state_dict())
-        content = unpack_arrays(
-            parameters, None if layout is None else str(layout), model_keys
-        )
-        content["config"] = settings
-        # Built from its metadata: outside a ClientApp process (in a test, or a
-        # simulation worker) Flower's task identity for new messages is unset.
-        message = Message(  # type: ignore[call-overload]
-            content, metadata=self._metadata(message_type)
+        message = message_from_call(
+            parameters,
+            config,
+            message_type=message_type,
+            context=self.node_context,
+            keys=model_keys,
         )
         return handler(message, self.node_context)
-
-    def _metadata(self, message_type: str) -> Metadata:
-        """Metadata of a message from the server to this node."""
-        return Metadata(
-            run_id=self.node_context.run_id,
-            message_id="",
-            src_node_id=SUPERLINK_NODE_ID,
-            dst_node_id=self.node_context.node_id,
-            reply_to_message_id="",
-            group_id="",
-            created_at=time.time(),
-            ttl=_MESSAGE_TTL,
-            message_type=message_type,
-        )
-
-    @staticmethod
-    def _metrics(reply: Message) -> dict[str, Scalar]:
-        """The reply's metrics as legacy scalars (all of its MetricRecords)."""
-        metrics: dict[str, Scalar] = {}
-        for record in reply.content.metric_records.values():
-            metrics.update(legacy_scalars(record, "metric"))
-        return metrics
 
 
 def handler_client_fn(

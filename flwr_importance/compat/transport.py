@@ -19,13 +19,16 @@ without loss:
 Both ends of the mapping live here: :class:`ProxyGrid`, a Message-API ``Grid``
 over the legacy ``ClientProxy`` objects (what lets a Message-API strategy send
 its extra queries from inside ``configure_fit``), the conversions of
-instructions and replies, and their inverses used by the ``NumPyClient`` side
-(:mod:`flwr_importance.compat.clients`).
+instructions and replies, and their inverses used by the client side
+(:func:`message_from_call`, :func:`reply_scalars`, :func:`fit_reply`: the
+handler clients of :mod:`flwr_importance.compat.clients` and the user-client
+wrapper of :mod:`flwr_importance.compat.numpy_client`).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from logging import WARNING
@@ -35,8 +38,10 @@ from flwr.app import (
     Array,
     ArrayRecord,
     ConfigRecord,
+    Context,
     Error,
     Message,
+    Metadata,
     MetricRecord,
     RecordDict,
 )
@@ -50,13 +55,14 @@ from flwr.common import (
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
-from flwr.common.constant import ErrorCode
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.supercore.run import Run
 from numpy.typing import NDArray
 
+from flwr_importance import protocol
 from flwr_importance.local_grid import SynchronousGrid
 
 #: Config key carrying the Message-API message type (``train``, ``query.norm``).
@@ -68,6 +74,10 @@ DEFAULT_RECORD = "arrays"
 
 #: What the legacy API accepts as a config value or a metric.
 ScalarDict = dict[str, Scalar]
+
+#: How long a message rebuilt on the client lives; it is handled at once, in
+#: the process that received the legacy call.
+_REBUILT_MESSAGE_TTL = 3600.0
 
 
 # -- arrays ------------------------------------------------------------------
@@ -320,3 +330,78 @@ class ProxyGrid(SynchronousGrid):
         if metric_record is not None:
             content["metrics"] = metric_record
         return Message(content, reply_to=message)
+
+
+# -- client side: legacy calls in, handler replies out ------------------------
+def message_from_call(
+    parameters: Sequence[NDArray[np.generic]],
+    config: Mapping[str, Scalar],
+    *,
+    message_type: str,
+    context: Context,
+    keys: Sequence[str] | None = None,
+) -> Message:
+    """The Message-API message a legacy call carries, as its handler expects it.
+
+    The arrays are unpacked by the config's :data:`ARRAY_LAYOUT_KEY` (see
+    :func:`unpack_arrays`, which ``keys`` is passed to) and the rest of the
+    config, without the transport's keys, becomes the ``config`` record.
+
+    Parameters
+    ----------
+    parameters : Sequence[NDArray]
+        The call's arrays (none for ``get_properties``).
+    config : Mapping[str, Scalar]
+        The call's config.
+    message_type : str
+        The message type (read from :data:`MESSAGE_TYPE_KEY` by the caller).
+    context : Context
+        The node's context: the message is addressed to its node.
+    keys : Sequence[str], optional
+        Array keys for the records, as in :func:`unpack_arrays`.
+    """
+    settings = ConfigRecord(
+        {
+            key: value
+            for key, value in config.items()
+            if key not in (MESSAGE_TYPE_KEY, ARRAY_LAYOUT_KEY)
+        }
+    )
+    layout = config.get(ARRAY_LAYOUT_KEY)
+    content = unpack_arrays(parameters, None if layout is None else str(layout), keys)
+    content["config"] = settings
+    # Built from its metadata: outside a ClientApp process (in a test, or a
+    # simulation worker) Flower's task identity for new messages is unset.
+    metadata = Metadata(
+        run_id=context.run_id,
+        message_id="",
+        src_node_id=SUPERLINK_NODE_ID,
+        dst_node_id=context.node_id,
+        reply_to_message_id="",
+        group_id="",
+        created_at=time.time(),
+        ttl=_REBUILT_MESSAGE_TTL,
+        message_type=message_type,
+    )
+    return Message(content, metadata=metadata)  # type: ignore[call-overload]
+
+
+def reply_scalars(reply: Message) -> ScalarDict:
+    """A handler reply's metrics as legacy scalars (all of its MetricRecords)."""
+    metrics: ScalarDict = {}
+    for record in reply.content.metric_records.values():
+        metrics.update(legacy_scalars(record, "metric"))
+    return metrics
+
+
+def fit_reply(reply: Message) -> tuple[list[NDArray[np.generic]], int, ScalarDict]:
+    """A handler reply as ``NumPyClient.fit`` returns it (arrays, count, metrics).
+
+    Its named ArrayRecords packed, with their layout in the metrics (what
+    :func:`reply_from_fit_res` unpacks on the server); the
+    example count is the reply's ``num-examples`` metric (0 without).
+    """
+    arrays, layout = pack_arrays(reply.content.array_records)
+    metrics = reply_scalars(reply)
+    metrics[ARRAY_LAYOUT_KEY] = layout
+    return arrays, int(metrics.get(protocol.NUM_EXAMPLES, 0)), metrics

@@ -1,0 +1,1 @@
+"""Flower's NumPyClient quickstart-pytorch with flwr-importance's legacy strategies."""
