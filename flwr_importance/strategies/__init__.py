@@ -17,9 +17,12 @@ from flwr_importance.strategies.mmfl import (
 )
 from flwr_importance.strategies.ocs import OptimalClientSampling
 from flwr_importance.strategies.power_of_choice import PowerOfChoice
+from flwr_importance.strategies.replies import ClientSide, ClientSideMissingError
 
 __all__ = [
     "FOLB",
+    "ClientSide",
+    "ClientSideMissingError",
     "ClusteredSampling",
     "FedSampling",
     "ISFedAvg",

@@ -31,7 +31,7 @@ from flwr_importance.strategies.arrays import combine_arrays, flatten
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
 from flwr_importance.strategies.checks import check_count
 from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
-from flwr_importance.strategies.replies import CheckedReply, check_replies
+from flwr_importance.strategies.replies import CheckedReply, ClientSide
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -96,6 +96,12 @@ class MultisetSampling(ImportanceStrategy[DrawPlan], ABC):
 
     #: What a round does when fewer nodes are connected than ``m`` (logged).
     fewer_nodes_effect = "the m draws repeat nodes"
+    client_side = ClientSide(
+        "add `add_size_query(app, num_examples=...)` "
+        "(flwr_importance.clientapps.sizes) beside a train function that "
+        "replies `num-examples`",
+        "docs/methods.md#4-clustered-sampling-and-md-sampling",
+    )
 
     def __init__(
         self, *, clients_per_round: int, **options: Unpack[StrategyOptions]
@@ -203,7 +209,7 @@ class MultisetSampling(ImportanceStrategy[DrawPlan], ABC):
         out and the mean is taken over the draws that came back (the paper
         assumes every drawn client answers).  No usable reply: the model stays.
         """
-        usable = check_replies(
+        usable = self.check_replies(
             replies,
             nonnegative_keys=[protocol.NUM_EXAMPLES],
             expected_arrays=plan.arrays,
@@ -243,7 +249,7 @@ class MultisetSampling(ImportanceStrategy[DrawPlan], ABC):
             grid, dict.fromkeys(unknown, query_config), protocol.SIZES_QUERY
         )
         context = protocol.query_message_type(protocol.SIZES_QUERY)
-        for reply in check_replies(
+        for reply in self.check_replies(
             replies.values(), nonnegative_keys=[protocol.NUM_EXAMPLES], context=context
         ):
             self._store_size(reply, context)

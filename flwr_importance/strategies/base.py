@@ -10,11 +10,11 @@ evaluation that survives bad replies, and a summary of what applies.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from numbers import Real
-from typing import ClassVar, Generic, TypedDict, TypeVar
+from typing import Any, ClassVar, Generic, TypedDict, TypeVar
 
 import numpy as np
 from flwr.app import (
@@ -27,7 +27,7 @@ from flwr.app import (
 )
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, Result
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from flwr_importance import protocol
@@ -38,7 +38,11 @@ from flwr_importance.strategies.messages import (
     send_query,
 )
 from flwr_importance.strategies.replies import (
+    NO_REPLY,
     CheckedReply,
+    ClientSide,
+    ExpectedArrays,
+    ReplyLedger,
     check_replies,
     metric_contents,
 )
@@ -174,6 +178,17 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
     no_federated_evaluation: ClassVar[str | None] = None
     #: Shared settings the class never reads: left out of :meth:`summary`.
     unused_settings: ClassVar[frozenset[str]] = frozenset()
+    #: The lines a plain FedAvg ClientApp needs for the method, and their docs
+    #: section: the one place :class:`ClientSideMissingError` reads them from.
+    client_side: ClassVar[ClientSide]
+    #: How the method sizes a round, for the refusal of FedAvg's
+    #: ``fraction_train``/``min_train_nodes``.
+    round_size: ClassVar[str] = (
+        "it samples clients_per_round nodes per round; pass clients_per_round=..."
+    )
+    #: Whether the class averages the train replies' metrics with
+    #: ``train_metrics_aggr_fn`` (the others compute their own round metrics).
+    aggregates_train_metrics: ClassVar[bool] = False
 
     # pylint: disable=too-many-arguments
     def __init__(
@@ -189,7 +204,9 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
         configrecord_key: str = "config",
         evaluate_metrics_aggr_fn: MetricsAggregation | None = None,
         train_metrics_aggr_fn: MetricsAggregation | None = None,
+        **unknown: Any,
     ) -> None:
+        self._refuse_fedavg_only(unknown, train_metrics_aggr_fn)
         self.seed = check_count("seed", seed, minimum=0)
         self.query_timeout = check_positive("query_timeout", query_timeout)
         fraction = self._fraction_evaluate(fraction_evaluate)
@@ -216,6 +233,68 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
         self.configrecord_key = configrecord_key
         self.rng = np.random.default_rng(self.seed)
         self._plan: PlanT | None = None
+        self.reply_ledger = ReplyLedger(type(self).__name__, self.client_side)
+
+    def _refuse_fedavg_only(
+        self,
+        unknown: Mapping[str, object],
+        train_metrics_aggr_fn: MetricsAggregation | None,
+    ) -> None:
+        """Refuse FedAvg's arguments the method replaces, naming the replacement.
+
+        ``fraction_train`` and ``min_train_nodes`` (the method sizes its own
+        rounds, :attr:`round_size`), and ``train_metrics_aggr_fn`` for a
+        class whose round metrics are its own; any other unknown keyword is
+        refused as Python would.
+        """
+        name = type(self).__name__
+        for argument in ("fraction_train", "min_train_nodes"):
+            if argument in unknown:
+                raise TypeError(
+                    f"{argument} does not apply to {name}: {self.round_size}"
+                )
+        if unknown:
+            raise TypeError(
+                f"{name}.__init__() got an unexpected keyword argument "
+                f"'{next(iter(unknown))}'"
+            )
+        if train_metrics_aggr_fn is not None and not self.aggregates_train_metrics:
+            raise TypeError(
+                f"train_metrics_aggr_fn does not apply to {name}: its round "
+                "metrics are its own (listed in its docstring), not an average "
+                "of the train replies' metrics"
+            )
+
+    # -- a run ---------------------------------------------------------------------
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:
+        """Flower's ``Strategy.start``, then the summary of the dropped replies.
+
+        The replies dropped during the run are counted from zero and logged
+        by message type and reason when it ends, also when it ends with an
+        error (e.g. :class:`ClientSideMissingError`).
+        """
+        self.reply_ledger = ReplyLedger(type(self).__name__, self.client_side)
+        try:
+            return super().start(
+                grid,
+                initial_arrays,
+                num_rounds=num_rounds,
+                timeout=timeout,
+                train_config=train_config,
+                evaluate_config=evaluate_config,
+                evaluate_fn=evaluate_fn,
+            )
+        finally:
+            self.reply_ledger.log_summary()
 
     def _fraction_evaluate(self, fraction: float | None) -> float:
         """The checked ``fraction_evaluate``, its default filled in."""
@@ -278,6 +357,9 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
         plan = self.plan_for(server_round)
         if plan is None:
             return None, None
+        replies = list(replies)
+        replied = {reply.metadata.src_node_id for reply in replies}
+        self.reply_ledger.record(MessageType.TRAIN, NO_REPLY, len(plan.nodes - replied))
         return self.aggregate_round(plan, replies)
 
     @abstractmethod
@@ -325,9 +407,35 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
         messages = self.build_messages(
             node_configs, protocol.query_message_type(action), arrays
         )
-        return send_query(grid, messages, action, self.query_timeout)
+        return send_query(grid, messages, action, self.query_timeout, self.reply_ledger)
 
     # -- replies -------------------------------------------------------------------
+    def check_replies(
+        self,
+        replies: Iterable[Message],
+        *,
+        metric_keys: Sequence[str] = (),
+        nonnegative_keys: Sequence[str] = (),
+        expected_arrays: ExpectedArrays = None,
+        expected_nodes: Collection[int] | None = None,
+        context: str = "aggregate_train",
+    ) -> list[CheckedReply]:
+        """:func:`~flwr_importance.strategies.replies.check_replies`, on the ledger.
+
+        The dropped replies are counted for the run's summary, and a message
+        type no node answered with the method's client side raises
+        :class:`~flwr_importance.strategies.replies.ClientSideMissingError`.
+        """
+        return check_replies(
+            replies,
+            metric_keys=metric_keys,
+            nonnegative_keys=nonnegative_keys,
+            expected_arrays=expected_arrays,
+            expected_nodes=expected_nodes,
+            context=context,
+            ledger=self.reply_ledger,
+        )
+
     def train_metrics(self, replies: Sequence[CheckedReply]) -> MetricRecord:
         """The replies' metrics averaged by ``train_metrics_aggr_fn``.
 
@@ -371,7 +479,7 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
         replies = list(replies)
         if not replies and self.fraction_evaluate == 0.0:
             return None
-        checked = check_replies(
+        checked = self.check_replies(
             replies,
             nonnegative_keys=[self.weighted_by_key],
             context="aggregate_evaluate",

@@ -20,7 +20,7 @@ from flwr_importance.strategies.arrays import combine_arrays
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
 from flwr_importance.strategies.checks import check_count, check_positive
 from flwr_importance.strategies.messages import connected_nodes
-from flwr_importance.strategies.replies import check_replies
+from flwr_importance.strategies.replies import ClientSide
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -213,6 +213,16 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
 
     no_federated_evaluation = NO_FEDERATED_EVALUATION
     unused_settings = frozenset({"seed"})
+    round_size = (
+        "it keeps about samples_per_round samples per round, drawn from every "
+        "node's data; pass samples_per_round=..."
+    )
+    client_side = ClientSide(
+        "add `add_private_size_query(app, num_examples=...)` and reply "
+        "`fedsampling_reply(msg, fedsampling_gradient(...))` from the train "
+        "function (flwr_importance.clientapps.fedsampling)",
+        "docs/methods.md#3-fedsampling-uniform-data-sampling-with-private-sizes",
+    )
 
     # pylint: disable=too-many-arguments
     def __init__(
@@ -359,7 +369,7 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
             {node_id: ConfigRecord(dict(query)) for node_id in node_ids},
             protocol.SIZES_QUERY,
         )
-        checked = check_replies(
+        checked = self.check_replies(
             replies.values(),
             metric_keys=[protocol.FEDSAMPLING_SIZE_RESPONSE],
             context="configure_train: "
@@ -385,7 +395,7 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
         self, plan: SizeEstimatePlan, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """``Theta - eta sum_c G_c`` over the usable replies; the round's metrics."""
-        checked = check_replies(
+        checked = self.check_replies(
             replies, expected_arrays=plan.arrays, expected_nodes=plan.nodes
         )
         metrics = self._round_metrics(plan, len(checked))

@@ -33,7 +33,7 @@ from flwr_importance.strategies.arrays import array_values, combine_arrays
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
 from flwr_importance.strategies.checks import check_choice, check_count, check_positive
 from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
-from flwr_importance.strategies.replies import CheckedReply, check_replies
+from flwr_importance.strategies.replies import CheckedReply, ClientSide
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -150,9 +150,10 @@ class FOLB(ImportanceStrategy[FolbPlan]):
     **options
         The shared settings of
         :class:`~flwr_importance.strategies.base.ImportanceStrategy`, with its
-        defaults except one: ``min_available_nodes`` defaults to ``K``, since
-        without replacement a round draws ``K`` distinct devices (it must then
-        be at least ``K``). ``seed`` seeds the device draws, with the round
+        defaults. With fewer than ``K`` nodes connected a round goes on with
+        the nodes there are, as every strategy does, and warns: without
+        replacement each set is then every node. ``seed`` seeds the device
+        draws, with the round
         (:func:`~flwr_importance.sampling.uniform_client_set`, not
         ``self.rng``); ``query_timeout`` bounds the wait for ``S2``'s
         gradients (two-set mode only).
@@ -161,9 +162,7 @@ class FOLB(ImportanceStrategy[FolbPlan]):
     ------
     ValueError
         For an unknown mode, weighting or option, ``K < 1``, a negative ``mu``
-        or ``psi``, ``server_lr <= 0``, a negative seed, or
-        ``min_available_nodes < K`` without replacement (a round could not
-        draw ``K`` distinct devices).
+        or ``psi``, ``server_lr <= 0`` or a negative seed.
 
     Client contract
     ---------------
@@ -184,6 +183,15 @@ class FOLB(ImportanceStrategy[FolbPlan]):
 
     The server learns each sampled device's full local gradient and update.
     """
+
+    aggregates_train_metrics = True
+    client_side = ClientSide(
+        "reply `folb_reply(msg, model, gradient=local_gradient(...), "
+        "gamma=inexactness(...), metrics=...)` from the train function "
+        "(flwr_importance.clientapps.folb); mode='two-set' also needs "
+        '`@app.query("gradient")` replying `gradient_reply(...)`',
+        "docs/methods.md#2-folb-gradient-aligned-reweighting-of-fedprox-updates",
+    )
 
     # pylint: disable=too-many-arguments
     def __init__(
@@ -211,14 +219,7 @@ class FOLB(ImportanceStrategy[FolbPlan]):
         if not isinstance(replace, bool):
             raise TypeError(f"replace must be True or False, got {replace!r}")
         self.server_lr = check_positive("server_lr", server_lr)
-        options.setdefault("min_available_nodes", clients_per_round)
         super().__init__(train_metrics_aggr_fn=train_metrics_aggr_fn, **options)
-        if not replace and self.min_available_nodes < clients_per_round:
-            raise ValueError(
-                f"without replacement a round draws {clients_per_round} distinct "
-                f"nodes, but min_available_nodes = {self.min_available_nodes} lets "
-                "it start with fewer; raise min_available_nodes or set replace=True"
-            )
         self.proximal_mu = proximal_mu
         self.mode: Mode = mode
         self.weighting: Weighting = weighting
@@ -268,12 +269,13 @@ class FOLB(ImportanceStrategy[FolbPlan]):
     ) -> Iterable[Message]:
         """Draw ``S`` (and ``S2``), query ``S2``'s gradients, send train messages."""
         node_ids = connected_nodes(grid, self.min_available_nodes)
-        if self.replace:  # without replacement, min_available_nodes >= K waits
-            warn_if_fewer_nodes(
-                len(node_ids),
-                self.clients_per_round,
-                "the multiset draws every node, most of them several times",
-            )
+        warn_if_fewer_nodes(
+            len(node_ids),
+            self.clients_per_round,
+            "the multiset draws every node, most of them several times"
+            if self.replace
+            else "every node trains (each set draws all of them)",
+        )
         config[protocol.SERVER_ROUND] = server_round
         config[protocol.PROXIMAL_MU] = self.proximal_mu
         train_draws = self._draw(node_ids, server_round, TRAIN_STREAM)
@@ -300,7 +302,7 @@ class FOLB(ImportanceStrategy[FolbPlan]):
         log(
             INFO,
             "configure_train: %d draws -> %d distinct nodes train (out of %d)",
-            self.clients_per_round,
+            train_draws.total(),
             len(train_draws),
             len(node_ids),
         )
@@ -311,11 +313,20 @@ class FOLB(ImportanceStrategy[FolbPlan]):
     def _draw(
         self, node_ids: Sequence[int], server_round: int, stream: int
     ) -> Counter[int]:
-        """``K`` uniform draws (a multiset with ``replace``), node id -> draws."""
+        """``K`` uniform draws (a multiset with ``replace``), node id -> draws.
+
+        Without replacement and with fewer than ``K`` nodes, every node once
+        (:meth:`configure_train` warns).
+        """
+        draws = (
+            self.clients_per_round
+            if self.replace
+            else min(self.clients_per_round, len(node_ids))
+        )
         return Counter(
             uniform_client_set(
                 node_ids,
-                self.clients_per_round,
+                draws,
                 seed=self.seed,
                 server_round=server_round,
                 replace=self.replace,
@@ -336,7 +347,7 @@ class FOLB(ImportanceStrategy[FolbPlan]):
         answers = self.query(
             grid, dict.fromkeys(node_ids, config), protocol.FOLB_GRADIENT_QUERY, arrays
         )
-        checked = check_replies(
+        checked = self.check_replies(
             answers.values(),
             nonnegative_keys=self._sample_keys,
             expected_arrays={protocol.FOLB_GRADIENT: arrays},
@@ -366,7 +377,7 @@ class FOLB(ImportanceStrategy[FolbPlan]):
         self, plan: FolbPlan, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """``w^t + sum_k a_k dw_k`` with FOLB's weights ``a_k`` (eq. 13, 9 or 18)."""
-        usable = check_replies(
+        usable = self.check_replies(
             replies,
             metric_keys=(protocol.FOLB_GAMMA,),
             nonnegative_keys=(protocol.FOLB_GAMMA, self.weighted_by_key),

@@ -25,7 +25,7 @@ from flwr_importance.strategies.arrays import combine_arrays
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
 from flwr_importance.strategies.checks import check_count
 from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
-from flwr_importance.strategies.replies import CheckedReply, check_replies
+from flwr_importance.strategies.replies import CheckedReply, ClientSide
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -125,6 +125,14 @@ class ISFedAvg(ImportanceStrategy[RoundPlan]):
     """
 
     unused_settings = frozenset({"query_timeout"})
+    aggregates_train_metrics = True
+    client_side = ClientSide(
+        "train on the batches of "
+        "`ImportanceSampler.from_message(msg, context, num_samples=...)` "
+        "(flwr_importance.clientapps.isfedavg) and reply "
+        "`sampler.finish(context)` with `num-examples` in the metrics",
+        "docs/methods.md#1-isfedavg-two-level-importance-sampling",
+    )
 
     # pylint: disable=too-many-arguments
     def __init__(
@@ -282,7 +290,7 @@ class ISFedAvg(ImportanceStrategy[RoundPlan]):
         self, plan: RoundPlan, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Mean of the returned models (eq. 5), then eq. 28 for their nodes."""
-        checked = check_replies(
+        checked = self.check_replies(
             replies,
             nonnegative_keys=(
                 protocol.ISFEDAVG_SIGMA2,

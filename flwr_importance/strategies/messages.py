@@ -17,6 +17,14 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
+from flwr_importance import protocol
+from flwr_importance.strategies.replies import (
+    NO_REPLY,
+    ReplyLedger,
+    ReplyProblem,
+    error_problem,
+)
+
 #: What a message shares with every node: one ArrayRecord (stored under
 #: ``arrayrecord_key``) or several, by name (e.g. one per model).
 SharedArrays = ArrayRecord | Mapping[str, ArrayRecord] | None
@@ -77,42 +85,60 @@ def node_messages(
 
 
 def send_query(
-    grid: Grid, messages: Sequence[Message], action: str, timeout: float
+    grid: Grid,
+    messages: Sequence[Message],
+    action: str,
+    timeout: float,
+    ledger: ReplyLedger | None = None,
 ) -> dict[int, Message]:
     """The good replies to the ``query.<action>`` ``messages``, by node id.
 
     Nodes that fail or do not answer within ``timeout`` seconds are logged and
-    left out: the caller works with whoever answered.
+    left out: the caller works with whoever answered (and checks the content
+    of their replies). ``ledger`` counts the dropped replies and, when every
+    node that answered sent an error, settles whether the client side is
+    missing (:meth:`~flwr_importance.strategies.replies.ReplyLedger.settle`).
+
+    Raises
+    ------
+    ClientSideMissingError
+        Through ``ledger``: every node that answered has no handler for the
+        query.
     """
+    message_type = protocol.query_message_type(action)
     replies = grid.send_and_receive(messages, timeout=timeout)
     answered: dict[int, Message] = {}
+    errors: list[ReplyProblem | None] = []
+    failed: set[int] = set()
     for reply in replies:
         node_id = reply.metadata.src_node_id
+        problem: ReplyProblem | None = None
         if reply.has_error():
-            log(
-                WARNING,
-                "query.%s: node %d failed: %s",
-                action,
-                node_id,
-                reply.error.reason,
-            )
+            problem = error_problem(reply)
+            errors.append(problem)
+            failed.add(node_id)
         elif node_id in answered:
-            log(
-                WARNING,
-                "query.%s: duplicate reply from node %d ignored",
-                action,
-                node_id,
+            problem = ReplyProblem(
+                "duplicate reply from the same node", "duplicate reply"
             )
         else:
             answered[node_id] = reply
+            continue
+        log(WARNING, "%s: node %d failed: %s", message_type, node_id, problem)
+        if ledger is not None:
+            ledger.record(message_type, problem.reason)
     asked = {message.metadata.dst_node_id for message in messages}
     missing = asked - set(answered)
     if missing:
         log(
             INFO,
-            "query.%s: %d of %d nodes did not answer",
-            action,
+            "%s: %d of %d nodes did not answer",
+            message_type,
             len(missing),
             len(asked),
         )
+    if ledger is not None:
+        ledger.record(message_type, NO_REPLY, len(missing - failed))
+        if not answered:
+            ledger.settle(message_type, errors)
     return answered

@@ -23,7 +23,12 @@ from flwr_importance.registry import CannedVariant, MethodSpec, sampling_argumen
 from flwr_importance.sampling import assign_models, estimator_variance, mmfl_probs
 from flwr_importance.strategies.base import log_settings
 from flwr_importance.strategies.checks import check_choice, check_count
-from flwr_importance.strategies.ocs import SamplePlan, UnbiasedSampling
+from flwr_importance.strategies.ocs import (
+    OPTIMAL_SAMPLING_DOCS,
+    SamplePlan,
+    UnbiasedSampling,
+)
+from flwr_importance.strategies.replies import ClientSide
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -166,6 +171,14 @@ class MultiModelSampling(UnbiasedSampling):
     unused_settings = frozenset({"arrayrecord_key"})
     fewer_nodes_effect = (
         "every node trains every round (only which model it trains is sampled)"
+    )
+    client_side = ClientSide(
+        "add `add_norm_query(app, train)` and `@app.train(mods=[KeptUpdateMod()])` "
+        "(variant='gradnorm'), `add_loss_query(app, evaluate)` ('loss') or "
+        "`add_model_sizes_query(app, num_examples=...)` ('random', 'round-robin'), "
+        "from flwr_importance.clientapps.optimal, with a train function that "
+        "reads `model-index`",
+        OPTIMAL_SAMPLING_DOCS,
     )
 
     def __init__(

@@ -36,14 +36,22 @@ from flwr_importance.strategies.checks import check_count, check_positive
 from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
 from flwr_importance.strategies.replies import (
     CheckedReply,
+    ClientSide,
+    ReplyLedger,
+    ReplyProblem,
     array_record_problem,
-    check_replies,
 )
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from flwr_importance.strategies.base import StrategyOptions
+
+
+#: The section of docs/methods.md on OCS, AOCS and MMFL (their client lines).
+OPTIMAL_SAMPLING_DOCS = (
+    "docs/methods.md#5-optimal-client-sampling-ocs-aocs-and-multi-model-sampling-mmfl"
+)
 
 
 @dataclass(frozen=True)
@@ -156,7 +164,7 @@ class UnbiasedSampling(ImportanceStrategy[SamplePlan]):
             for s in range(num_models)
         ]
         checked = sorted(
-            check_replies(
+            self.check_replies(
                 replies.values(),
                 nonnegative_keys=keys,
                 context=protocol.query_message_type(action),
@@ -212,7 +220,7 @@ class UnbiasedSampling(ImportanceStrategy[SamplePlan]):
     ) -> tuple[list[ArrayRecord], dict[str, float]]:
         """Apply ``w_s + server_lr * sum_{i in A_s} (d_is / p_is) U_is`` per model.
 
-        Replies that fail :func:`check_replies`, come from a node the plan did
+        Replies that fail :meth:`check_replies`, come from a node the plan did
         not sample, or report another model than assigned are logged and
         skipped: the round then misses their term (nothing is made up for
         them) and no NaN can reach a model. A model without a usable reply
@@ -227,13 +235,13 @@ class UnbiasedSampling(ImportanceStrategy[SamplePlan]):
         """
         usable = [
             reply
-            for reply in check_replies(
+            for reply in self.check_replies(
                 replies,
                 metric_keys=[protocol.TRAIN_LOSS, protocol.MODEL_INDEX],
                 nonnegative_keys=[protocol.NUM_EXAMPLES],
                 expected_nodes=plan.nodes,
             )
-            if _update_is_usable(reply, plan)
+            if _update_is_usable(reply, plan, self.reply_ledger)
         ]
         new_models = list(plan.models)
         metrics: dict[str, float] = {
@@ -263,16 +271,20 @@ class UnbiasedSampling(ImportanceStrategy[SamplePlan]):
         return new_models, metrics
 
 
-def _update_is_usable(reply: CheckedReply, plan: SamplePlan) -> bool:
+def _update_is_usable(
+    reply: CheckedReply, plan: SamplePlan, ledger: ReplyLedger
+) -> bool:
     """Whether the reply is for its assigned model and its update fits it (logged).
 
-    The reply is from a sampled node (:func:`check_replies` dropped others).
+    The reply is from a sampled node (:meth:`check_replies` dropped others);
+    ``ledger`` counts it if it is dropped.
     """
     model_index = plan.assigned[reply.node_id]
-    problem: str | None
+    problem: ReplyProblem | None
     if reply.metrics[protocol.MODEL_INDEX] != model_index:
-        problem = (
-            f"not sampled for model {reply.metrics[protocol.MODEL_INDEX]} this round"
+        problem = ReplyProblem(
+            f"not sampled for model {reply.metrics[protocol.MODEL_INDEX]} this round",
+            "bad value",
         )
     else:
         problem = array_record_problem(
@@ -287,6 +299,7 @@ def _update_is_usable(reply: CheckedReply, plan: SamplePlan) -> bool:
             reply.node_id,
             problem,
         )
+        ledger.record(MessageType.TRAIN, problem.reason)
     return problem is None
 
 
@@ -377,6 +390,11 @@ class OptimalClientSampling(UnbiasedSampling):
 
     fewer_nodes_effect = (
         "every node takes part with probability 1 (no sampling, variance 0)"
+    )
+    client_side = ClientSide(
+        "add `add_norm_query(app, train)` and "
+        "`@app.train(mods=[KeptUpdateMod()])` (flwr_importance.clientapps.optimal)",
+        OPTIMAL_SAMPLING_DOCS,
     )
 
     def __init__(

@@ -34,7 +34,7 @@ from flwr_importance.strategies._multiset import (
     MultisetSampling,
 )
 from flwr_importance.strategies.checks import check_choice, check_count
-from flwr_importance.strategies.replies import CheckedReply, check_replies
+from flwr_importance.strategies.replies import CheckedReply, ClientSide
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -283,6 +283,14 @@ class PowerOfChoice(MultisetSampling):
     """
 
     fewer_nodes_effect = "every client is a candidate and all of them train"
+    client_side = ClientSide(
+        "add `add_size_query(app, num_examples=...)` "
+        "(flwr_importance.clientapps.sizes) and, for variant='pow-d', "
+        "`add_loss_query(app, local_loss)` (flwr_importance.clientapps.optimal); "
+        "for variant='rpow-d' the train reply carries `train-loss`",
+        "docs/methods.md#6-power-of-choice-the-highest-losses-of-a-size-proportional"
+        "-candidate-set",
+    )
 
     def __init__(
         self,
@@ -391,7 +399,7 @@ class PowerOfChoice(MultisetSampling):
             protocol.LOSS_QUERY,
             {protocol.model_record_name(0): arrays},
         )
-        checked = check_replies(
+        checked = self.check_replies(
             replies.values(),
             nonnegative_keys=[CANDIDATE_LOSS, CANDIDATE_SIZE],
             expected_nodes=set(candidate_ids),

@@ -5,19 +5,235 @@ The maths of each method lives in :mod:`flwr_importance.sampling` and
 where their inputs are checked: a reply that fails a check is excluded with a
 log line naming its node, so one misbehaving client never crashes a round or
 corrupts the global model.
+
+One kind of failure is not a misbehaving client but a missing client side:
+every node that answered lacks the handler (or the reply keys) the method
+needs, e.g. a plain FedAvg ClientApp under OCS. Dropping those replies would
+leave the model unchanged round after round in a run that "succeeds", so a
+:class:`ReplyLedger` (one per strategy) raises :class:`ClientSideMissingError`
+instead, naming the lines to add; it also counts every dropped reply by
+message type and reason for the summary logged when a run ends.
 """
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
 
 import numpy as np
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 
 from flwr_importance.strategies.arrays import all_finite, array_values
+
+#: The reason of the error reply a ClientApp sends for a message type it has no
+#: handler for (Flower 1.41). A Message-API ``ClientApp`` raises
+#: ``ValueError("No query function registered with name 'norm'")``
+#: (``flwr/clientapp/client_app.py``); a legacy ``ClientApp(client_fn=...)``
+#: raises ``ValueError("Invalid message type: query.norm")``
+#: (``flwr/client/message_handler/message_handler.py``). The SuperNode, the
+#: simulation engine and the in-process grid send either back as an error reply
+#: with code ``ErrorCode.CLIENT_APP_RAISED_EXCEPTION`` (2) and the exception's
+#: text inside the reason, e.g. ``<class 'ValueError'>:<'No query function
+#: registered with name 'norm''>`` (deployment) or ``<class
+#: '...ClientAppException'>:<'...Message: No query function registered with
+#: name 'norm''>`` (simulation).
+MISSING_HANDLER_REASON = re.compile(
+    r"No (?:train|evaluate|query) function registered with name '\w+'"
+    r"|Invalid message type: [\w.]+"
+)
+
+#: The summary's reason for a node that did not reply in time.
+NO_REPLY = "no reply (time-out or node gone)"
+#: The summary's reason for an error reply saying no handler is registered.
+NO_HANDLER = "no handler registered for the message type"
+
+
+@dataclass(frozen=True)
+class ClientSide:
+    """What a user adds to a plain FedAvg ClientApp for a method, and where to read.
+
+    Attributes
+    ----------
+    lines : str
+        The client lines, as a sentence (e.g. "add `add_size_query(app,
+        num_examples=...)`").
+    docs : str
+        The section of ``docs/methods.md`` that shows them, as
+        ``docs/methods.md#<anchor>`` (GitHub's anchor of its ``## <n>.``
+        heading).
+    """
+
+    lines: str
+    docs: str
+
+
+class ClientSideMissingError(RuntimeError):
+    """Every node that answered lacks the client side of the strategy's method.
+
+    Raised by a strategy (through its :class:`ReplyLedger`) when all the
+    replies to a round's ``train`` or ``query.<action>`` message failed
+    because no handler is registered for the message type, or because a key
+    the method needs is absent from every reply, and no node has ever
+    answered that message type well. The message names the method, the
+    message type, what was missing, the client lines to add and the section
+    of ``docs/methods.md`` that shows them.
+
+    Attributes
+    ----------
+    method : str
+        The strategy class.
+    message_type : str
+        The message type every node failed.
+    missing : str
+        What the replies lacked (a handler, a metric, an ArrayRecord).
+    client_side : ClientSide
+        The lines to add and the documentation section.
+    """
+
+    def __init__(
+        self, method: str, message_type: str, missing: str, client_side: ClientSide
+    ) -> None:
+        self.method = method
+        self.message_type = message_type
+        self.missing = missing
+        self.client_side = client_side
+        super().__init__(
+            f"{method}: every node that answered '{message_type}' lacks the "
+            f"method's client side ({missing}); the ClientApp is a plain FedAvg "
+            f"one or misses the method's lines. On the client, "
+            f"{client_side.lines}; see {client_side.docs}"
+        )
+
+
+@dataclass(frozen=True)
+class ReplyProblem:
+    """Why a reply was dropped.
+
+    Attributes
+    ----------
+    detail : str
+        The log line's text (the values involved).
+    reason : str
+        The category the end-of-run summary counts it under.
+    missing : str or None
+        What a missing client side would explain: the absent handler, metric
+        or ArrayRecord; None for a failure of another kind.
+    """
+
+    detail: str
+    reason: str
+    missing: str | None = None
+
+    def __str__(self) -> str:
+        """The detail, for log lines."""
+        return self.detail
+
+
+def _missing(what: str) -> ReplyProblem:
+    """A reply without ``what`` (a metric or an ArrayRecord the method needs)."""
+    return ReplyProblem(
+        f"{what} is missing",
+        f"{what} missing",
+        missing=f"{what} missing from every reply",
+    )
+
+
+def _bad_value(detail: str) -> ReplyProblem:
+    return ReplyProblem(detail, "bad value")
+
+
+def error_problem(reply: Message) -> ReplyProblem:
+    """Why an error reply failed: no handler for its message type, or another error."""
+    reason = reply.error.reason or ""
+    detail = f"error reply ({reason})"
+    if reply.error.code == ErrorCode.CLIENT_APP_RAISED_EXCEPTION and (
+        MISSING_HANDLER_REASON.search(reason)
+    ):
+        return ReplyProblem(detail, NO_HANDLER, missing=NO_HANDLER)
+    return ReplyProblem(detail, "error reply")
+
+
+class ReplyLedger:
+    """A strategy's dropped replies, by message type and reason, and its verdict.
+
+    :func:`send_query <flwr_importance.strategies.messages.send_query>` and
+    :func:`check_replies` record each dropped reply here
+    (:meth:`record`) and, per batch of replies, :meth:`settle` whether the
+    client side is missing: when every reply of the batch failed for that
+    reason and no node has answered the message type well yet, it raises
+    :class:`ClientSideMissingError`. Any other failure (an exception in the
+    client, a time-out, a bad value), a partial failure, or a message type
+    some node has handled before, leaves the strategy dropping and logging
+    as usual. ``evaluate`` replies are counted but never settle: the method's
+    lines do not add an evaluate handler.
+
+    Parameters
+    ----------
+    method : str
+        The strategy class, for the error and the summary.
+    client_side : ClientSide
+        The method's client lines, for the error.
+    """
+
+    def __init__(self, method: str, client_side: ClientSide) -> None:
+        self.method = method
+        self.client_side = client_side
+        self.dropped: Counter[tuple[str, str]] = Counter()
+        self._handled: set[str] = set()
+
+    def record(self, message_type: str, reason: str, count: int = 1) -> None:
+        """Count ``count`` replies of ``message_type`` dropped for ``reason``."""
+        if count:
+            self.dropped[message_type, reason] += count
+
+    def settle(
+        self, message_type: str, problems: Sequence[ReplyProblem | None]
+    ) -> None:
+        """Decide on one batch of answered replies (None: a usable reply).
+
+        Raises
+        ------
+        ClientSideMissingError
+            Every reply failed for want of the client side, and no reply of
+            ``message_type`` has been usable before.
+        """
+        if any(problem is None for problem in problems):
+            self._handled.add(message_type)
+            return
+        if (
+            not problems
+            or message_type in self._handled
+            or message_type == MessageType.EVALUATE
+        ):
+            return
+        missing = {problem.missing for problem in problems if problem is not None}
+        if None in missing:
+            return
+        raise ClientSideMissingError(
+            self.method,
+            message_type,
+            ", ".join(sorted(str(what) for what in missing)),
+            self.client_side,
+        )
+
+    def log_summary(self) -> None:
+        """Log the dropped replies by message type and reason (or that none were)."""
+        if not self.dropped:
+            log(INFO, "%s: no reply was dropped", self.method)
+            return
+        log(
+            WARNING,
+            "%s: %d replies dropped, by message type and reason:",
+            self.method,
+            sum(self.dropped.values()),
+        )
+        for (message_type, reason), count in sorted(self.dropped.items()):
+            log(WARNING, "\t%s: %d x %s", message_type, count, reason)
 
 
 @dataclass(frozen=True)
@@ -67,55 +283,57 @@ MAX_METRIC_MAGNITUDE = 1e150
 
 def _metric_problem(
     metrics: MetricRecord | None, key: str, nonnegative: bool
-) -> str | None:
+) -> ReplyProblem | None:
     if metrics is None or key not in metrics:
-        return f"metric '{key}' is missing"
+        return _missing(f"metric '{key}'")
     value = metrics[key]
     if isinstance(value, list) or not np.isfinite(value):
-        return f"metric '{key}' is not a finite number ({value!r})"
+        return _bad_value(f"metric '{key}' is not a finite number ({value!r})")
     if nonnegative and value < 0:
-        return f"metric '{key}' is negative ({value!r})"
+        return _bad_value(f"metric '{key}' is negative ({value!r})")
     if abs(value) > MAX_METRIC_MAGNITUDE:
-        return f"metric '{key}' is implausibly large ({value!r})"
+        return _bad_value(f"metric '{key}' is implausibly large ({value!r})")
     return None
 
 
 def array_record_problem(
     name: str, arrays: ArrayRecord | None, expected: ArrayRecord
-) -> str | None:
+) -> ReplyProblem | None:
     """Why ``arrays`` cannot stand for ``expected`` (None if it can).
 
     It must exist, have ``expected``'s keys in order, hold those shapes in its
     bytes and only finite values; ``name`` labels it in the answer.
     """
     if arrays is None:
-        return f"ArrayRecord '{name}' is missing"
+        return _missing(f"ArrayRecord '{name}'")
     if list(arrays.keys()) != list(expected.keys()):
-        return f"ArrayRecord '{name}' does not match the model's keys"
+        return _bad_value(f"ArrayRecord '{name}' does not match the model's keys")
     for key, array in arrays.items():
         try:
             values = array_values(array)
         except ValueError as error:
-            return f"array '{name}/{key}' cannot be read ({error})"
+            return _bad_value(f"array '{name}/{key}' cannot be read ({error})")
         # The shape the bytes hold, not the one the metadata claims.
         if tuple(values.shape) != tuple(expected[key].shape):
-            return (
+            return _bad_value(
                 f"array '{name}/{key}' has shape {values.shape}, "
                 f"expected {expected[key].shape}"
             )
         if not all_finite(values):
-            return f"array '{name}/{key}' holds NaN or infinite values"
+            return _bad_value(f"array '{name}/{key}' holds NaN or infinite values")
     return None
 
 
 def _arrays_problem(
     records: Mapping[str, ArrayRecord], expected: ExpectedArrays
-) -> str | None:
+) -> ReplyProblem | None:
     if expected is None:
         return None
     if isinstance(expected, ArrayRecord):
+        if not records:
+            return _missing("the model's ArrayRecord")
         if len(records) != 1:
-            return f"it carries {len(records)} ArrayRecords, expected one"
+            return _bad_value(f"it carries {len(records)} ArrayRecords, expected one")
         ((name, record),) = records.items()
         return array_record_problem(name, record, expected)
     for name, template in expected.items():
@@ -133,6 +351,7 @@ def check_replies(
     expected_arrays: ExpectedArrays = None,
     expected_nodes: Collection[int] | None = None,
     context: str = "aggregate_train",
+    ledger: ReplyLedger | None = None,
 ) -> list[CheckedReply]:
     """The replies a strategy can use, each checked; the rest logged and dropped.
 
@@ -161,17 +380,30 @@ def check_replies(
         dropped. None: every node's reply is considered.
     context : str
         Prefix of the log lines (the calling method).
+    ledger : ReplyLedger, optional
+        Counts the dropped replies and settles, per message type, whether the
+        client side is missing (:meth:`ReplyLedger.settle`).
 
     Returns
     -------
     list[CheckedReply]
         The usable replies, in arrival order.
+
+    Raises
+    ------
+    ClientSideMissingError
+        Through ``ledger``: every reply of a message type lacks the method's
+        client side.
     """
     checked: list[CheckedReply] = []
     seen: set[int] = set()
     required = list(dict.fromkeys([*metric_keys, *nonnegative_keys]))
+    # Per message type, the outcome of each reply from a node that was asked
+    # (None: usable); the ledger settles on them.
+    answered: dict[str, list[ReplyProblem | None]] = {}
     for reply in replies:
         node_id = reply.metadata.src_node_id
+        message_type = reply.metadata.message_type
         problem = _delivery_problem(reply, node_id, seen, expected_nodes)
         if problem is None:
             # Each read of these properties builds a new mapping: read once.
@@ -180,6 +412,9 @@ def check_replies(
             problem = _content_problem(
                 metric_records, arrays, required, nonnegative_keys, expected_arrays
             )
+            answered.setdefault(message_type, []).append(problem)
+        elif reply.has_error():
+            answered.setdefault(message_type, []).append(problem)
         if problem is not None:
             log(
                 WARNING,
@@ -188,6 +423,8 @@ def check_replies(
                 node_id,
                 problem,
             )
+            if ledger is not None:
+                ledger.record(message_type, problem.reason)
             continue
         seen.add(node_id)
         metrics = {
@@ -198,6 +435,9 @@ def check_replies(
         }
         checked.append(CheckedReply(node_id, metrics, arrays))
     log(INFO, "%s: %d usable replies", context, len(checked))
+    if ledger is not None:
+        for message_type, problems in answered.items():
+            ledger.settle(message_type, problems)
     return checked
 
 
@@ -206,13 +446,15 @@ def _delivery_problem(
     node_id: int,
     seen: Collection[int],
     expected_nodes: Collection[int] | None,
-) -> str | None:
+) -> ReplyProblem | None:
     if reply.has_error():
-        return f"error reply ({reply.error.reason})"
+        return error_problem(reply)
     if expected_nodes is not None and node_id not in expected_nodes:
-        return "it was not sent a message this round"
+        return ReplyProblem(
+            "it was not sent a message this round", "from a node not asked"
+        )
     if node_id in seen:
-        return "duplicate reply from the same node"
+        return ReplyProblem("duplicate reply from the same node", "duplicate reply")
     return None
 
 
@@ -222,9 +464,11 @@ def _content_problem(
     required: Sequence[str],
     nonnegative_keys: Sequence[str],
     expected_arrays: ExpectedArrays,
-) -> str | None:
+) -> ReplyProblem | None:
     if len(metric_records) > 1:
-        return f"it carries {len(metric_records)} MetricRecords, expected one"
+        return _bad_value(
+            f"it carries {len(metric_records)} MetricRecords, expected one"
+        )
     metric_record = next(iter(metric_records.values()), None)
     for key in required:
         problem = _metric_problem(metric_record, key, key in nonnegative_keys)

@@ -6,6 +6,7 @@ The hand computations weigh every device by its reported sample count ``n_k``
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 
 import numpy as np
@@ -263,8 +264,6 @@ def test_all_zero_gradients_fall_back_to_the_plain_mean(
         ({"server_lr": -1.0}, "server_lr"),
         ({"server_lr": float("nan")}, "server_lr"),
         ({"seed": -1}, "seed"),
-        # Without replacement a round needs K distinct nodes.
-        ({"clients_per_round": 5, "min_available_nodes": 4}, "without replacement"),
     ],
 )
 def test_bad_settings_raise(kwargs: dict, message: str) -> None:
@@ -273,9 +272,24 @@ def test_bad_settings_raise(kwargs: dict, message: str) -> None:
         FOLB(**{"clients_per_round": 10, **kwargs})
 
 
-def test_with_replacement_fewer_nodes_than_draws_are_allowed() -> None:
-    strategy = FOLB(clients_per_round=5, replace=True, min_available_nodes=2)
-    assert strategy.min_available_nodes == 2
+@pytest.mark.parametrize("replace", [False, True])
+def test_more_draws_than_nodes_warn_and_the_run_finishes(
+    replace: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Formerly min_available_nodes defaulted to K: 20 draws on 6 nodes waited
+    # forever for 20 nodes. Now the run goes on with the nodes there are.
+    strategy = FOLB(clients_per_round=20, replace=replace, fraction_evaluate=0.0)
+    assert strategy.min_available_nodes == 1
+    grid = InProcessGrid(crafted_app(), NUM_NODES, seed=3)
+    with caplog.at_level(logging.WARNING):
+        result = strategy.start(grid=grid, initial_arrays=record(INITIAL), num_rounds=2)
+    assert caplog.text.count("6 nodes connected, fewer than clients_per_round=20") == 2
+    train, _ = strategy.last_draws
+    if replace:
+        assert train.total() == 20 and set(train) <= set(grid.get_node_ids())
+    else:  # each node once
+        assert train == Counter(dict.fromkeys(grid.get_node_ids(), 1))
+    assert not np.allclose(flatten(result.arrays), INITIAL)
 
 
 def test_arguments_are_keyword_only() -> None:

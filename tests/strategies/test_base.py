@@ -60,7 +60,6 @@ POSITIONAL: dict[str, Callable[[], object]] = {
 
 #: The defaults a class states as its own, with the reason in its docstring.
 STATED_DIFFERENCES: dict[str, dict[str, object]] = {
-    "folb": {"min_available_nodes": 3},  # K distinct devices without replacement
     # Evaluation would reveal the sizes; S packed models are evaluated centrally.
     # FedAvg zeroes min_evaluate_nodes when evaluation is off.
     "fedsampling": {"fraction_evaluate": 0.0, "min_evaluate_nodes": 0},

@@ -24,7 +24,13 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import Strategy
 
-from flwr_importance.protocol import LOSS, NUM_EXAMPLES, UPDATE_NORM, per_model_key
+from flwr_importance.protocol import (
+    FEDSAMPLING_SIZE_RESPONSE,
+    LOSS,
+    NUM_EXAMPLES,
+    UPDATE_NORM,
+    per_model_key,
+)
 from flwr_importance.registry import CannedSetup, MethodSpec, methods
 from flwr_importance.strategies import MDSampling, pack_models
 from flwr_importance.testing import InProcessGrid
@@ -39,10 +45,11 @@ app = ClientApp()
 @app.query("norm")
 @app.query("loss")
 def answer_query(message: Message, context: Context) -> Message:
-    """Ten samples, update norm 1 and loss 1 (for model 0)."""
+    """Ten samples (FedSampling's size reply too), update norm 1, loss 1 (model 0)."""
     metrics = MetricRecord(
         {
             NUM_EXAMPLES: 10,
+            FEDSAMPLING_SIZE_RESPONSE: 10,
             per_model_key(NUM_EXAMPLES, 0): 10,
             per_model_key(UPDATE_NORM, 0): 1.0,
             per_model_key(LOSS, 0): 1.0,
@@ -58,16 +65,8 @@ SETUP = CannedSetup(
 
 
 def sampling_strategy(spec: MethodSpec) -> Callable[[], Strategy]:
-    """The method's first canned configuration, waiting for one node only.
-
-    FOLB draws distinct nodes unless told otherwise, and refuses to start a
-    round with fewer than it draws: with replacement it can.
-    """
-    arguments = {
-        **spec.canned[0].arguments(SETUP),
-        "min_available_nodes": 1,
-        **({"replace": True} if spec.name == "folb" else {}),
-    }
+    """The method's first canned configuration (FOLB: without replacement)."""
+    arguments = spec.canned[0].arguments(SETUP)
     return lambda: spec.build(**arguments)
 
 
