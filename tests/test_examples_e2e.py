@@ -1,20 +1,26 @@
 """End to end: every library strategy inside the examples, through a real ``flwr run``.
 
 The quickstart-pytorch example is Flower's own app shape (its CNN, its
-momentum-SGD ``train()``, its DataLoaders); the legacy example uses Flower's
+momentum-SGD ``train()``, its DataLoaders of ``{"img", "label"}`` batches),
+one run serving every method in turn; the legacy example uses Flower's
 ``server_fn``/``NumPyClient`` API. Each strategy must run there to completion,
 report central evaluation every round and leave nothing running.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
+from flwr.app import Context, RecordDict
+from flwr.serverapp.strategy import Strategy
 
 from flwr_importance.launcher import flwr_run, processes_mentioning
 from flwr_importance.registry import methods
@@ -27,18 +33,51 @@ ROUNDS = 2
 #: ``(app_dir, run_config, num_supernodes) -> history.json``.
 ExampleRun = Callable[[Path, dict[str, object], int], Any]
 
+#: The quickstart's run: 10 nodes, half of them trained per round.
+QUICKSTART_NODES = 10
+QUICKSTART_CLIENTS_PER_ROUND = 5
+#: Ray prints a line repeated by several actors once, with a count, unless
+#: told not to: the checks below count the example's log lines per node.
+UNDEDUPLICATED_LOGS = {"RAY_DEDUP_LOGS": "0"}
 
-def quickstart_strategies() -> list[str]:
-    """The strategies the quickstart's server knows, from its own table.
+#: Per method, the train metric (aggregated by the strategy, each round) that
+#: only the example's own train reply gives: its ``train_loss``, or for the
+#: methods whose mod turns the example's reply into an update (OCS, AOCS,
+#: MMFL) the ``train-loss`` the mod copies from it. FedSampling's replies
+#: carry no metric (the sizes stay private): its log line is its evidence.
+EXAMPLE_TRAIN_METRIC = {
+    "fedavg": "train_loss",
+    "md": "train_loss",
+    "clustered": "train_loss",
+    "clustered-size": "train_loss",
+    "poc": "train_loss",
+    "ocs": "train-loss",
+    "aocs": "train-loss",
+    "mmfl": "train-loss",
+    "isfedavg": "train_loss",
+    "folb": "train_loss",
+}
+#: The methods whose nodes train with the example's ``task.train`` (FOLB with
+#: its proximal term), at least ``QUICKSTART_CLIENTS_PER_ROUND`` per round.
+TRAIN_METHODS = [name for name in EXAMPLE_TRAIN_METRIC if name != "isfedavg"]
+#: The log line of each of the example's training functions.
+TRAIN_LOG = "quickstart-pytorch train:"
+ISFEDAVG_TRAIN_LOG = "quickstart-pytorch train_isfedavg:"
+FEDSAMPLING_TRAIN_LOG = "quickstart-pytorch train_fedsampling:"
 
-    The table adds every registry method itself: a test below checks it.
-    """
+
+def quickstart_module(name: str) -> ModuleType:
+    """A module of the quickstart's package, imported from its folder."""
     sys.path.insert(0, str(QUICKSTART_DIR))
     try:
-        from quickstart_pytorch.server_app import STRATEGIES
+        return importlib.import_module(f"quickstart_pytorch.{name}")
     finally:
         sys.path.remove(str(QUICKSTART_DIR))
-    return sorted(STRATEGIES)
+
+
+def quickstart_strategies() -> list[str]:
+    """The methods the quickstart's server knows (its ``METHODS``)."""
+    return list(quickstart_module("server_app").METHODS)
 
 
 @pytest.fixture
@@ -50,37 +89,96 @@ def run_example(tmp_path: Path) -> Iterator[ExampleRun]:
         app_dir: Path, run_config: dict[str, object], num_supernodes: int
     ) -> object:
         output_dir = tmp_path / "out"
-        completed = flwr_run(
+        completed = checked_run(
             app_dir,
             num_supernodes=num_supernodes,
             run_config={**run_config, "output-dir": str(output_dir)},
             flwr_home=flwr_home,
-            capture=True,
-            timeout=300,
-            federation_config={"client-resources-num-cpus": 1},
         )
-        log = completed.stdout[-4000:] + completed.stderr[-4000:]
-        assert completed.returncode == 0, log
-        assert "ERROR" not in completed.stdout + completed.stderr, log
+        assert completed.returncode == 0
         return json.loads((output_dir / "history.json").read_text())
 
     yield run
     assert processes_mentioning(str(flwr_home.resolve())) == []
 
 
+def checked_run(
+    app_dir: Path,
+    *,
+    num_supernodes: int,
+    run_config: dict[str, object],
+    flwr_home: Path,
+    extra_env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``flwr run`` of an example, which must succeed and log no error."""
+    completed = flwr_run(
+        app_dir,
+        num_supernodes=num_supernodes,
+        run_config=run_config,
+        flwr_home=flwr_home,
+        capture=True,
+        timeout=600,
+        federation_config={"client-resources-num-cpus": 1},
+        extra_env=extra_env,
+    )
+    log = completed.stdout[-4000:] + completed.stderr[-4000:]
+    assert completed.returncode == 0, log
+    assert "ERROR" not in completed.stdout + completed.stderr, log
+    return completed
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", quickstart_strategies())
-def test_quickstart_example_runs_every_strategy(
-    strategy: str, run_example: ExampleRun
-) -> None:
-    history = run_example(
-        QUICKSTART_DIR, {"strategy": strategy, "num-server-rounds": ROUNDS}, 10
+def test_quickstart_example_runs_every_method_in_one_run(tmp_path: Path) -> None:
+    """One ``flwr run`` of every method: each round evaluated, the example's train ran.
+
+    Checked per method: central evaluation of the initial model and after
+    every round; each round's train metrics hold the example's own train
+    loss (:data:`EXAMPLE_TRAIN_METRIC`); and, from the streamed ClientApp
+    logs, the example's training functions ran on at least the sampled
+    nodes: ``task.train`` for every method that trains with it,
+    ``train_isfedavg`` for ISFedAvg and FedSampling's gradient function.
+    """
+    methods = quickstart_strategies()
+    flwr_home = tmp_path / "flwr-home"
+    output_dir = tmp_path / "out"
+    completed = checked_run(
+        QUICKSTART_DIR,
+        num_supernodes=QUICKSTART_NODES,
+        run_config={
+            "strategy": ",".join(methods),
+            "num-server-rounds": ROUNDS,
+            "num-supernodes": QUICKSTART_NODES,
+            "fraction-train": QUICKSTART_CLIENTS_PER_ROUND / QUICKSTART_NODES,
+            "output-dir": str(output_dir),
+        },
+        flwr_home=flwr_home,
+        extra_env=UNDEDUPLICATED_LOGS,
     )
-    # Round 0 is the initial model; then one central evaluation per round.
-    assert sorted(int(server_round) for server_round in history) == list(
-        range(ROUNDS + 1)
-    )
-    assert all(0.0 <= row["accuracy"] <= 1.0 for row in history.values())
+    assert processes_mentioning(str(flwr_home.resolve())) == []
+
+    rounds = [str(server_round) for server_round in range(ROUNDS + 1)]
+    problems = []
+    for method in methods:
+        history = json.loads((output_dir / f"{method}.json").read_text())
+        evaluated = history["evaluate_metrics_serverapp"]
+        if sorted(evaluated, key=int) != rounds or not all(
+            0.0 <= row["accuracy"] <= 1.0 for row in evaluated.values()
+        ):
+            problems.append(f"{method}: central evaluation {evaluated}")
+        train_metric = EXAMPLE_TRAIN_METRIC.get(method)
+        trained = history["train_metrics_clientapp"]
+        if train_metric is not None and not (
+            sorted(trained, key=int) == rounds[1:]
+            and all(train_metric in row for row in trained.values())
+        ):
+            problems.append(f"{method}: no '{train_metric}' every round in {trained}")
+    assert problems == []
+
+    output = completed.stdout + completed.stderr
+    least = QUICKSTART_CLIENTS_PER_ROUND * ROUNDS
+    assert output.count(TRAIN_LOG) >= least * len(TRAIN_METHODS), output[-4000:]
+    assert output.count(ISFEDAVG_TRAIN_LOG) >= least, output[-4000:]
+    assert output.count(FEDSAMPLING_TRAIN_LOG) >= ROUNDS, output[-4000:]
 
 
 #: Under ``flwr run``: the example's own FedSampling settings, and a generated
@@ -106,4 +204,17 @@ def test_legacy_example_runs_under_flwr_run(
 
 
 def test_quickstart_example_knows_every_method() -> None:
-    assert {spec.name for spec in methods()} <= set(quickstart_strategies())
+    """Every registry method has a strategy and a ClientApp in the quickstart."""
+    server_app = quickstart_module("server_app")
+    client_app = quickstart_module("client_app")
+    assert {spec.name for spec in methods()} <= set(server_app.METHODS)
+    assert set(client_app.METHOD_APPS) == set(server_app.METHODS)
+    assert set(EXAMPLE_TRAIN_METRIC) | {"fedsampling"} == set(server_app.METHODS)
+    run_config = {"fraction-train": 0.5, "num-supernodes": QUICKSTART_NODES}
+    context = Context(
+        run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config
+    )
+    for method in server_app.METHODS:
+        assert isinstance(server_app.make_strategy(method, context), Strategy)
+    with pytest.raises(ValueError, match="unknown strategy"):
+        server_app.make_strategy("fedavgg", context)
