@@ -42,6 +42,12 @@ Conventions shared by every method
   metrics, as Flower's ``FedAvg`` does (``weighted_by_key``); send the same
   metric keys from every node, since a key some replies lack is averaged
   over the others with the wrong weights.
+- The ready-made train handlers (local SGD from the received model, which
+  every method but FedSampling trains with) also reply ``train-loss``
+  (:data:`TRAIN_LOSS`, the mean mini-batch loss over the round's local
+  steps, each taken before its step) and ``num-steps`` (:data:`NUM_STEPS`,
+  the local steps taken); they are averaged like any reply metric unless a
+  section reads them.
 - **Size weights.** Wherever a method weights nodes by their data share
   ``d_i = n_i / sum_j n_j``, the *server* computes it from the reported
   ``num-examples`` (over the nodes whose reply it could use) and multiplies;

@@ -6,8 +6,11 @@ flwr_importance.protocol import NAME``); a key counts as documented in a text
 when one of its double-backquoted literals names it (``update-norm-<s>``
 names ``update-norm``, ``query.norm`` names ``norm``). Each registry method's
 section must name the keys of its strategy's modules and of its client
-handlers; every constant must be documented and used. The module's doctests
-run in ``tests/test_doctests.py``.
+handlers; every constant must be documented and used. A one-round run of
+each method in process then checks the messages themselves: every record
+name, config key and metric key that crossed the wire is named in the
+method's section or in the shared conventions, literal keys included. The
+module's doctests run in ``tests/test_doctests.py``.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ import re
 from pathlib import Path
 
 import pytest
+from flwr.app import Message
 
 import flwr_importance
 from flwr_importance import protocol, registry
+from simulations.inprocess import run_inprocess
 
 PACKAGE_DIR = Path(flwr_importance.__file__).parent
 #: The packages whose modules put keys on the wire.
@@ -45,6 +50,23 @@ AWAITING_ADOPTION = frozenset(
         "COMPAT_ARRAY_LAYOUT",
     }
 )
+
+#: The runs whose messages are checked: each registry method as the app runs
+#: it, and the variants that send other messages, with the message type
+#: each run must show. Small and short: one round on four nodes.
+WIRE_RUNS = [
+    *((spec.name, {}, "train") for spec in registry.methods()),
+    ("folb", {"folb-mode": "two-set"}, "query.gradient"),
+    ("mmfl", {"mmfl-variant": "loss"}, "query.loss"),
+    ("mmfl", {"mmfl-variant": "random"}, "query.sizes"),
+]
+WIRE_RUN_CONFIG = {
+    "partitioning": "iid",
+    "num-server-rounds": 1,
+    "clients-per-round": 2,
+    "local-steps": 1,
+    "mmfl-tasks": "digits:iid,digits:iid",
+}
 
 #: What may follow a key in a literal that names it: a model index, the
 #: placeholder of one, or an action after ``query``; then ``= value``.
@@ -254,3 +276,58 @@ def test_the_checks_catch_an_undocumented_key() -> None:
     assert undocumented("only ``num-examples``", {"NUM_EXAMPLES", "TRAIN_LOSS"}) == [
         "TRAIN_LOSS"
     ]
+
+
+def wire_names(message: Message) -> set[str]:
+    """The record names and the config and metric keys of a message."""
+    content = message.content
+    names = {
+        *content.array_records,
+        *content.config_records,
+        *content.metric_records,
+    }
+    for records in (content.config_records, content.metric_records):
+        for record in records.values():
+            names.update(record)
+    return names
+
+
+def documented_on_wire(text: str, name: str) -> bool:
+    """Whether ``text`` names a key seen on the wire (``loss-1`` as ``loss-<s>``)."""
+    per_model = re.fullmatch(r"(.+)-\d+", name)
+    return names_key(text, name) or (
+        per_model is not None and names_key(text, per_model.group(1))
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides", "message_type"),
+    WIRE_RUNS,
+    ids=[f"{name}-{message_type}" for name, _, message_type in WIRE_RUNS],
+)
+def test_every_name_on_the_wire_is_documented(
+    name: str,
+    overrides: dict[str, str],
+    message_type: str,
+    tmp_path: Path,
+) -> None:
+    _, grid = run_inprocess(
+        {
+            **WIRE_RUN_CONFIG,
+            **overrides,
+            "strategy": name,
+            "output-dir": str(tmp_path),
+        },
+        num_clients=4,
+    )
+    assert message_type in {record.message_type for record in grid.wire_log}
+    text = section_of(f"``{name}``") + section_of(CONVENTIONS_HEADING)
+    missing = sorted(
+        {
+            f"{record.message_type} {record.direction}: {key}"
+            for record in grid.wire_log
+            for key in wire_names(record.message())
+            if not documented_on_wire(text, key)
+        }
+    )
+    assert not missing, f"sent but not named in protocol.py's {name} section: {missing}"
