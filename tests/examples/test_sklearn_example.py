@@ -1,0 +1,197 @@
+"""The scikit-learn example runs every model-agnostic method, its own train included.
+
+``examples/quickstart-sklearn`` is Flower's quickstart-sklearn (a
+``LogisticRegression`` on the Message API) with the torch-free client helpers.
+Every method that needs no gradients must run there: the server's one-line
+swap of ``FedAvg``, the client's few lines around the example's own ``train``
+and ``evaluate``. Its ``train`` logs ``sklearn-example train: partition <p>,
+<n> examples``, so the tests see that the example's own training ran on the
+nodes the methods sampled.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from flwr.app import Context, RecordDict
+from flwr.common.logger import FLOWER_LOGGER
+
+from flwr_importance.launcher import flwr_run, processes_mentioning
+from flwr_importance.registry import methods
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples" / "quickstart-sklearn"
+
+#: The example's methods: FedAvg, both algorithms of clustered sampling and
+#: every registry method whose client needs no gradient.
+METHODS = ("fedavg", "md", "clustered", "clustered-size", "ocs", "aocs", "poc", "mmfl")
+
+#: Registry methods whose clients need gradients or per-sample quantities,
+#: which a scikit-learn ``LogisticRegression`` does not give.
+NOT_APPLICABLE = {"fedsampling", "isfedavg", "folb"}
+
+#: Methods whose train metrics are Flower's weighted mean of the sampled
+#: nodes' replies, so they hold the key only the example's train writes.
+USER_METRIC_METHODS = ("fedavg", "md", "clustered", "clustered-size", "poc")
+EXAMPLE_TRAIN_METRIC = "train_accuracy"
+
+ROUNDS = 2
+NUM_NODES = 10
+TRAIN_LOG = re.compile(r"sklearn-example train: partition (\d+), \d+ examples")
+
+
+def example_config(**overrides: object) -> dict[str, object]:
+    """The example's run config with ``overrides``."""
+    with (EXAMPLE_DIR / "pyproject.toml").open("rb") as file:
+        config = tomllib.load(file)["tool"]["flwr"]["app"]["config"]
+    return {**config, **overrides}
+
+
+@pytest.fixture(scope="module")
+def example() -> Iterator[dict[str, ModuleType]]:
+    """The example's ``client_app`` and ``server_app`` modules."""
+    sys.path.insert(0, str(EXAMPLE_DIR))
+    try:
+        from sklearnexample import client_app, server_app
+    finally:
+        sys.path.remove(str(EXAMPLE_DIR))
+    yield {"client_app": client_app, "server_app": server_app}
+
+
+def check_history(history: dict[str, dict[str, dict[str, float]]]) -> None:
+    """Central evaluation of the initial model and after every round; train rounds."""
+    central = history["central-evaluation"]
+    assert sorted(int(server_round) for server_round in central) == list(
+        range(ROUNDS + 1)
+    )
+    assert all(0.0 <= row["accuracy"] <= 1.0 for row in central.values())
+    assert sorted(int(server_round) for server_round in history["train"]) == list(
+        range(1, ROUNDS + 1)
+    )
+
+
+class TrainLog(logging.Handler):
+    """Keeps the partition of every ``sklearn-example train`` log record."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.partitions: list[int] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Record the partition of an example train line."""
+        match = TRAIN_LOG.search(record.getMessage())
+        if match:
+            self.partitions.append(int(match.group(1)))
+
+
+def test_example_knows_every_model_agnostic_method(
+    example: dict[str, ModuleType],
+) -> None:
+    registry_names = {spec.name for spec in methods()}
+    assert registry_names - NOT_APPLICABLE <= set(METHODS)
+    context = Context(0, 0, {}, RecordDict(), example_config())
+    make_strategy = example["server_app"].make_strategy
+    for method in METHODS:
+        make_strategy(method, context)
+    for method in NOT_APPLICABLE:
+        with pytest.raises(ValueError, match="unknown strategy"):
+            make_strategy(method, context)
+
+
+def test_example_apps_import_no_torch() -> None:
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, sklearnexample.client_app, sklearnexample.server_app; "
+            "print('torch' in sys.modules)",
+        ],
+        cwd=EXAMPLE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.stdout.split() == ["False"]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_method_trains_with_the_example_train_in_process(
+    method: str, example: dict[str, ModuleType], tmp_path: Path
+) -> None:
+    """Each sampled node's train reply follows the example's own training."""
+    from flwr_importance.testing import InProcessGrid
+
+    config = example_config(
+        strategy=method, **{"num-server-rounds": ROUNDS, "output-dir": str(tmp_path)}
+    )
+    grid = InProcessGrid(example["client_app"].app, NUM_NODES, run_config=config)
+    train_log = TrainLog()
+    FLOWER_LOGGER.addHandler(train_log)
+    try:
+        example["server_app"].main(grid, Context(0, 0, {}, RecordDict(), config))
+    finally:
+        FLOWER_LOGGER.removeHandler(train_log)
+
+    history = json.loads((tmp_path / f"{method}.json").read_text())
+    check_history(history)
+    trained_partitions = {
+        grid.partition_of(record.node_id)
+        for record in grid.wire_log
+        if record.direction == "to-server" and record.message_type == "train"
+    }
+    assert trained_partitions
+    assert trained_partitions <= set(train_log.partitions)
+    if method in USER_METRIC_METHODS:
+        assert all(EXAMPLE_TRAIN_METRIC in row for row in history["train"].values())
+
+
+@pytest.mark.slow
+def test_one_flwr_run_runs_every_method(tmp_path: Path) -> None:
+    flwr_home = tmp_path / "flwr-home"
+    output_dir = tmp_path / "out"
+    completed = flwr_run(
+        EXAMPLE_DIR,
+        num_supernodes=NUM_NODES,
+        run_config={
+            "strategy": ",".join(METHODS),
+            "num-server-rounds": ROUNDS,
+            "output-dir": str(output_dir),
+        },
+        flwr_home=flwr_home,
+        capture=True,
+        timeout=500,
+        # Every ClientApp log line, not Ray's deduplicated summary.
+        extra_env={"RAY_DEDUP_LOGS": "0"},
+        federation_config={"client-resources-num-cpus": 1},
+    )
+    output = completed.stdout + completed.stderr
+    try:
+        assert completed.returncode == 0, output[-6000:]
+        assert "ERROR" not in output, output[-6000:]
+        for method in METHODS:
+            history = json.loads((output_dir / f"{method}.json").read_text())
+            check_history(history)
+            if method in USER_METRIC_METHODS:
+                assert all(
+                    EXAMPLE_TRAIN_METRIC in row for row in history["train"].values()
+                ), method
+        # The example's own train ran on the nodes, at least once per round of
+        # every method (OCS, AOCS and MMFL train every node in their query).
+        partitions = [int(match) for match in TRAIN_LOG.findall(output)]
+        assert len(partitions) >= ROUNDS * len(METHODS), output[-6000:]
+        assert set(partitions) <= set(range(NUM_NODES))
+    finally:
+        assert processes_mentioning(str(flwr_home.resolve())) == []
