@@ -1,6 +1,8 @@
 """A user's ClientApp code in the shape of Flower's quickstart-pytorch.
 
-Its own ``Net``, a DataLoader over the node's partition, momentum SGD with
+Its own ``Net``, a DataLoader over the node's partition (tuple batches, or
+the ``{"img", "label"}`` dictionaries of Flower's current quickstart from
+:func:`load_partition`, split by :func:`unpack`), momentum SGD with
 the learning rate the server sends, ``CrossEntropyLoss`` and a device chosen
 by the user (here the run config's ``device``, so a test can put it on CUDA).
 Every call of the user's training loop is recorded in ``TRAIN_CALLS``, so a
@@ -31,7 +33,7 @@ from flwr.app import (
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from flwr_importance.clientapps import LocalTask
 from flwr_importance.strategies.arrays import flatten
@@ -69,6 +71,31 @@ def load_trainset(partition_id: int) -> TensorDataset:
     images = torch.randn(size, 3, 8, 8, generator=generator)
     labels = torch.randint(NUM_CLASSES, (size,), generator=generator)
     return TensorDataset(images, labels)
+
+
+class ImageDicts(Dataset[dict[str, torch.Tensor]]):
+    """A partition as Flower's quickstart-pytorch batches it: ``{"img", "label"}``."""
+
+    def __init__(self, partition_id: int) -> None:
+        self.images, self.labels = load_trainset(partition_id).tensors
+
+    def __len__(self) -> int:
+        """The partition's size."""
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        """One image and its label."""
+        return {"img": self.images[index], "label": self.labels[index]}
+
+
+def load_partition(partition_id: int) -> ImageDicts:
+    """The partition of :func:`load_trainset`, as dictionaries."""
+    return ImageDicts(partition_id)
+
+
+def unpack(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A dictionary batch as ``(images, labels)``: the helpers' ``unpack=``."""
+    return batch["img"], batch["label"]
 
 
 @dataclass(frozen=True)

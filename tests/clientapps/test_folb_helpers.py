@@ -14,7 +14,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from flwr_importance.clientapps import register_handlers
 from flwr_importance.clientapps.folb import (
@@ -44,11 +44,13 @@ from tests.clientapps.quickstart_user import (
     assert_trained,
     device_of,
     initial_arrays,
+    load_partition,
     load_trainset,
     momentum_buffers,
     ready_made_task,
     received_model,
     run_rounds,
+    unpack,
     user_sgd,
     wire_messages,
 )
@@ -89,13 +91,13 @@ def folb_app(rounds: list[Round]) -> ClientApp:
         device = device_of(context)
         model = received_model(msg, context)
         partition_id = int(context.node_config["partition-id"])
-        trainloader = DataLoader(load_trainset(partition_id), batch_size=BATCH_SIZE)
+        trainloader = DataLoader(load_partition(partition_id), batch_size=BATCH_SIZE)
         criterion = CountingLoss(nn.CrossEntropyLoss())
-        gradient = local_gradient(model, trainloader, criterion)
+        gradient = local_gradient(model, trainloader, criterion, unpack=unpack)
         proximal = ProximalTerm(model, msg)
         optimizer = user_sgd(model, msg)
-        for images, labels in trainloader:
-            images, labels = images.to(device), labels.to(device)
+        for batch in trainloader:
+            images, labels = batch["img"].to(device), batch["label"].to(device)
             optimizer.zero_grad()
             loss = criterion(model(images), labels) + proximal(model)
             loss.backward()
@@ -106,6 +108,7 @@ def folb_app(rounds: list[Round]) -> ClientApp:
             criterion,
             gradient=gradient,
             proximal=proximal,
+            unpack=unpack,
             node_id=context.node_id,
         )
         rounds.append(
@@ -130,11 +133,11 @@ def folb_app(rounds: list[Round]) -> ClientApp:
     @app.query("gradient")
     def gradient(msg: Message, context: Context) -> Message:
         model = received_model(msg, context)
-        trainset = load_trainset(int(context.node_config["partition-id"]))
+        trainset = load_partition(int(context.node_config["partition-id"]))
         trainloader = DataLoader(trainset, batch_size=BATCH_SIZE)
         return gradient_reply(
             msg,
-            local_gradient(model, trainloader, nn.CrossEntropyLoss()),
+            local_gradient(model, trainloader, nn.CrossEntropyLoss(), unpack=unpack),
             num_examples=len(trainset),
         )
 
@@ -272,32 +275,14 @@ def test_proximal_term_pulls_towards_the_received_model(device: str) -> None:
         )
 
 
-class DictImages(Dataset[dict[str, Tensor]]):
-    """quickstart-pytorch's batches: dictionaries with "img" and "label"."""
-
-    def __init__(self, partition_id: int) -> None:
-        self.images, self.labels = load_trainset(partition_id).tensors
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int) -> dict[str, Tensor]:
-        return {"img": self.images[index], "label": self.labels[index]}
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_local_gradient_over_dictionary_batches_needs_unpack(device: str) -> None:
     model = Net().to(device)
     model.load_state_dict(initial_arrays().to_torch_state_dict())
-    trainloader = DataLoader(DictImages(3), batch_size=BATCH_SIZE)
+    trainloader = DataLoader(load_partition(3), batch_size=BATCH_SIZE)
     with pytest.raises(TypeError, match="unpack="):
         local_gradient(model, trainloader, nn.CrossEntropyLoss())
-    record = local_gradient(
-        model,
-        trainloader,
-        nn.CrossEntropyLoss(),
-        unpack=lambda batch: (batch["img"], batch["label"]),
-    )
+    record = local_gradient(model, trainloader, nn.CrossEntropyLoss(), unpack=unpack)
     gradient = record.to_torch_state_dict()
     expected = full_batch_gradient(initial_arrays().to_torch_state_dict(), 3)
     names = [name for name, _ in Net().named_parameters()]

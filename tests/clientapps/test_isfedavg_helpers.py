@@ -51,6 +51,7 @@ from tests.clientapps.quickstart_user import (
     assert_trained,
     device_of,
     initial_arrays,
+    load_partition,
     load_trainset,
     momentum_buffers,
     ready_made_task,
@@ -92,7 +93,7 @@ def isfedavg_app(rounds: list[Round]) -> ClientApp:
     def train(msg: Message, context: Context) -> Message:
         device = device_of(context)
         model = received_model(msg, context)
-        trainset = load_trainset(int(context.node_config["partition-id"]))
+        trainset = load_partition(int(context.node_config["partition-id"]))
         sampler = ImportanceSampler.from_message(
             msg, context, num_samples=len(trainset)
         )
@@ -100,8 +101,8 @@ def isfedavg_app(rounds: list[Round]) -> ClientApp:
         criterion = CountingLoss(nn.CrossEntropyLoss(reduction="none"))
         optimizer = user_sgd(model, msg)
         batch_sizes = []
-        for images, labels in loader:
-            images, labels = images.to(device), labels.to(device)
+        for batch in loader:
+            images, labels = batch["img"].to(device), batch["label"].to(device)
             sampler.observe(model, images, labels, criterion)
             optimizer.zero_grad()
             sampler.weighted_loss(criterion(model(images), labels)).backward()
