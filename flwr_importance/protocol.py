@@ -16,9 +16,10 @@ Conventions shared by every method
   the strategy's ``configrecord_key`` (default ``config``,
   :data:`CONFIG_RECORD`) and the model as one ArrayRecord under its
   ``arrayrecord_key`` (default ``arrays``, :data:`ARRAY_RECORD`), as Flower's
-  ``FedAvg`` does. Exceptions, named in their sections: OCS, MMFL and
-  Power-of-Choice send models as ``model-<s>`` (:func:`model_record_name`),
-  whatever ``arrayrecord_key`` says, and some queries carry no model. The
+  ``FedAvg`` does. Exceptions, named in their sections: the messages of OCS
+  and MMFL and Power-of-Choice's ``query.loss`` carry models as
+  ``model-<s>`` (:func:`model_record_name`), whatever ``arrayrecord_key``
+  says, and some messages carry no model. The
   library's client helpers read the config from ``config``: keep the default
   ``configrecord_key`` when your clients use them.
 - **Config.** ``server-round`` (:data:`SERVER_ROUND`, the round the message
@@ -34,8 +35,8 @@ Conventions shared by every method
   number of magnitude at most ``1e150``, and ``>= 0`` where it says so. An
   ArrayRecord the server reads must have the received model's array keys, in
   the same order, and shapes, and finite values; the server combines arrays
-  in the model's dtype. A reply from a node that was not sent the message,
-  or a second reply from the same node, is dropped.
+  in the model's dtype. A second reply from the same node is dropped, and
+  so is a train reply from a node that was not sent a train message.
 - **num-examples** (:data:`NUM_EXAMPLES`) is the node's number of local
   training samples, an integer ``n_i >= 0``. Unless a section says more, it
   only weights the average of the reply's other metrics into the round's
@@ -111,8 +112,9 @@ batches by its per-sample probabilities ``p_n`` and scales its own steps.
     (:data:`ISFEDAVG_MIN_RELATIVE_SAMPLE_PROB`, float in ``(0, 1]``): floor
     on every ``p_n`` as a fraction of ``1/N_k``.
 
-  The node draws each batch with ``P(n in B) = pi_n = min(1, B_k p_n)`` and
-  steps with the eq. 8 gradient
+  The node draws each batch of distinct samples with ``P(n in B) = pi_n``,
+  ``B_k p_n`` capped at 1 with the excess spread over the others, and steps
+  with the eq. 8 gradient
   ``sum_{b in B} grad Q_b / (K p_k E_k N_k pi_b)``: the importance weights
   are applied on the client.
 - ``train`` reply: one ArrayRecord, the trained local model (not an update);
@@ -347,8 +349,11 @@ reply packs its ArrayRecords the same way, with its layout in the metrics
 (without one, all arrays form one record ``arrays``); its numeric metrics,
 or the reply properties, become the reply's MetricRecord ``metrics``, and
 ``FitRes.num_examples`` is ignored (send ``num-examples`` as a metric).
-``HandlerClient`` does all of this for the library's handlers; its
-``evaluate`` returns the handler's ``loss`` metric as the legacy loss.
+``HandlerClient`` does all of this for the library's handlers: it rebuilds
+the message with the config under ``config`` and each record's arrays keyed
+by the model's state-dict keys, and its ``evaluate`` returns the handler's
+``loss`` metric as the legacy loss. MMFL has no legacy class (the legacy API
+carries one model per round trip).
 """
 
 from __future__ import annotations
