@@ -12,32 +12,38 @@ The wire contract (:mod:`flwr_importance.protocol`, FOLB section):
 - ``query.gradient`` (set ``S2`` of the two-set rule): ``g_k`` only, no
   training; reply ArrayRecord ``"gradient"``, metric ``num-examples``.
 
-Your own train function (Flower's quickstart-pytorch shape), lines added or
-changed marked ``# FOLB``; your DataLoader, loss, optimizer, learning rate,
-epochs and device stay::
+Your own train function (Flower's quickstart-pytorch shape: ``load_data``'s
+DataLoaders of ``{"img", "label"}`` batches, which the helpers read through
+``unpack=``), lines added or changed marked ``# FOLB``; your DataLoader,
+loss, optimizer, learning rate, epochs and device stay::
 
     from flwr_importance.clientapps.folb import (
         ProximalTerm, folb_reply, inexactness, local_gradient,
     )
 
+    def unpack(batch):  # FOLB: your batch layout, given once
+        return batch["img"], batch["label"]
+
     @app.train()
     def train(msg, context):
-        model = Net().to(device)
+        model = Net()
         model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-        trainloader = load_data(context.node_config["partition-id"])
+        model.to(device)
+        trainloader, _ = load_data(partition_id, num_partitions, batch_size)
         criterion = torch.nn.CrossEntropyLoss()
-        gradient = local_gradient(model, trainloader, criterion)  # FOLB: g_k
+        gradient = local_gradient(model, trainloader, criterion, unpack=unpack)  # FOLB
         proximal = ProximalTerm(model, msg)  # FOLB: mu from "proximal-mu"
         optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
         for _ in range(epochs):
-            for images, labels in trainloader:
-                images, labels = images.to(device), labels.to(device)
+            for batch in trainloader:
+                images, labels = batch["img"].to(device), batch["label"].to(device)
                 optimizer.zero_grad()
                 loss = criterion(model(images), labels) + proximal(model)  # FOLB
                 loss.backward()
                 optimizer.step()
         gamma = inexactness(  # FOLB
-            model, trainloader, criterion, gradient=gradient, proximal=proximal
+            model, trainloader, criterion, gradient=gradient, proximal=proximal,
+            unpack=unpack,
         )
         return folb_reply(  # FOLB: update, gradient, gamma
             msg, model, gradient=gradient, gamma=gamma,
@@ -46,17 +52,23 @@ epochs and device stay::
 
     @app.query("gradient")  # FOLB two-set mode only
     def gradient(msg, context):
-        model = Net().to(device)
+        model = Net()
         model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-        trainloader = load_data(context.node_config["partition-id"])
+        trainloader, _ = load_data(partition_id, num_partitions, batch_size)
         return gradient_reply(
-            msg, local_gradient(model, trainloader, torch.nn.CrossEntropyLoss()),
+            msg,
+            local_gradient(
+                model, trainloader, torch.nn.CrossEntropyLoss(), unpack=unpack
+            ),
             num_examples=len(trainloader.dataset),
         )
 
-Batches that are not ``(inputs, targets)`` pairs need ``unpack=``, e.g.
-``unpack=lambda batch: (batch["img"], batch["label"])`` for quickstart-pytorch's
-dictionaries. The ready-made :func:`make_folb_handlers` are built on the same
+Without ``unpack=`` the helpers expect ``(inputs, targets)`` batches (a
+``TensorDataset``) and refuse others with a ``TypeError``.
+``examples/quickstart-pytorch`` adds the proximal term through its
+``task.train``'s ``proximal=`` argument (FedProx's local solve).
+
+The ready-made :func:`make_folb_handlers` are built on the same
 functions (their local solve is :func:`make_train_handler`'s FedProx).
 """
 

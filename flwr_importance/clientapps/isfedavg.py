@@ -14,26 +14,29 @@ and batch size. :class:`ImportanceSampler` is the batch sampler that draws
 exactly ``E_k`` batches of ``B_k``; its ``local_steps`` and ``batch_size`` say
 what they are this round. Your learning rate, optimizer, loss and device stay.
 
-Your own train function (Flower's quickstart-pytorch shape), lines added or
-changed marked ``# ISFedAvg``::
+Your own train function (Flower's quickstart-pytorch shape: ``load_data``'s
+DataLoaders of ``{"img", "label"}`` batches), lines added or changed marked
+``# ISFedAvg``::
 
     from flwr_importance.clientapps.isfedavg import ImportanceSampler
 
     @app.train()
     def train(msg, context):
-        model = Net().to(device)
+        model = Net()
         model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-        trainset = load_data(context.node_config["partition-id"])
+        model.to(device)
+        trainloader, _ = load_data(partition_id, num_partitions, batch_size)
+        trainset = trainloader.dataset  # ISFedAvg
         sampler = ImportanceSampler.from_message(  # ISFedAvg
             msg, context, num_samples=len(trainset)
         )
-        loader = DataLoader(trainset, batch_sampler=sampler)  # ISFedAvg: E_k x B_k
+        trainloader = DataLoader(trainset, batch_sampler=sampler)  # ISFedAvg: E_k x B_k
         criterion = torch.nn.CrossEntropyLoss(reduction="none")  # ISFedAvg
         optimizer = torch.optim.SGD(
             model.parameters(), lr=msg.content["config"]["lr"], momentum=0.9
         )
-        for images, labels in loader:
-            images, labels = images.to(device), labels.to(device)
+        for batch in trainloader:
+            images, labels = batch["img"].to(device), batch["label"].to(device)
             sampler.observe(model, images, labels, criterion)  # ISFedAvg
             optimizer.zero_grad()
             loss = sampler.weighted_loss(criterion(model(images), labels))  # ISFedAvg
@@ -45,6 +48,10 @@ changed marked ``# ISFedAvg``::
                         "metrics": MetricRecord(metrics)}),
             reply_to=msg,
         )
+
+``examples/quickstart-pytorch`` keeps the loop in its ``task.py`` as
+``train_isfedavg(net, trainloader, sampler, lr, device)``, a variant of
+Flower's ``train``, and the sampler in its ClientApp's ``train_isfedavg``.
 
 The ready-made :func:`make_isfedavg_handlers` run the same sampler on a
 :class:`~flwr_importance.clientapps.LocalTask` with plain SGD (the paper's
