@@ -21,7 +21,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from flwr.app import Context, RecordDict
+from flwr.app import Context, RecordDict, UserConfig, UserConfigValue
 from flwr.common.logger import FLOWER_LOGGER
 
 from flwr_importance.launcher import flwr_run, processes_mentioning
@@ -52,11 +52,11 @@ NUM_NODES = 10
 TRAIN_LOG = re.compile(r"sklearn-example train: partition (\d+), \d+ examples")
 
 
-def example_config(**overrides: object) -> dict[str, object]:
+def example_config(overrides: dict[str, UserConfigValue] | None = None) -> UserConfig:
     """The example's run config with ``overrides``."""
     with (EXAMPLE_DIR / "pyproject.toml").open("rb") as file:
-        config = tomllib.load(file)["tool"]["flwr"]["app"]["config"]
-    return {**config, **overrides}
+        config: UserConfig = tomllib.load(file)["tool"]["flwr"]["app"]["config"]
+    return {**config, **(overrides or {})}
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +135,7 @@ def test_method_trains_with_the_example_train_in_process(
     from flwr_importance.testing import InProcessGrid
 
     config = example_config(
-        strategy=method, **{"num-server-rounds": ROUNDS, "output-dir": str(tmp_path)}
+        {"strategy": method, "num-server-rounds": ROUNDS, "output-dir": str(tmp_path)}
     )
     grid = InProcessGrid(example["client_app"].app, NUM_NODES, run_config=config)
     train_log = TrainLog()
