@@ -10,7 +10,8 @@ APIs (and give the same models, see ``tests/compat``).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, fields, replace
 from logging import INFO, WARNING
 from typing import Any, ClassVar, cast
@@ -116,6 +117,28 @@ NOT_APPLICABLE: Mapping[str, str] = {
     "inplace": "{method} aggregates with its own weights, never FedAvg's average",
 }
 
+#: The Message-API parameter each legacy ``FedAvg`` option sets under another
+#: name: a refusal by the method names the one the user wrote.
+LEGACY_NAMES: Mapping[str, str] = {
+    "min_available_nodes": "min_available_clients",
+    "min_evaluate_nodes": "min_evaluate_clients",
+}
+
+
+def in_legacy_terms(message: str, forwarded: Collection[str]) -> str:
+    """``message`` with each Message-API name in ``forwarded`` in its legacy name.
+
+    Examples
+    --------
+    >>> in_legacy_terms("min_available_nodes must be >= 1", {"min_available_nodes"})
+    'min_available_clients must be >= 1'
+    """
+    for name in forwarded:
+        if name in LEGACY_NAMES:
+            message = re.sub(rf"\b{name}\b", LEGACY_NAMES[name], message)
+    return message
+
+
 #: The legacy evaluation options that only matter with federated evaluation.
 _EVALUATION_OPTIONS = (
     "min_evaluate_clients",
@@ -158,6 +181,10 @@ class LegacyStrategyAdapter(FedAvg):
     TypeError
         A ``FedAvg`` argument that cannot apply to the method, or an
         evaluation option while federated evaluation is off.
+    TypeError, ValueError
+        The method's own refusal of an argument, naming a legacy option by
+        its legacy name (``min_available_clients``, not
+        ``min_available_nodes``; :data:`LEGACY_NAMES`).
     """
 
     message_strategy_class: Callable[..., Strategy]
@@ -168,10 +195,13 @@ class LegacyStrategyAdapter(FedAvg):
 
     def __init__(self, *, legacy: LegacyOptions | None = None, **options: Any) -> None:
         legacy_options = self._legacy_options(legacy, options)
-        self._forward_to_method(legacy_options, options)
+        forwarded = self._forward_to_method(legacy_options, options)
         # The method first: its own checks (e.g. FedSampling refusing
         # federated evaluation) explain a refusal better than FedAvg's would.
-        self.strategy = self.message_strategy_class(**options)
+        try:
+            self.strategy = self.message_strategy_class(**options)
+        except (TypeError, ValueError) as error:
+            raise type(error)(in_legacy_terms(str(error), forwarded)) from error
         super().__init__(
             fraction_fit=1.0,
             fraction_evaluate=legacy_options.fraction_evaluate,
@@ -227,11 +257,12 @@ class LegacyStrategyAdapter(FedAvg):
     @classmethod
     def _forward_to_method(
         cls, legacy_options: LegacyOptions, options: dict[str, Any]
-    ) -> None:
+    ) -> set[str]:
         """Put the legacy options the Message-API strategy takes into ``options``.
 
         Its ``fraction_evaluate`` is the legacy one, so that what it logs
-        about federated evaluation is what the legacy server does.
+        about federated evaluation is what the legacy server does. Returns
+        the Message-API names set from a legacy option.
         """
         forwarded = {
             "min_available_nodes": legacy_options.min_available_clients,
@@ -248,9 +279,12 @@ class LegacyStrategyAdapter(FedAvg):
                 f"{legacy_options.min_available_clients} and min_available_nodes="
                 f"{options['min_available_nodes']} name the same setting: give one"
             )
+        given = set()
         for name, value in forwarded.items():
             if value is not None and name not in options:
                 options[name] = value
+                given.add(name)
+        return given
 
     def __repr__(self) -> str:
         """The class and the Message-API strategy it runs."""

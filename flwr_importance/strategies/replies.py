@@ -41,10 +41,14 @@ from flwr_importance.strategies.arrays import all_finite, array_values
 #: text inside the reason, e.g. ``<class 'ValueError'>:<'No query function
 #: registered with name 'norm''>`` (deployment) or ``<class
 #: '...ClientAppException'>:<'...Message: No query function registered with
-#: name 'norm''>`` (simulation).
+#: name 'norm''>`` (simulation). On the legacy API a ``NumPyClient`` without
+#: ``get_properties`` answers a query with the status "Client does not
+#: implement `get_properties`" (``flwr/compat/client/client.py``), which the
+#: legacy transport turns into an error reply with the same code.
 MISSING_HANDLER_REASON = re.compile(
     r"No (?:train|evaluate|query) function registered with name '\w+'"
     r"|Invalid message type: [\w.]+"
+    r"|Client does not implement `\w+`"
 )
 
 #: The summary's reason for a node that did not reply in time.

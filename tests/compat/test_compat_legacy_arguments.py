@@ -194,3 +194,39 @@ def test_legacy_options_are_exported_and_also_taken_bundled() -> None:
     assert strategy.initial_parameters is INITIAL
     assert (strategy.fraction_evaluate, strategy.min_evaluate_clients) == (0.5, 3)
     assert strategy.strategy.min_evaluate_nodes == 3
+
+
+#: A legacy option the method refuses, its legacy and its Message-API name.
+REFUSED_LEGACY_OPTIONS: list[tuple[dict[str, Any], str, str]] = [
+    ({"min_available_clients": 0}, "min_available_clients", "min_available_nodes"),
+    (
+        {"fraction_evaluate": 0.5, "min_evaluate_clients": -1},
+        "min_evaluate_clients",
+        "min_evaluate_nodes",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments", "legacy_name", "message_api_name"),
+    [
+        (name, *case)
+        for name in sorted(CLASSES)
+        for case in REFUSED_LEGACY_OPTIONS
+        # FedSampling refuses federated evaluation itself, before the count.
+        if not (name == "fedsampling" and "fraction_evaluate" in case[0])
+    ],
+)
+def test_the_method_refusing_a_legacy_option_names_the_legacy_parameter(
+    name: str, arguments: dict[str, Any], legacy_name: str, message_api_name: str
+) -> None:
+    cls, size = CLASSES[name]
+    with pytest.raises(ValueError) as raised:
+        cls(**size, **arguments)
+    assert legacy_name in str(raised.value)
+    assert message_api_name not in str(raised.value)
+
+
+def test_a_message_api_name_keeps_its_name_in_the_error() -> None:
+    with pytest.raises(ValueError, match="min_available_nodes must be >= 1"):
+        compat.FOLB(clients_per_round=3, min_available_nodes=0)

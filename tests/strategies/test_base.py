@@ -219,3 +219,39 @@ def test_every_message_honours_the_record_keys(name: str) -> None:
         # One model travels under arrayrecord_key, a query's under the
         # protocol's model-0.
         assert set(message.content.array_records) <= {"model", "model-0"}
+
+
+#: The argument that sizes each class's rounds, named by its refusals.
+ROUND_SIZE = {"fedsampling": "samples_per_round"}
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+@pytest.mark.parametrize(
+    ("argument", "value"), [("fraction_train", 0.5), ("min_train_nodes", 2)]
+)
+def test_fedavg_round_size_arguments_are_refused_naming_the_replacement(
+    name: str, argument: str, value: float
+) -> None:
+    replacement = ROUND_SIZE.get(name, "clients_per_round")
+    with pytest.raises(TypeError) as raised:
+        BUILDERS[name](**{argument: value})
+    message = str(raised.value)
+    assert message.startswith(f"{argument} does not apply to ")
+    assert f"pass {replacement}=..." in message
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_train_metrics_aggr_fn_only_where_it_averages(name: str) -> None:
+    def mean(contents: list[Any], key: str) -> Any:
+        raise AssertionError("not called here")
+
+    if name in ("isfedavg", "folb"):
+        assert BUILDERS[name](train_metrics_aggr_fn=mean).train_metrics_aggr_fn is mean
+        return
+    with pytest.raises(TypeError, match="train_metrics_aggr_fn does not apply to"):
+        BUILDERS[name](train_metrics_aggr_fn=mean)
+
+
+def test_an_unknown_keyword_is_refused_as_python_would() -> None:
+    with pytest.raises(TypeError, match="unexpected keyword argument 'fraction_trian'"):
+        MDSampling(clients_per_round=3, fraction_trian=0.5)  # type: ignore[call-arg]
