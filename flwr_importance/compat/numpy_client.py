@@ -86,7 +86,6 @@ from flwr.compat.client.client import (
 from numpy.typing import NDArray
 
 from flwr_importance import protocol
-from flwr_importance.clientapps.messages import ClientHandler
 from flwr_importance.clientapps.optimal import (
     USER_ARRAYS_KEY,
     USER_CONFIG_KEY,
@@ -168,7 +167,7 @@ class ImportanceClient(Client):
         self.num_examples = num_examples
         self.train_loss_key = train_loss_key
         kept_update = KeptUpdateMod()
-        self.handlers: dict[str, ClientHandler] = {
+        self.handlers: dict[str, Callable[[Message, Context], Message]] = {
             protocol.query_message_type(protocol.SIZES_QUERY): self._size,
             protocol.query_message_type(protocol.NORM_QUERY): norm_query_handler(
                 self._train

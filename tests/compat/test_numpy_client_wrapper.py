@@ -37,6 +37,7 @@ from flwr_importance import compat, protocol
 from flwr_importance.compat.transport import ARRAY_LAYOUT_KEY, MESSAGE_TYPE_KEY
 from tests.compat.compat_harness import run_legacy
 from tests.compat.test_legacy_example import client_manager
+from tests.test_server_side_imports import FORBIDDEN, loaded_in_fresh_interpreter
 
 EXAMPLE_DIR = (
     Path(__file__).resolve().parents[2] / "examples" / "quickstart-pytorch-legacy"
@@ -138,6 +139,17 @@ def kept_update_train(client: Client) -> tuple[NDArrays, dict[str, Scalar]]:
         )
     )
     return parameters_to_ndarrays(result.parameters), result.metrics
+
+
+def test_the_wrapper_loads_no_ml_framework() -> None:
+    """A TensorFlow, JAX or scikit-learn client can be wrapped without torch."""
+    probe = f"""
+import json, sys
+from flwr_importance import compat
+compat.importance_client_fn, compat.ImportanceClient
+print(json.dumps(sorted(name for name in {FORBIDDEN!r} if name in sys.modules)))
+"""
+    assert loaded_in_fresh_interpreter(probe) == []
 
 
 # -- sizes --------------------------------------------------------------------

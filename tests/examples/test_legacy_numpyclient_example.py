@@ -1,0 +1,87 @@
+"""End to end: the NumPyClient quickstart on the legacy API, under a real ``flwr run``.
+
+One ``flwr run`` of ``examples/quickstart-pytorch-legacy`` runs every method
+it serves one after another (its run config's ``strategy``, comma-separated,
+each through Flower's legacy server loop); each must complete every round,
+and the example's own ``fit`` (its ``FlowerClient``, logging "legacy-example
+fit") must be what trained. Each method also runs in process through the
+legacy loop (``tests/compat/test_numpy_client_wrapper.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from flwr_importance.launcher import flwr_run, processes_mentioning
+
+EXAMPLE_DIR = (
+    Path(__file__).resolve().parents[2] / "examples" / "quickstart-pytorch-legacy"
+)
+METHODS = ["fedavg", "md", "clustered", "clustered-similarity", "ocs", "aocs", "poc"]
+ROUNDS = 2
+NUM_SUPERNODES = 10
+#: The line the example's FlowerClient.fit logs, with its partition.
+FIT_LINE = re.compile(r"legacy-example fit: partition (\d+), (\d+) examples")
+#: Flower's legacy loop: the fit calls of a round, for any strategy.
+FIT_ROUND = re.compile(r"configure_fit: strategy sampled (\d+) clients")
+#: The example's server after each method: what follows is the next method's.
+METHOD_END = re.compile(r"legacy-example ([\w-]+): \d+ rounds evaluated")
+#: Their fit calls send the update kept at the round's norm query, which every
+#: node answers by training.
+KEPT_UPDATE_METHODS = {"ocs", "aocs"}
+
+
+@pytest.mark.slow
+def test_every_method_runs_the_numpyclient_example_under_flwr_run(
+    tmp_path: Path,
+) -> None:
+    flwr_home = tmp_path / "flwr-home"
+    output_dir = tmp_path / "out"
+    completed = flwr_run(
+        EXAMPLE_DIR,
+        num_supernodes=NUM_SUPERNODES,
+        run_config={
+            "strategy": ",".join(METHODS),
+            "num-server-rounds": ROUNDS,
+            "num-supernodes": NUM_SUPERNODES,
+            "output-dir": str(output_dir),
+        },
+        flwr_home=flwr_home,
+        capture=True,
+        timeout=480,
+        federation_config={"client-resources-num-cpus": 1},
+        # Every ClientApp log line, not Ray's "[repeated 19x]" summaries.
+        extra_env={"RAY_DEDUP_LOGS": "0"},
+    )
+    output = completed.stdout + completed.stderr
+    tail = completed.stdout[-4000:] + completed.stderr[-4000:]
+    assert processes_mentioning(str(flwr_home.resolve())) == []
+    assert completed.returncode == 0, tail
+    assert "ERROR" not in output, tail
+
+    history = json.loads((output_dir / "history.json").read_text())
+    assert list(history) == METHODS
+    for method, rows in history.items():
+        assert [row["round"] for row in rows] == list(range(1, ROUNDS + 1)), method
+        assert all(0.0 <= row["accuracy"] <= 1.0 for row in rows), method
+    fits = FIT_LINE.findall(output)
+    assert {int(partition) for partition, _ in fits} == set(range(NUM_SUPERNODES))
+    # The example's fit trained exactly as often as the methods train: once
+    # per fit call, except OCS's and AOCS's, which send the update kept from
+    # their norm query, where every node trains once a round.
+    parts = METHOD_END.split(completed.stdout)
+    fit_calls = {
+        method: sum(int(count) for count in FIT_ROUND.findall(segment))
+        for segment, method in zip(parts[0::2], parts[1::2], strict=False)
+    }
+    assert list(fit_calls) == METHODS, tail
+    assert all(count > 0 for count in fit_calls.values()), fit_calls
+    expected = sum(
+        ROUNDS * NUM_SUPERNODES if method in KEPT_UPDATE_METHODS else count
+        for method, count in fit_calls.items()
+    )
+    assert len(fits) == expected, fit_calls
