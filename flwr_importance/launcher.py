@@ -46,6 +46,7 @@ import collections
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -427,7 +428,10 @@ def flwr_run(
     Notes
     -----
     A run whose Ray node did not start in time (:data:`RAY_STARTUP_TIMEOUT`)
-    is run once more, with a ``RuntimeWarning``.
+    is run once more, with a ``RuntimeWarning``. ``flwr run --stream`` exits
+    with 0 even when the ServerApp raises; a run whose output shows Flower's
+    error exit (:func:`server_app_error`) is returned with
+    :data:`FAILED_RUN_RETURNCODE` instead.
     """
     app_dir = app_dir.resolve()
     num_supernodes = supernodes_for_run(app_dir, run_config, num_supernodes)
@@ -466,7 +470,68 @@ def flwr_run(
             stacklevel=2,
         )
         completed = _flwr_run_once(command, env, app_dir, flwr_home, capture, timeout)
+    if completed.returncode == 0 and server_app_error(
+        completed.stdout + completed.stderr
+    ):
+        return subprocess.CompletedProcess(
+            completed.args, FAILED_RUN_RETURNCODE, completed.stdout, completed.stderr
+        )
     return completed
+
+
+#: The return code :func:`flwr_run` gives a run whose ServerApp failed (what
+#: Flower's own processes exit with on an error, ``flwr/supercore/exit``).
+FAILED_RUN_RETURNCODE = 1
+
+#: Flower's line when a process ends (``flwr/supercore/exit/exit.py``): codes
+#: 0-99 are successes, any other an error (700: the simulation raised).
+_EXIT_CODE = re.compile(r"Exit Code: (\d+)")
+#: The colours of Flower's log lines.
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+def server_app_error(output: str) -> str | None:
+    """The error a failed run reports in its output; None if it reports none.
+
+    A ServerApp (or the simulation) that raises logs the traceback and then
+    Flower's ``Exit Code: <code>`` line with a code of 100 or more. The error
+    is the exception of the last traceback before that line (its message,
+    which may span lines), or the exit line itself when no traceback was
+    printed.
+
+    Examples
+    --------
+    >>> server_app_error("INFO : round 1\nINFO : done")
+    >>> server_app_error(
+    ...     "Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+    ...     "ValueError: no sizes\nERROR :     Exit Code: 700\n"
+    ... )
+    'ValueError: no sizes (Exit Code: 700)'
+    """
+    lines = _ANSI_ESCAPE.sub("", output).splitlines()
+    exits = [
+        (index, match)
+        for index, line in enumerate(lines)
+        if (match := _EXIT_CODE.search(line)) and int(match.group(1)) >= 100
+    ]
+    if not exits:
+        return None
+    exit_index, exit_match = exits[-1]
+    exit_line = exit_match.group(0)
+    starts = [
+        index for index in range(exit_index) if lines[index].strip() == _TRACEBACK
+    ]
+    if not starts:
+        return exit_line
+    # The exception is the first unindented line after the traceback's frames.
+    for index in range(starts[-1] + 1, exit_index):
+        if lines[index] and not lines[index][0].isspace():
+            message = " ".join(
+                line.strip() for line in lines[index:exit_index] if line.strip()
+            )
+            return f"{message} ({exit_line})"
+    return exit_line
 
 
 #: What Ray reports when its raylet has not registered with the GCS within the
@@ -1003,12 +1068,12 @@ def compare_strategies(
         )
         if completed.returncode != 0:
             output = (completed.stdout or "")[-3000:] + (completed.stderr or "")[-3000:]
+            error = server_app_error(completed.stdout + completed.stderr)
             raise RunFailedError(
                 f"flwr run of strategy={strategy} exited with "
-                f"{completed.returncode}\n{output}"
+                f"{completed.returncode}{f': {error}' if error else ''}\n{output}"
             )
         if not history_path.is_file():
-            # `flwr run --stream` exits with 0 even when the ServerApp fails.
             raise RunFailedError(
                 f"flwr run of strategy={strategy} wrote no {history_path}: the "
                 "run failed (its log is above) or the app does not write "
@@ -1084,13 +1149,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous_sigterm_handler = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         if args.compare is None:
-            return flwr_run(
+            completed = flwr_run(
                 args.app,
                 num_supernodes=args.num_supernodes,
                 run_config=args.run_config,
                 flwr_home=args.flwr_home,
                 federation_config=federation_config,
-            ).returncode
+            )
+            error = server_app_error(completed.stdout + completed.stderr)
+            if completed.returncode != 0 and error:
+                print(f"error: the run failed: {error}", file=sys.stderr)
+            return completed.returncode
         result = compare_strategies(
             args.app,
             [name.strip() for name in args.compare.split(",") if name.strip()],
