@@ -492,7 +492,7 @@ _TRACEBACK = "Traceback (most recent call last):"
 
 
 def server_app_error(output: str) -> str | None:
-    """The error a failed run reports in its output; None if it reports none.
+    r"""The error a failed run reports in its output; None if it reports none.
 
     A ServerApp (or the simulation) that raises logs the traceback and then
     Flower's ``Exit Code: <code>`` line with a code of 100 or more. The error
