@@ -4,7 +4,11 @@ It owns what each strategy would otherwise repeat: the seeded generator, the
 shared settings and their checks, the round plan ``configure_train`` keeps for
 ``aggregate_train`` (checked against the round number), the one way messages
 are built, reply metrics in the form Flower's aggregators read, federated
-evaluation that survives bad replies, and a summary of what applies.
+evaluation that survives bad replies, a summary of what applies, the refusal
+of FedAvg's arguments the methods replace, and the reply ledger: dropped
+replies counted for the end of a run, and the run stopped with
+:class:`~flwr_importance.strategies.replies.ClientSideMissingError` when the
+ClientApp lacks the method's client side.
 """
 
 from __future__ import annotations
@@ -136,6 +140,13 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
       replies by node.
     * :meth:`summary`, logging only the settings that apply; subclasses log
       their own first and then call ``super().summary()``.
+    * ``self.reply_ledger`` (:class:`~flwr_importance.strategies.replies.ReplyLedger`),
+      fed by :meth:`query` and :meth:`check_replies` (which subclasses use
+      instead of the plain functions): it counts the dropped replies, logged
+      by message type and reason when :meth:`start` ends, and raises
+      :class:`~flwr_importance.strategies.replies.ClientSideMissingError`
+      naming :attr:`client_side` when every node lacks the method's client
+      side (a plain FedAvg ClientApp).
 
     Parameters
     ----------
@@ -168,7 +179,10 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
     Raises
     ------
     TypeError
-        A setting of the wrong type (e.g. a float ``seed``).
+        A setting of the wrong type (e.g. a float ``seed``); FedAvg's
+        ``fraction_train`` or ``min_train_nodes`` (the message names
+        :attr:`round_size`, the replacement), ``train_metrics_aggr_fn`` for a
+        class that does not average train metrics, or an unknown keyword.
     ValueError
         A setting out of its range, or federated evaluation asked of a class
         without it.

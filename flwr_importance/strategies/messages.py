@@ -4,7 +4,7 @@ Strategies build every message through
 :meth:`~flwr_importance.strategies.base.ImportanceStrategy.build_messages`,
 which calls :func:`node_messages` with the strategy's ``arrayrecord_key`` and
 ``configrecord_key``; :func:`send_query` sends such messages and keeps the
-replies that arrived.
+replies that arrived (telling the strategy's reply ledger what it dropped).
 """
 
 from __future__ import annotations
