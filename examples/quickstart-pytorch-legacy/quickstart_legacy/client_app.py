@@ -89,6 +89,8 @@ def client_fn(context: Context) -> Client:
     ).to_client()
 
 
+# The size-sampling methods ask each node its sample count before any fit.
+# --8<-- [start:md-client,clustered-client,poc-client]
 def train_size(context: Context) -> int:
     """The partition's number of training images, asked before any ``fit``."""
     partition_id = int(context.node_config["partition-id"])
@@ -96,11 +98,14 @@ def train_size(context: Context) -> int:
     return len(trainloader.dataset)  # type: ignore[arg-type]
 
 
+# --8<-- [end:md-client,clustered-client,poc-client]
+
+
 # Every method's calls reach FlowerClient through this one line (FedAvg's
-# pass through unchanged); without num_examples, a size query would run its
-# fit once more per node.
-# --8<-- [start:md-client]
+# pass through unchanged). Without num_examples the wrapper would learn a
+# node's size by one more fit, from get_parameters, which this client lacks.
+# --8<-- [start:md-client,clustered-client,ocs-client,aocs-client,poc-client]
 app = ClientApp(
     client_fn=compat.importance_client_fn(client_fn, num_examples=train_size)
 )
-# --8<-- [end:md-client]
+# --8<-- [end:md-client,clustered-client,ocs-client,aocs-client,poc-client]
