@@ -19,11 +19,15 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from flwr.app import Context, RecordDict
+import tomllib
+from flwr.app import Context, Message, RecordDict
+from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import Strategy
 
+from flwr_importance.clientapps.isfedavg import SAMPLE_STATE_KEY
 from flwr_importance.launcher import flwr_run, processes_mentioning
 from flwr_importance.registry import methods
+from flwr_importance.testing import InProcessGrid
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 QUICKSTART_DIR = EXAMPLES_DIR / "quickstart-pytorch"
@@ -201,6 +205,63 @@ def test_legacy_example_runs_under_flwr_run(
         10,
     )
     assert [row["round"] for row in history] == list(range(ROUNDS + 1))
+
+
+def test_quickstart_methods_in_one_run_do_not_share_node_state(
+    tmp_path: Path,
+) -> None:
+    """Each method of a several-method run starts from a fresh node state.
+
+    ISFedAvg keeps its sample probabilities and OCS its updates in
+    ``context.state``; the switch to the next method drops them, so OCS never
+    sees ISFedAvg's and the second ISFedAvg starts from uniform probabilities,
+    as in a run of its own. In process, with the example's own apps.
+    """
+    server_app = quickstart_module("server_app")
+    client_app = quickstart_module("client_app")
+    seen: list[tuple[str, str, set[str]]] = []
+
+    def recording(msg: Message, context: Context) -> Message:
+        """The example's app, recording the node state each message finds."""
+        if msg.metadata.message_type != "query." + client_app.METHOD_QUERY:
+            method = client_app.current_method(context)
+            seen.append((method, msg.metadata.message_type, set(context.state)))
+        return client_app.app(msg, context)
+
+    spy = ClientApp()
+    spy.train()(recording)
+    spy.evaluate()(recording)
+    for action in ("sizes", "norm", "loss", client_app.METHOD_QUERY):
+        spy.query(action)(recording)
+    run_config = {
+        **quickstart_defaults(),
+        "strategy": "isfedavg,ocs,isfedavg",
+        "num-server-rounds": 1,
+        "num-supernodes": 4,
+        "output-dir": str(tmp_path),
+    }
+    grid = InProcessGrid(spy, 4, run_config, seed=0)
+    context = Context(
+        run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config
+    )
+    server_app.main(grid, context)
+
+    kept_by = {method for method, _, keys in seen if SAMPLE_STATE_KEY in keys}
+    assert kept_by == {"isfedavg"}
+    # ISFedAvg's first train message on each node finds no probabilities:
+    # the one before the second ISFedAvg run left them, the switch dropped them.
+    isfedavg_trains = [
+        keys for method, kind, keys in seen if (method, kind) == ("isfedavg", "train")
+    ]
+    assert isfedavg_trains and not any(
+        SAMPLE_STATE_KEY in keys for keys in isfedavg_trains
+    )
+
+
+def quickstart_defaults() -> dict[str, Any]:
+    """The run config of the quickstart's ``pyproject.toml``."""
+    with (QUICKSTART_DIR / "pyproject.toml").open("rb") as file:
+        return dict(tomllib.load(file)["tool"]["flwr"]["app"]["config"])
 
 
 def test_quickstart_example_knows_every_method() -> None:

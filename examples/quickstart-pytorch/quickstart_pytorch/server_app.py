@@ -219,8 +219,9 @@ def start_method(grid: Grid, method: str) -> None:
     replies = list(grid.send_and_receive(messages))
     failed = [reply for reply in replies if reply.has_error()]
     if failed or len(replies) < len(messages):
+        reason = f" ({failed[0].error.reason})" if failed else ""
         raise RuntimeError(
-            f"{len(failed)} of {len(messages)} nodes failed and "
+            f"{len(failed)} of {len(messages)} nodes failed{reason} and "
             f"{len(messages) - len(replies)} did not answer the switch to '{method}'"
         )
 
