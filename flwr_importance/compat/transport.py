@@ -398,8 +398,8 @@ def fit_reply(reply: Message) -> tuple[list[NDArray[np.generic]], int, ScalarDic
     """A handler reply as ``NumPyClient.fit`` returns it (arrays, count, metrics).
 
     Its named ArrayRecords packed, with their layout in the metrics (what
-    :func:`reply_from_fit_res` unpacks on the server); the
-    example count is the reply's ``num-examples`` metric (0 without).
+    :func:`reply_from_fit_res` unpacks on the server); the example count is
+    the reply's ``num-examples`` metric (0 without).
     """
     arrays, layout = pack_arrays(reply.content.array_records)
     metrics = reply_scalars(reply)
