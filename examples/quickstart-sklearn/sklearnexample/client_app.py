@@ -6,12 +6,12 @@ a few torch-free lines more, marked with the methods they serve; one app
 serves them all here (each helper answers only its own method's messages), a
 project using one method keeps only that method's lines:
 
-- ``md``, ``clustered`` and ``poc``: the true-size query (``md-client``);
-- ``poc``: the local-loss query on ``evaluate`` (``poc-client``);
+- ``md``, ``clustered`` and ``poc``: the true-size query;
+- ``poc``: the local-loss query on ``evaluate``;
 - ``ocs``, ``aocs`` and ``mmfl``: :class:`KeptUpdateMod` on ``train`` and the
-  norm query running ``train`` (``ocs-client``);
+  norm query running ``train``;
 - ``mmfl``: ``train`` and ``evaluate`` pick the model's task by the config's
-  ``model-index`` (``mmfl-client``).
+  ``model-index``.
 """
 
 from __future__ import annotations
@@ -51,9 +51,9 @@ def model_task(msg: Message) -> int:
 # --8<-- [end:mmfl-client]
 
 
-# --8<-- [start:ocs-client]
+# --8<-- [start:ocs-client,aocs-client,mmfl-client]
 @app.train(mods=[KeptUpdateMod(train_loss_key="train_logloss")])
-# --8<-- [end:ocs-client]
+# --8<-- [end:ocs-client,aocs-client,mmfl-client]
 def train(msg: Message, context: Context) -> Message:
     """Train the model on local data."""
     # Create LogisticRegression Model
@@ -134,7 +134,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     return Message(content=content, reply_to=msg)
 
 
-# --8<-- [start:md-client]
+# --8<-- [start:md-client,clustered-client,poc-client]
 def num_train_examples(context: Context) -> int:
     """The size of this node's training set."""
     partition_id = int(context.node_config["partition-id"])
@@ -143,10 +143,10 @@ def num_train_examples(context: Context) -> int:
 
 
 add_size_query(app, num_examples=num_train_examples)
-# --8<-- [end:md-client]
-# --8<-- [start:ocs-client]
+# --8<-- [end:md-client,clustered-client,poc-client]
+# --8<-- [start:ocs-client,aocs-client,mmfl-client]
 add_norm_query(app, train, train_loss_key="train_logloss")
-# --8<-- [end:ocs-client]
+# --8<-- [end:ocs-client,aocs-client,mmfl-client]
 # --8<-- [start:poc-client]
 add_loss_query(app, evaluate, loss_key="test_logloss")
 # --8<-- [end:poc-client]
