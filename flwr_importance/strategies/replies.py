@@ -469,6 +469,10 @@ def _content_problem(
     nonnegative_keys: Sequence[str],
     expected_arrays: ExpectedArrays,
 ) -> ReplyProblem | None:
+    if not metric_records and not arrays and (required or expected_arrays):
+        # Nothing at all: a reply that came back empty (a failure of the
+        # node), not one whose ClientApp answers without the method's keys.
+        return ReplyProblem("empty reply", "empty reply")
     if len(metric_records) > 1:
         return _bad_value(
             f"it carries {len(metric_records)} MetricRecords, expected one"

@@ -210,3 +210,25 @@ def test_a_run_without_dropped_replies_says_so(
     with caplog.at_level(logging.INFO):
         strategy.start(grid=grid, initial_arrays=MODEL, num_rounds=1)
     assert "MDSampling: no reply was dropped" in caplog.text
+
+
+#: Every size reply empty: what the fault-injection mod's "silent" fault sends.
+empty_app = ClientApp()
+empty_app.train()(plain_fedavg_app.train)
+
+
+@empty_app.query("sizes")
+def empty_sizes(msg: Message, context: Context) -> Message:
+    return Message(RecordDict(), reply_to=msg)
+
+
+def test_empty_replies_from_every_node_are_a_failure_not_a_missing_client_side(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    strategy = MDSampling(clients_per_round=3, fraction_evaluate=0.0)
+    grid = InProcessGrid(empty_app, 2)
+    with caplog.at_level(logging.INFO):
+        result = strategy.start(grid=grid, initial_arrays=MODEL, num_rounds=2)
+    assert strategy.sizes == {}
+    assert not result.arrays  # no round had a client to train
+    assert "query.sizes: 4 x empty reply" in caplog.text
