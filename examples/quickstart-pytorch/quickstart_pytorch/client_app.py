@@ -18,7 +18,7 @@ hands each message to the ClientApp of the method the server is running.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from logging import INFO
 
 import torch
@@ -92,11 +92,11 @@ def num_train_examples(context: Context) -> int:
 
 
 def trained_reply(
-    msg: Message, model: torch.nn.Module, metrics: Mapping[str, float]
+    msg: Message, model: torch.nn.Module, metrics: dict[str, float]
 ) -> Message:
     """Construct and return the reply Message: the trained model and its metrics."""
     model_record = ArrayRecord(model.state_dict())
-    metric_record = MetricRecord({**metrics})
+    metric_record = MetricRecord(metrics)
     content = RecordDict({"arrays": model_record, "metrics": metric_record})
     return Message(content=content, reply_to=msg)
 
