@@ -62,7 +62,10 @@ EXAMPLE_TRAIN_METRIC = {
     "folb": "train_loss",
 }
 #: The methods whose nodes train with the example's ``task.train`` (FOLB with
-#: its proximal term), at least ``QUICKSTART_CLIENTS_PER_ROUND`` per round.
+#: its proximal term): together at least ``QUICKSTART_CLIENTS_PER_ROUND`` per
+#: method and round. (MD, clustered sampling and Power-of-Choice draw with
+#: replacement and may train fewer distinct nodes; OCS, AOCS and MMFL train
+#: every node in their norm query, MMFL once per model.)
 TRAIN_METHODS = [name for name in EXAMPLE_TRAIN_METRIC if name != "isfedavg"]
 #: The log line of each of the example's training functions.
 TRAIN_LOG = "quickstart-pytorch train:"
