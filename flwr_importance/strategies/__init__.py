@@ -17,15 +17,11 @@ from flwr_importance.strategies.mmfl import (
 )
 from flwr_importance.strategies.ocs import OptimalClientSampling
 from flwr_importance.strategies.power_of_choice import PowerOfChoice
-
-# Exported, but not in __all__: tests/test_registry.py holds every class of
-# __all__ to be a registry strategy.
-from flwr_importance.strategies.replies import (
-    ClientSideMissingError as ClientSideMissingError,
-)
+from flwr_importance.strategies.replies import ClientSideMissingError
 
 __all__ = [
     "FOLB",
+    "ClientSideMissingError",
     "ClusteredSampling",
     "FedSampling",
     "ISFedAvg",
