@@ -416,6 +416,8 @@ GENERATED_DOC = """{name} as a legacy ``FedAvg`` subclass.
     (:class:`LegacyOptions`, directly or as ``legacy``). Its queries travel as
     ``ClientProxy.get_properties`` calls (no arrays) or ``ClientProxy.fit``
     calls (with the model) from inside ``configure_fit``, with the message
-    type in the config's ``compat-message-type``; ``handler_client_fn`` serves
-    them with the Message-API client handlers.
+    type in the config's ``compat-message-type``. On the client,
+    ``importance_client_fn(your_client_fn)`` answers them around your own
+    ``NumPyClient`` (model-agnostic methods), ``handler_client_fn`` with the
+    Message-API client handlers.
     """

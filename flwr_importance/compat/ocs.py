@@ -34,7 +34,8 @@ class OptimalClientSampling(LegacyStrategyAdapter):
     client trains, keeps its update in ``context.state`` and returns no arrays,
     only ``update-norm-0`` and ``num-examples-0`` in the ``FitRes`` metrics.
     The round's ``fit`` then carries no model (``kept-update = true``) and
-    returns the kept update as the ArrayRecord ``update``. Client:
+    returns the kept update as the ArrayRecord ``update``. Client: your own
+    ``NumPyClient`` wrapped by ``importance_client_fn(client_fn)``, or
     ``handler_client_fn(task, make_ocs_handlers)``.
     """
 
