@@ -9,6 +9,7 @@ alone.
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from pathlib import Path
 
@@ -26,7 +27,11 @@ README = ROOT / "README.md"
 TEXT = METHODS_DOC.read_text()
 
 PYTHON_BLOCK = re.compile(r"```python\n(.*?)```", re.S)
-BLOCKS = PYTHON_BLOCK.findall(TEXT)
+#: Blocks under a ``<!-- snippet: ... -->`` line quote the examples' own
+#: lines, parts of programs the examples' tests run
+#: (tests/test_docs_snippets.py keeps them equal).
+QUOTED_BLOCK = re.compile(r"^<!-- snippet: [^\n]*-->\n```python\n.*?```\n", re.M | re.S)
+BLOCKS = PYTHON_BLOCK.findall(QUOTED_BLOCK.sub("", TEXT))
 MESSAGE, LEGACY = "# Message API", "# Legacy API"
 SNIPPETS = [code for code in BLOCKS if code.startswith((MESSAGE, LEGACY))]
 #: Other blocks are fragments of a larger program (e.g. a ``main`` body).
@@ -52,12 +57,13 @@ def sections() -> dict[str, str]:
 
 
 def table_rows() -> list[list[str]]:
-    """The cells of the opening table's rows (before the first section)."""
+    """The cells of the opening table's rows (the page's first table)."""
     first = SECTION.search(TEXT)
     assert first is not None, "docs/methods.md has no '## <n>. <method>' section"
-    head = TEXT[: first.start()]
-    rows = [line for line in head.splitlines() if line.startswith("|")]
-    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows[2:]]
+    lines = TEXT[: first.start()].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    rows = itertools.takewhile(lambda line: line.startswith("|"), lines[start:])
+    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows][2:]
 
 
 def run_snippet(code: str) -> dict[str, object]:

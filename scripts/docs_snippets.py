@@ -1,0 +1,212 @@
+"""Fill docs/methods.md's code blocks from the examples' marked regions.
+
+The examples under ``examples/`` mark the lines each method adds to a Flower
+app with whole-line comments::
+
+    # --8<-- [start:ocs-client]
+    add_norm_query(app, train, train_loss_key="train_loss")
+    # --8<-- [end:ocs-client]
+
+A region name is ``<method>-server`` or ``<method>-client``; one name may mark
+several places of an app (its parts are shown joined by ``...``), and lines
+several methods need carry all their names, comma-separated
+(``[start:md-client,clustered-client]``). In the docs,
+a marker line names an example and a region, and the fenced block under it is
+that region's code::
+
+    <!-- snippet: quickstart-pytorch#ocs-client -->
+
+Between ``<!-- lines-table:start -->`` and ``<!-- lines-table:end -->`` the
+docs hold the table of lines each method adds, per app shape, counted from the
+same regions. ``python scripts/docs_snippets.py`` rewrites docs/methods.md;
+``--check`` only says whether it is up to date (tests/test_docs_snippets.py
+runs the check), so the docs cannot drift from code that runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+METHODS_DOC = ROOT / "docs" / "methods.md"
+
+#: The app shapes of the lines table: example folder and column title.
+SHAPES = {
+    "quickstart-pytorch": "PyTorch, Message API (`examples/quickstart-pytorch`)",
+    "quickstart-pytorch-legacy": (
+        "PyTorch `NumPyClient`, legacy API (`examples/quickstart-pytorch-legacy`)"
+    ),
+    "quickstart-sklearn": "scikit-learn, Message API (`examples/quickstart-sklearn`)",
+}
+
+REGION_MARKER = re.compile(r"^\s*# --8<-- \[(start|end):([\w,-]+)\]\s*$")
+SNIPPET_MARKER = re.compile(
+    r"^<!-- snippet: (?P<example>[\w-]+)#(?P<region>[\w-]+) -->\n"
+    r"(?:```python\n.*?```\n)?",
+    re.M | re.S,
+)
+TABLE = re.compile(r"(<!-- lines-table:start -->\n).*?(<!-- lines-table:end -->)", re.S)
+#: Shown between two parts of one region.
+PART_SEPARATOR = "..."
+
+
+def file_regions(path: Path) -> dict[str, list[str]]:
+    """The regions marked in one file: each name's parts, in order, as written.
+
+    Raises
+    ------
+    ValueError
+        On a region that is not closed, closed without being opened, or opened
+        inside another.
+    """
+    parts: dict[str, list[str]] = defaultdict(list)
+    open_names: str | None = None
+    lines: list[str] = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        marker = REGION_MARKER.match(line)
+        if marker is None:
+            if open_names is not None:
+                lines.append(line)
+            continue
+        kind, names = marker.groups()
+        if kind == "start":
+            if open_names is not None:
+                raise ValueError(
+                    f"{path}:{number}: '{names}' opens inside '{open_names}'"
+                )
+            open_names, lines = names, []
+        else:
+            if names != open_names:
+                raise ValueError(f"{path}:{number}: '{names}' closes but is not open")
+            code = "\n".join(lines).strip("\n")
+            for name in names.split(","):
+                parts[name].append(code)
+            open_names = None
+    if open_names is not None:
+        raise ValueError(f"{path}: region '{open_names}' is never closed")
+    return dict(parts)
+
+
+def example_regions(example: str) -> dict[str, dict[Path, list[str]]]:
+    """Every region of an example app: name -> file (relative) -> parts."""
+    folder = EXAMPLES / example
+    if not folder.is_dir():
+        raise ValueError(f"no example app '{example}' under {EXAMPLES}")
+    regions: dict[str, dict[Path, list[str]]] = defaultdict(dict)
+    for path in sorted(folder.rglob("*.py")):
+        for name, parts in file_regions(path).items():
+            regions[name][path.relative_to(folder)] = parts
+    return dict(regions)
+
+
+def region_code(example: str, region: str) -> str:
+    """A region as the docs show it: each file's parts under its path.
+
+    A file's parts lose the indentation they share, and keep the rest, so the
+    lines of one function read at their depths.
+    """
+    files = example_regions(example).get(region)
+    if not files:
+        raise ValueError(f"examples/{example} marks no region '{region}'")
+    blocks = []
+    for path, parts in files.items():
+        lines = [line for part in parts for line in part.splitlines() if line.strip()]
+        shared = min(len(line) - len(line.lstrip()) for line in lines)
+        dedented = [
+            "\n".join(line[shared:] for line in part.splitlines()) for part in parts
+        ]
+        blocks.append(f"# {path.as_posix()}\n" + f"\n{PART_SEPARATOR}\n".join(dedented))
+    return "\n\n".join(blocks) + "\n"
+
+
+def added_lines(code: str) -> int:
+    """Lines of code in a snippet: not blank, not a comment, not a separator."""
+    return sum(
+        1
+        for line in code.splitlines()
+        if line.strip() and not line.strip().startswith("#")
+        if line.strip() != PART_SEPARATOR
+    )
+
+
+def lines_table(methods: list[str]) -> str:
+    """The table of lines each method adds, server and client, per app shape.
+
+    A method an app does not run shows "n/a" (see the method's section).
+    """
+    header = "| method | " + " | ".join(SHAPES.values()) + " |"
+    rows = [header, "|---" * (len(SHAPES) + 1) + "|"]
+    for method in methods:
+        cells = []
+        for example in SHAPES:
+            regions = example_regions(example)
+            server, client = (
+                regions.get(f"{method}-{side}") for side in ("server", "client")
+            )
+            if server is None:
+                cells.append("n/a")
+                continue
+            counts = [
+                added_lines(region_code(example, f"{method}-{side}")) if found else 0
+                for side, found in (("server", server), ("client", client))
+            ]
+            cells.append(f"{counts[0]} server + {counts[1]} client")
+        rows.append(f"| `{method}` | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def render(text: str, methods: list[str]) -> str:
+    """``text`` with every snippet block and the lines table regenerated."""
+
+    def snippet(match: re.Match[str]) -> str:
+        code = region_code(match["example"], match["region"])
+        marker = match.group(0).split("\n", 1)[0]
+        return f"{marker}\n```python\n{code}```\n"
+
+    text = SNIPPET_MARKER.sub(snippet, text)
+    return TABLE.sub(lambda m: m.group(1) + lines_table(methods) + m.group(2), text)
+
+
+def table_methods() -> list[str]:
+    """The lines table's rows, one per method.
+
+    The registry's methods in its order, then the other methods the examples
+    mark (AOCS, a variant of OCS).
+    """
+    sys.path.insert(0, str(ROOT))
+    from flwr_importance.registry import methods
+
+    names = [spec.name for spec in methods()]
+    marked = {
+        name.rsplit("-", 1)[0]
+        for example in SHAPES
+        for name in example_regions(example)
+    }
+    return names + sorted(marked - set(names))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite docs/methods.md, or with ``--check`` report whether it is stale."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument(
+        "--check", action="store_true", help="only check, exit 1 if stale"
+    )
+    args = parser.parse_args(argv)
+    text = METHODS_DOC.read_text()
+    rendered = render(text, table_methods())
+    if args.check:
+        if rendered != text:
+            print("docs/methods.md is stale: run python scripts/docs_snippets.py")
+            return 1
+        return 0
+    METHODS_DOC.write_text(rendered)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
