@@ -100,8 +100,12 @@ per claim row, with exactly these keys (:meth:`ClaimRow.to_json`):
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Callable, Mapping, Sequence
+import math
+import multiprocessing
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -109,10 +113,17 @@ from typing import Any, Literal, get_args
 import matplotlib.pyplot as plt
 import numpy as np
 
-from benchmarks.harness import markdown_table, rounds_to_target, save_figure
+from benchmarks.harness import (
+    markdown_table,
+    prepare_run,
+    rounds_to_target,
+    save_figure,
+)
 
 Direction = Literal["below", "above"]
-Verdict = Literal["as the paper", "unlike the paper", "inconclusive"]
+#: ``"as the paper"``, ``"unlike the paper"``, ``"no effect larger than X%"``,
+#: ``"inconclusive"`` (:func:`verdict`); a claim also ``"mixed"``.
+Verdict = str
 Bound = Literal["exact", "lower bound", "upper bound", "censored"]
 Statistic = Literal["rounds to target", "final"]
 Overrides = Mapping[str, bool | int | float | str]
@@ -243,12 +254,21 @@ class RatioInterval:
         ``"exact"``; ``"lower bound"`` where misses of the method move its
         median (it needs at least that many rounds); ``"upper bound"`` where
         misses of the baseline move its median; ``"censored"`` where both do.
+    p_value : float or None
+        The paired bootstrap's p-value for "ratio = 1"
+        (:func:`paired_ratio_interval`); None where none was computed.
+    detectable_effect : float or None
+        The smallest effect the design detects with 80% power at a two-sided
+        5% level, as a share of the ratio (0.2: 20%); None where none was
+        computed.
     """
 
     ratio: float
     low: float
     high: float
     bound: Bound = "exact"
+    p_value: float | None = None
+    detectable_effect: float | None = None
 
     def text(self) -> str:
         """``0.82 [0.70, 0.95]``, with ``≥``/``≤`` for a bound, ``n/a`` for NaN.
@@ -376,7 +396,99 @@ def paired_ratio_interval(
     # infinite one.
     low = float(np.quantile(lowest, tail, method="inverted_cdf"))
     high = float(np.quantile(highest, 1 - tail, method="inverted_cdf"))
-    return RatioInterval(float(ratio), low, high, bound)
+    point = _ratio(np.median(values[indices], axis=1), np.median(base[indices], axis=1))
+    return RatioInterval(
+        float(ratio),
+        low,
+        high,
+        bound,
+        p_value=bootstrap_p_value(lowest, highest),
+        detectable_effect=detectable_effect(point),
+    )
+
+
+#: ``z_{0.975} + z_{0.80}``: an effect this many standard errors from 0 is
+#: found by a two-sided 5% test with 80% power.
+POWER_STANDARD_ERRORS = 2.8
+#: The detectable effect a comparison should reach (rule 7 of the evidence
+#: rules): seeds rise until it is at most this share.
+POWER_TARGET = 0.2
+
+
+def bootstrap_p_value(lowest: Any, highest: Any) -> float:
+    """The smallest level whose paired bootstrap interval excludes 1, two-sided.
+
+    The interval at level ``1 - a`` is the ``a/2`` quantile of ``lowest`` to
+    the ``1 - a/2`` quantile of ``highest`` (:func:`paired_ratio_interval`), so
+    it lies below 1 once fewer than ``a/2`` of ``highest`` reach 1, above 1
+    once fewer than ``a/2`` of ``lowest`` are at most 1. Counted with one
+    added to both numerator and denominator, so that a finite number of
+    resamples never gives 0.
+
+    This, rather than a sign-flip permutation test on per-seed log ratios,
+    because it is the test the interval shown inverts: a row's p-value is below
+    5% exactly when its 95% interval excludes 1, misses (the worst-case ends)
+    included, and the statistic is the ratio of medians the table prints. A
+    sign-flip test on 5 seeds cannot go below ``2 / 2^5 = 6.25%``, so no row of
+    quick mode could ever pass Holm's step.
+
+    Parameters
+    ----------
+    lowest, highest : array_like
+        Per resample, the ratio with misses at their most favourable and least
+        favourable to the method (both equal when nothing missed).
+
+    Returns
+    -------
+    float
+        In ``(0, 1]``.
+
+    Examples
+    --------
+    >>> ratios = np.linspace(0.5, 0.99, 99)
+    >>> round(bootstrap_p_value(ratios, ratios), 2)
+    0.02
+    >>> bootstrap_p_value(np.linspace(0.5, 1.5, 99), np.linspace(0.5, 1.5, 99))
+    1.0
+    """
+    low_side, high_side = np.asarray(lowest), np.asarray(highest)
+    at_least_one = int(np.sum(~(high_side < 1)))
+    at_most_one = int(np.sum(~(low_side > 1)))
+    count = min(at_least_one, at_most_one)
+    return float(min(1.0, 2 * (count + 1) / (high_side.size + 1)))
+
+
+def detectable_effect(ratios: Any) -> float:
+    """The effect the design detects: ``exp(2.8 SE) - 1`` of the log ratio.
+
+    ``SE`` is the standard deviation of the log ratio over the paired
+    bootstrap's resamples (misses at ``T + 1``); 2.8 standard errors
+    (:data:`POWER_STANDARD_ERRORS`) is the distance at which a two-sided 5%
+    test rejects with 80% power.
+
+    Parameters
+    ----------
+    ratios : array_like
+        The ratio of medians of each resample.
+
+    Returns
+    -------
+    float
+        A share (0.2: a 20% change of the ratio); infinite where a resample's
+        ratio is 0, infinite or NaN (no log).
+
+    Examples
+    --------
+    >>> round(detectable_effect(np.exp([-0.05, 0.05, -0.05, 0.05])), 3)
+    0.175
+    >>> detectable_effect([0.5, 0.0])
+    inf
+    """
+    values = np.asarray(ratios, dtype=np.float64)
+    if values.size < 2 or not np.all(np.isfinite(values) & (values > 0)):
+        return float("inf")
+    spread = float(np.std(np.log(values), ddof=1))
+    return float(np.expm1(POWER_STANDARD_ERRORS * spread))
 
 
 def _misses_at_infinity(
@@ -403,6 +515,15 @@ def _ratio(numerator: Any, denominator: Any) -> Any:
 NO_EFFECT_MARGIN = 0.01
 
 
+#: The widest no-effect bound a verdict reports (rule 7): an interval that
+#: meets 1 but reaches further from it says nothing.
+NO_EFFECT_LIMIT = 0.2
+#: The family-wise error rate of a claim's rows (Holm's step-down).
+FAMILY_LEVEL = 0.05
+#: How a no-effect verdict begins (the bound follows).
+NO_EFFECT = "no effect larger than"
+
+
 def verdict(low: float, high: float, direction: Direction) -> Verdict:
     """What an interval of ``method / baseline`` says of the paper's claim.
 
@@ -420,7 +541,13 @@ def verdict(low: float, high: float, direction: Direction) -> Verdict:
         ``"as the paper"`` only when the interval excludes 1, and the
         no-effect band of :data:`NO_EFFECT_MARGIN` around it, on the paper's
         side; ``"unlike the paper"`` only when it excludes them on the other;
-        ``"inconclusive"`` otherwise (NaN included).
+        ``"no effect larger than X%"`` when it meets that band and both its
+        ends lie within :data:`NO_EFFECT_LIMIT` of 1 (``X`` the larger
+        distance of an end from 1, rounded up to a whole percent: a measured
+        bound, not a chosen margin); ``"inconclusive"`` otherwise (NaN
+        included). An interval inside the band but clear of 1 itself
+        (``[1.001, 1.004]``) reads as no effect: the band is what counts as
+        none.
 
     Raises
     ------
@@ -431,8 +558,10 @@ def verdict(low: float, high: float, direction: Direction) -> Verdict:
     --------
     >>> verdict(0.6, 0.9, "below"), verdict(0.6, 0.9, "above")
     ('as the paper', 'unlike the paper')
-    >>> verdict(0.8, 1.2, "below"), verdict(1.001, 1.004, "below")
-    ('inconclusive', 'inconclusive')
+    >>> verdict(0.8, 1.2, "below"), verdict(0.79, 1.1, "below")
+    ('no effect larger than 20%', 'inconclusive')
+    >>> verdict(1.001, 1.004, "below"), verdict(float("nan"), 1.0, "below")
+    ('no effect larger than 1%', 'inconclusive')
     """
     if direction not in get_args(Direction):
         raise ValueError(f"direction must be 'below' or 'above', got {direction!r}")
@@ -441,7 +570,111 @@ def verdict(low: float, high: float, direction: Direction) -> Verdict:
     below, above = high < 1 - NO_EFFECT_MARGIN, low > 1 + NO_EFFECT_MARGIN
     if below or above:
         return "as the paper" if below == (direction == "below") else "unlike the paper"
+    reach = max(1 - low, high - 1)
+    # The tolerance keeps 1 - 0.8 (0.19999999999999996) and 1.2 - 1 at 20%.
+    if np.isfinite(reach) and reach <= NO_EFFECT_LIMIT + 1e-12:
+        return f"{NO_EFFECT} {_percent_up(reach)}"
     return "inconclusive"
+
+
+def _percent_up(share: float) -> str:
+    """``share`` as a whole percent rounded up (a bound stays a bound): ``12%``."""
+    # Rounded first, so that 0.2 (20.000000000000004%) stays 20%.
+    return f"{max(0, math.ceil(round(100 * share, 6))):d}%"
+
+
+def effect_text(share: float | None) -> str:
+    """A detectable effect as a whole percent (``20%``); ``∞``, or ``n/a``.
+
+    Examples
+    --------
+    >>> effect_text(0.123), effect_text(float("inf")), effect_text(None)
+    ('13%', '∞', 'n/a')
+    """
+    if share is None or np.isnan(share):
+        return "n/a"
+    return "∞" if share == np.inf else _percent_up(share)
+
+
+def holm_survivors(
+    p_values: Sequence[float | None], *, level: float = FAMILY_LEVEL
+) -> list[bool]:
+    """Which hypotheses Holm's step-down rejects at family-wise ``level``.
+
+    The p-values are taken from the smallest up; the ``k``-th smallest (from
+    0) of ``m`` is rejected while it is at most ``level / (m - k)``, and the
+    first that is not stops the steps. A missing p-value (None, NaN) counts as
+    1: it never survives, and still counts in ``m``.
+
+    Parameters
+    ----------
+    p_values : Sequence[float | None]
+        One per row of a claim.
+    level : float
+        The family-wise error rate.
+
+    Returns
+    -------
+    list[bool]
+        Per row, in the order given, whether it survives.
+
+    Examples
+    --------
+    0.03 alone would pass at 5%, but it is the second smallest of three: it
+    must be at most 0.05 / 2.
+
+    >>> holm_survivors([0.01, 0.03, 0.5])
+    [True, False, False]
+    >>> holm_survivors([0.02, 0.024, None])
+    [False, False, False]
+    """
+    values = [
+        1.0 if value is None or not np.isfinite(value) else float(value)
+        for value in p_values
+    ]
+    survived = [False] * len(values)
+    order = sorted(range(len(values)), key=lambda index: values[index])
+    for rank, index in enumerate(order):
+        if values[index] > level / (len(values) - rank):
+            break
+        survived[index] = True
+    return survived
+
+
+def claim_verdict(rows: Sequence[ClaimRow]) -> Verdict:
+    """One verdict for a claim from its rows (rule 7), Holm-corrected.
+
+    Holm's step-down (:func:`holm_survivors`) at :data:`FAMILY_LEVEL` over the
+    rows' p-values; a surviving row counts on the side of 1 its interval lies
+    (its ratio where the interval meets 1, which a survivor's rarely does).
+
+    Returns
+    -------
+    Verdict
+        ``"as the paper"`` if a row on the paper's side survives and none on
+        the other, ``"unlike the paper"`` in the mirror case, ``"mixed"`` if
+        both; otherwise the tightest ``"no effect larger than X%"`` among the
+        rows' verdicts, else ``"inconclusive"`` (no rows included).
+    """
+    toward = against = False
+    for row, survived in zip(
+        rows, holm_survivors([row.p_value for row in rows]), strict=True
+    ):
+        if not survived:
+            continue
+        side = row.side
+        toward |= side == row.direction
+        against |= side is not None and side != row.direction
+    if toward and against:
+        return "mixed"
+    if toward or against:
+        return "as the paper" if toward else "unlike the paper"
+    bounds = [
+        (max(1 - row.interval.low, row.interval.high - 1), row.verdict)
+        for row in rows
+        if row.verdict.startswith(NO_EFFECT)
+    ]
+    return min(bounds)[1] if bounds else "inconclusive"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -489,20 +722,47 @@ class TargetRule:
         return f"{share} {baseline}'s final median {metric} on the tuning seeds"
 
 
-def curve_score(curve: Sequence[float]) -> float:
-    """The mean of a curve over rounds 1..T (its area): how a step is tuned.
+#: A "final" value is the mean over this share of the last rounds (rule 8) ...
+FINAL_SHARE = 0.1
+#: ... and over at least this many rounds.
+MIN_FINAL_ROUNDS = 3
 
-    It rewards both speed and the level reached; NaN where the run diverged.
+
+def final_value(curve: Sequence[float]) -> float:
+    """A run's final value: the mean over its last 10% of rounds, at least 3.
+
+    One last round of a noisy curve is one draw of its noise; the mean over
+    the last ``max(3, ceil(T / 10))`` rounds of ``1..T`` (round 0, the initial
+    model, never counts) is the level the run ended at.
+
+    Parameters
+    ----------
+    curve : Sequence[float]
+        The metric per round, round 0 first.
+
+    Returns
+    -------
+    float
+        The mean; NaN where one of those rounds is not finite (a diverged
+        run) or there is no round past 0.
 
     Examples
     --------
-    >>> curve_score([0.1, 0.5, 0.7])
-    0.6
-    >>> curve_score([1.0, float("inf")])
+    40 rounds: the last 4.
+
+    >>> final_value([9.0] * 37 + [1.0, 2.0, 3.0, 4.0])
+    2.5
+    >>> final_value([0.0, 1.0, 2.0, 4.0, 6.0])
+    4.0
+    >>> final_value([1.0, float("inf"), 0.5, 0.5])
     nan
     """
-    score = float(np.mean(curve[1:]))
-    return score if np.isfinite(score) else float("nan")
+    rounds = len(curve) - 1
+    if rounds < 1:
+        return float("nan")
+    count = min(rounds, max(MIN_FINAL_ROUNDS, math.ceil(FINAL_SHARE * rounds)))
+    value = float(np.mean(np.asarray(curve[-count:], dtype=np.float64)))
+    return value if np.isfinite(value) else float("nan")
 
 
 def choose_learning_rate(
@@ -513,15 +773,16 @@ def choose_learning_rate(
     Parameters
     ----------
     scores : Mapping[float, Sequence[float]]
-        Per learning rate of the grid, the tuning seeds' scores
-        (:func:`curve_score`); NaN (a diverged run) is the worst score.
+        Per learning rate, the tuning seeds' scores: the claim's statistic
+        (:func:`final_value`, or rounds to target); NaN (a diverged run) is the
+        worst score.
     higher_is_better : bool
         Whether a larger score is better.
 
     Returns
     -------
     float
-        The best learning rate; the first in the grid among equals.
+        The best learning rate; the first in the mapping among equals.
 
     Raises
     ------
@@ -544,6 +805,74 @@ def choose_learning_rate(
         return sign * median if np.isfinite(median) else -np.inf
 
     return max(scores, key=merit)
+
+
+#: How far a grid extends past an edge (rule 8): at most this many steps on
+#: each side, each a grid step (the ratio of the two edge rates) further.
+MAX_GRID_EXTENSIONS = 3
+
+
+def tune_learning_rate(
+    scores_at: Callable[[float], Sequence[float]],
+    grid: Sequence[float],
+    *,
+    higher_is_better: bool,
+    max_extensions: int = MAX_GRID_EXTENSIONS,
+) -> tuple[float, dict[float, list[float]]]:
+    """The best learning rate of ``grid``, extending the grid past an edge best.
+
+    When the best rate (:func:`choose_learning_rate`) is the smallest or the
+    largest tried, one more rate is tried a grid step beyond it (the ratio of
+    the grid's two rates at that edge); repeated until the best is interior,
+    or ``max_extensions`` steps were taken on that side (a best rate still at
+    the edge then is reported as it is, and its scores show it).
+
+    Parameters
+    ----------
+    scores_at : Callable[[float], Sequence[float]]
+        A learning rate -> its tuning seeds' scores (the claim's statistic).
+    grid : Sequence[float]
+        The rates to try first, at least two for the grid to extend.
+    higher_is_better : bool
+        Whether a larger score is better.
+    max_extensions : int
+        Extra rates at most on each side.
+
+    Returns
+    -------
+    tuple[float, dict[float, list[float]]]
+        The chosen rate and the scores of every rate tried, in increasing rate.
+
+    Examples
+    --------
+    The score peaks at 1.0, past the grid's top: the grid grows by factors of
+    3 (0.1 -> 0.3), and 0.9 (interior) is chosen after 2.7 scores worse.
+
+    >>> rate, scores = tune_learning_rate(
+    ...     lambda rate: [-abs(np.log(rate))], [0.03, 0.1, 0.3], higher_is_better=True
+    ... )
+    >>> round(rate, 3), [round(tried, 3) for tried in scores]
+    (0.9, [0.03, 0.1, 0.3, 0.9, 2.7])
+    """
+    rates = sorted(grid)
+    scores = {rate: list(scores_at(rate)) for rate in rates}
+    extended = {"low": 0, "high": 0}
+    while True:
+        chosen = choose_learning_rate(
+            dict(sorted(scores.items())), higher_is_better=higher_is_better
+        )
+        tried = sorted(scores)
+        if len(tried) < 2 or tried[0] < chosen < tried[-1]:
+            break
+        side = "high" if chosen == tried[-1] else "low"
+        if extended[side] >= max_extensions:
+            break
+        edge, inner = (tried[-1], tried[-2]) if side == "high" else (tried[0], tried[1])
+        extended[side] += 1
+        # 12 digits: 0.3 * 3 is 0.9, not 0.8999999999999999, in tables and keys.
+        rate = float(f"{edge * (edge / inner):.12g}")
+        scores[rate] = list(scores_at(rate))
+    return chosen, dict(sorted(scores.items()))
 
 
 # -- the description -------------------------------------------------------------
@@ -628,6 +957,15 @@ class PaperComparison:
         The grid of a ``tuned`` comparison.
     learning_rate_key : str (default: "local-lr")
         The run-config key the grid sets.
+    main_row : tuple[str, str] or None (default: None)
+        The claim's main row, ``(comparison name, claimed method)``: the one
+        quick mode gives the seeds its power needs; None: the first
+        comparison's first claimed method.
+    powered_seeds : int (default: 0)
+        The most reported seeds a powered row rises to (quick mode: the main
+        row; ``--full``: every row): seeds are added, two at a time, while
+        its detectable effect is above :data:`POWER_TARGET`. At most the
+        reported seeds: no row rises.
     """
 
     title: str
@@ -644,9 +982,18 @@ class PaperComparison:
     statistic: Statistic = "rounds to target"
     learning_rates: tuple[float, ...] = ()
     learning_rate_key: str = "local-lr"
+    main_row: tuple[str, str] | None = None
+    powered_seeds: int = 0
 
     def __post_init__(self) -> None:
-        """Check the seeds, the direction, and that tuning has a grid."""
+        """Check the seeds, the direction, the main row, that tuning has a grid."""
+        rows = [
+            (comparison.name, method)
+            for comparison in self.comparisons
+            for method in comparison.claimed
+        ]
+        if self.main_row is not None and self.main_row not in rows:
+            raise ValueError(f"main row {self.main_row} is not one of {rows}")
         if self.direction not in get_args(Direction):
             raise ValueError(
                 f"direction must be 'below' or 'above': {self.direction!r}"
@@ -665,6 +1012,20 @@ class PaperComparison:
             )
         if any(item.tuned for item in self.comparisons) and not self.learning_rates:
             raise ValueError("a tuned comparison needs a learning-rate grid")
+
+    @property
+    def main(self) -> tuple[str, str] | None:
+        """The main row, ``(comparison, method)``; None if nothing is claimed."""
+        if self.main_row is not None:
+            return self.main_row
+        return next(
+            (
+                (comparison.name, comparison.claimed[0])
+                for comparison in self.comparisons
+                if comparison.claimed
+            ),
+            None,
+        )
 
     @property
     def statistic_text(self) -> str:
@@ -699,22 +1060,26 @@ RunFunction = Callable[[Overrides, int], SeedRun]
 
 @dataclass
 class MethodOutcome:
-    """One method of one comparison, on the reported seeds."""
+    """One method of one comparison, on its reported seeds."""
 
     overrides: dict[str, bool | int | float | str]
+    #: The reported seeds this method ran, in order: the description's, and
+    #: more where the row is powered (the baseline: the most of any method).
+    seeds: tuple[int, ...]
     runs: list[SeedRun]
     rounds: SeedRounds
-    #: Rounds to target over the baseline's, then the final metric's.
+    #: Rounds to target over the baseline's, then the final metric's, on this
+    #: method's seeds.
     rounds_ratio: RatioInterval
     final_ratio: RatioInterval
     learning_rate: float | None = None
-    #: Per learning rate of the grid, the median tuning score (tuned only).
+    #: Per learning rate tried, the median tuning score (tuned only).
     tuning_scores: dict[float, float] = field(default_factory=dict)
 
     @property
     def finals(self) -> list[float]:
-        """The final metric per seed."""
-        return [run.curve[-1] for run in self.runs]
+        """The final metric per seed (:func:`final_value`)."""
+        return [final_value(run.curve) for run in self.runs]
 
 
 @dataclass
@@ -726,40 +1091,106 @@ class ComparisonOutcome:
     methods: dict[str, MethodOutcome]
 
 
-class _Runner:
-    """Runs ``(overrides, seed)`` pairs through a run function, each once."""
+#: Seeds a powered row adds at a time: one per worker of two.
+SEED_BATCH = 2
+#: Worker processes at most: the report's machine has 2 cores.
+MAX_WORKERS = 2
+_RunKey = tuple[tuple[tuple[str, Any], ...], int]
 
-    def __init__(self, run: RunFunction) -> None:
+
+class _Runner:
+    """Runs ``(overrides, seed)`` pairs through a run function, each once.
+
+    With ``workers > 1``, :meth:`prefetch` runs the pairs it is given in that
+    many processes (started with ``spawn``: a fresh interpreter each, no
+    state forked from this one); every run still derives all of its
+    randomness from its seed, so it gives the same numbers in any process.
+    """
+
+    def __init__(self, run: RunFunction, workers: int = 1) -> None:
         self._run = run
-        self._done: dict[tuple[tuple[tuple[str, Any], ...], int], SeedRun] = {}
+        self._workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+        self._done: dict[_RunKey, SeedRun] = {}
 
     def __call__(self, overrides: Overrides, seed: int) -> SeedRun:
-        key = (tuple(sorted(overrides.items())), seed)
+        key = _run_key(overrides, seed)
         if key not in self._done:
             self._done[key] = self._run(overrides, seed)
         return self._done[key]
 
+    def prefetch(self, pairs: Iterable[tuple[Overrides, int]]) -> None:
+        """Run the pairs not run yet, in the worker processes if there are any."""
+        missing: dict[_RunKey, tuple[Overrides, int]] = {}
+        for overrides, seed in pairs:
+            key = _run_key(overrides, seed)
+            if key not in self._done:
+                missing.setdefault(key, (dict(overrides), seed))
+        if self._workers < 2 or len(missing) < 2:
+            for overrides, seed in missing.values():
+                self(overrides, seed)
+            return
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                max_workers=self._workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=prepare_run,
+            )
+        arguments = list(missing.values())
+        results = self._pool.map(
+            self._run,
+            [overrides for overrides, _ in arguments],
+            [seed for _, seed in arguments],
+        )
+        for key, result in zip(missing, results, strict=True):
+            self._done[key] = result
+
+    def close(self) -> None:
+        """Stop the worker processes, if any were started."""
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+
+def _run_key(overrides: Overrides, seed: int) -> _RunKey:
+    """What identifies a run: its sorted overrides and its seed."""
+    return tuple(sorted(overrides.items())), seed
+
 
 def run_comparisons(
-    description: PaperComparison, run: RunFunction, *, full: bool
+    description: PaperComparison,
+    run: RunFunction,
+    *,
+    full: bool,
+    workers: int = 1,
 ) -> Evaluation:
     """Run every comparison of ``description`` and compute its statistics.
 
     Per comparison: a tuned one picks each method's learning rate on the
-    tuning seeds (:func:`choose_learning_rate` of :func:`curve_score`); the
-    target comes from the baseline's runs on the tuning seeds
-    (:attr:`PaperComparison.target`); every method then runs the reported
-    seeds, and each ratio to the baseline gets its paired interval. A run
-    shared by several comparisons (the same overrides and seed) runs once.
+    tuning seeds by the claim's statistic (:func:`tune_learning_rate`: the
+    final value, :func:`final_value`, for a final-value claim; rounds to the
+    target for a rounds claim, the target then fixed first from the
+    baseline's best final level over its grid); an untuned one takes the
+    target from the baseline's final values on the tuning seeds
+    (:attr:`PaperComparison.target`). Every method then runs the reported
+    seeds, a powered row more (:attr:`PaperComparison.powered_seeds`: the
+    main row in quick mode, every row with ``full``), and each ratio to the
+    baseline gets its paired interval. A run shared by several comparisons
+    (the same overrides and seed) runs once.
 
     Parameters
     ----------
     description : PaperComparison
         The claim and its comparisons.
     run : RunFunction
-        ``(overrides, seed) -> SeedRun``; all randomness from ``seed``.
+        ``(overrides, seed) -> SeedRun``; all randomness from ``seed``. With
+        ``workers > 1`` it must pickle (a module-level function, or a
+        :func:`functools.partial` of one).
     full : bool
-        Paper-scale mode: at least :data:`MIN_REPORTED_SEEDS_FULL` reported seeds.
+        Paper-scale mode: at least :data:`MIN_REPORTED_SEEDS_FULL` reported
+        seeds, and every row powered.
+    workers : int (default: 1)
+        Processes that run seeds side by side, at most :data:`MAX_WORKERS`.
 
     Returns
     -------
@@ -769,97 +1200,239 @@ def run_comparisons(
     Raises
     ------
     ValueError
-        If ``full`` and there are too few reported seeds.
+        If ``full`` and there are too few reported seeds, or ``workers`` is
+        not in ``1..MAX_WORKERS``.
     """
     if full and len(description.reported_seeds) < MIN_REPORTED_SEEDS_FULL:
         raise ValueError(
             f"--full needs at least {MIN_REPORTED_SEEDS_FULL} reported seeds, got "
             f"{len(description.reported_seeds)}"
         )
-    runner = _Runner(run)
-    return Evaluation(
-        description,
-        [
-            _run_comparison(description, item, runner)
+    if not 1 <= workers <= MAX_WORKERS:
+        raise ValueError(f"workers must be in 1..{MAX_WORKERS}, got {workers}")
+    runner = _Runner(run, workers)
+    try:
+        outcomes = [
+            _run_comparison(description, item, runner, full=full)
             for item in description.comparisons
-        ],
-    )
+        ]
+    finally:
+        runner.close()
+    return Evaluation(description, outcomes, full=full)
 
 
-def _tuned_rate(
+def _tuning_finals(
+    description: PaperComparison, overrides: Overrides, runner: _Runner
+) -> Callable[[float], list[float]]:
+    """A learning rate -> the final value of ``overrides`` at it, per tuning seed."""
+
+    def finals(rate: float) -> list[float]:
+        settings = {**overrides, description.learning_rate_key: rate}
+        runner.prefetch((settings, seed) for seed in description.tuning_seeds)
+        return [
+            final_value(runner(settings, seed).curve)
+            for seed in description.tuning_seeds
+        ]
+
+    return finals
+
+
+def _tuning_rounds(
+    description: PaperComparison, overrides: Overrides, runner: _Runner, target: float
+) -> Callable[[float], list[float]]:
+    """A learning rate -> rounds to ``target`` at it per tuning seed.
+
+    A miss counts as ``T + 1``; a run that diverged (its final value is not a
+    number) scores NaN, the worst, whenever it passed the target before.
+    """
+    finals = _tuning_finals(description, overrides, runner)
+
+    def rounds(rate: float) -> list[float]:
+        ended = finals(rate)  # runs the seeds, side by side where there are workers
+        settings = {**overrides, description.learning_rate_key: rate}
+        reached = seed_rounds(
+            [runner(settings, seed).curve for seed in description.tuning_seeds],
+            target,
+            higher_is_better=description.higher_is_better,
+        ).rounds
+        return [
+            value if np.isfinite(final) else float("nan")
+            for value, final in zip(reached, ended, strict=True)
+        ]
+
+    return rounds
+
+
+def _tune(
     description: PaperComparison,
-    overrides: Overrides,
+    comparison: Comparison,
+    settings: dict[str, dict[str, bool | int | float | str]],
     runner: _Runner,
-) -> tuple[float, dict[float, float]]:
-    """The grid's best learning rate on the tuning seeds, and each rate's score.
+) -> tuple[float, dict[str, dict[float, float]]]:
+    """Set each method's learning rate by the claim's statistic; the target.
 
     Returns
     -------
-    tuple[float, dict[float, float]]
-        The chosen rate (:func:`choose_learning_rate`) and, per rate, the
-        median :func:`curve_score` over the tuning seeds.
+    tuple[float, dict[str, dict[float, float]]]
+        The target, and per method the median score of each rate tried.
     """
-    key = description.learning_rate_key
-    scores = {
-        rate: [
-            curve_score(runner({**overrides, key: rate}, seed).curve)
-            for seed in description.tuning_seeds
-        ]
-        for rate in description.learning_rates
+    key, grid = description.learning_rate_key, description.learning_rates
+    higher = description.higher_is_better
+    runner.prefetch(
+        ({**overrides, key: rate}, seed)
+        for overrides in settings.values()
+        for rate in grid
+        for seed in description.tuning_seeds
+    )
+    baseline = settings[comparison.baseline]
+    scores: dict[str, dict[float, list[float]]] = {}
+    if description.statistic == "final":
+        for method, overrides in settings.items():
+            rate, scores[method] = tune_learning_rate(
+                _tuning_finals(description, overrides, runner),
+                grid,
+                higher_is_better=higher,
+            )
+            overrides[key] = rate
+        target = description.target.target(
+            scores[comparison.baseline][float(baseline[key])], higher_is_better=higher
+        )
+    else:
+        # Rounds need a target before any rate is chosen: the baseline's best
+        # final level over its grid, on the tuning seeds.
+        best, base_finals = tune_learning_rate(
+            _tuning_finals(description, baseline, runner), grid, higher_is_better=higher
+        )
+        target = description.target.target(base_finals[best], higher_is_better=higher)
+        for method, overrides in settings.items():
+            rate, scores[method] = tune_learning_rate(
+                _tuning_rounds(description, overrides, runner, target),
+                grid,
+                higher_is_better=False,
+            )
+            overrides[key] = rate
+    medians = {
+        method: {rate: float(np.median(values)) for rate, values in tried.items()}
+        for method, tried in scores.items()
     }
-    chosen = choose_learning_rate(scores, higher_is_better=description.higher_is_better)
-    return chosen, {rate: float(np.median(values)) for rate, values in scores.items()}
+    return target, medians
+
+
+def _ratios(
+    description: PaperComparison,
+    runs: Sequence[SeedRun],
+    base_runs: Sequence[SeedRun],
+    target: float,
+) -> tuple[RatioInterval, RatioInterval]:
+    """Rounds to target and final value of ``runs`` over ``base_runs``, paired."""
+    higher = description.higher_is_better
+    rounds = seed_rounds([run.curve for run in runs], target, higher_is_better=higher)
+    base = seed_rounds(
+        [run.curve for run in base_runs], target, higher_is_better=higher
+    )
+    return (
+        paired_ratio_interval(
+            rounds.rounds,
+            base.rounds,
+            method_reached=rounds.reached,
+            baseline_reached=base.reached,
+        ),
+        paired_ratio_interval(
+            [final_value(run.curve) for run in runs],
+            [final_value(run.curve) for run in base_runs],
+        ),
+    )
+
+
+def _powered_seeds(
+    description: PaperComparison,
+    settings: Mapping[str, Overrides],
+    method: str,
+    baseline: str,
+    target: float,
+    runner: _Runner,
+) -> tuple[int, ...]:
+    """The reported seeds, and more until the row detects a 20% effect or the cap."""
+    seeds = list(description.reported_seeds)
+    taken = {*seeds, *description.tuning_seeds}
+    fresh = (seed for seed in itertools.count(max(seeds) + 1) if seed not in taken)
+    statistic = 0 if description.statistic == "rounds to target" else 1
+    while len(seeds) < description.powered_seeds:
+        interval = _ratios(
+            description,
+            [runner(settings[method], seed) for seed in seeds],
+            [runner(settings[baseline], seed) for seed in seeds],
+            target,
+        )[statistic]
+        effect = interval.detectable_effect
+        if effect is not None and effect <= POWER_TARGET:
+            break
+        batch = [
+            next(fresh)
+            for _ in range(min(SEED_BATCH, description.powered_seeds - len(seeds)))
+        ]
+        runner.prefetch(
+            (settings[name], seed) for name in (method, baseline) for seed in batch
+        )
+        seeds += batch
+    return tuple(seeds)
 
 
 def _run_comparison(
-    description: PaperComparison, comparison: Comparison, runner: _Runner
+    description: PaperComparison,
+    comparison: Comparison,
+    runner: _Runner,
+    *,
+    full: bool,
 ) -> ComparisonOutcome:
-    """One comparison: steps, target, reported runs, ratios."""
-    settings: dict[str, dict[str, bool | int | float | str]] = {}
-    tuning: dict[str, dict[float, float]] = {}
-    for method, overrides in comparison.methods.items():
-        settings[method] = {**comparison.shared, **overrides}
-        if comparison.tuned:
-            rate, tuning[method] = _tuned_rate(description, settings[method], runner)
-            settings[method][description.learning_rate_key] = rate
-    baseline_finals = [
-        runner(settings[comparison.baseline], seed).curve[-1]
-        for seed in description.tuning_seeds
-    ]
-    target = description.target.target(
-        baseline_finals, higher_is_better=description.higher_is_better
-    )
-    reported = {
-        method: [runner(overrides, seed) for seed in description.reported_seeds]
-        for method, overrides in settings.items()
+    """One comparison: steps, target, reported (and powered) runs, ratios."""
+    settings: dict[str, dict[str, bool | int | float | str]] = {
+        method: {**comparison.shared, **overrides}
+        for method, overrides in comparison.methods.items()
     }
-    rounds = {
-        method: seed_rounds(
-            [run.curve for run in runs],
-            target,
+    tuning: dict[str, dict[float, float]] = {}
+    baseline = comparison.baseline
+    if comparison.tuned:
+        target, tuning = _tune(description, comparison, settings, runner)
+    else:
+        runner.prefetch((settings[baseline], seed) for seed in description.tuning_seeds)
+        target = description.target.target(
+            [
+                final_value(runner(settings[baseline], seed).curve)
+                for seed in description.tuning_seeds
+            ],
             higher_is_better=description.higher_is_better,
         )
-        for method, runs in reported.items()
-    }
-    base_rounds = rounds[comparison.baseline]
-    base_finals = [run.curve[-1] for run in reported[comparison.baseline]]
+    runner.prefetch(
+        (overrides, seed)
+        for overrides in settings.values()
+        for seed in description.reported_seeds
+    )
+    seeds = {method: tuple(description.reported_seeds) for method in settings}
+    for method in _powered_methods(description, comparison, full=full):
+        seeds[method] = _powered_seeds(
+            description, settings, method, baseline, target, runner
+        )
+    # Powered seeds extend the reported ones: the longest list holds them all.
+    seeds[baseline] = max(seeds.values(), key=len)
     outcomes = {}
-    for method, runs in reported.items():
+    for method, overrides in settings.items():
+        runs = [runner(overrides, seed) for seed in seeds[method]]
+        base_runs = [runner(settings[baseline], seed) for seed in seeds[method]]
+        rounds_ratio, final_ratio = _ratios(description, runs, base_runs, target)
         outcomes[method] = MethodOutcome(
-            overrides=settings[method],
+            overrides=overrides,
+            seeds=seeds[method],
             runs=runs,
-            rounds=rounds[method],
-            rounds_ratio=paired_ratio_interval(
-                rounds[method].rounds,
-                base_rounds.rounds,
-                method_reached=rounds[method].reached,
-                baseline_reached=base_rounds.reached,
+            rounds=seed_rounds(
+                [run.curve for run in runs],
+                target,
+                higher_is_better=description.higher_is_better,
             ),
-            final_ratio=paired_ratio_interval(
-                [run.curve[-1] for run in runs], base_finals
-            ),
+            rounds_ratio=rounds_ratio,
+            final_ratio=final_ratio,
             learning_rate=(
-                float(settings[method][description.learning_rate_key])
+                float(overrides[description.learning_rate_key])
                 if comparison.tuned
                 else None
             ),
@@ -868,10 +1441,29 @@ def _run_comparison(
     return ComparisonOutcome(comparison, target, outcomes)
 
 
+def _powered_methods(
+    description: PaperComparison, comparison: Comparison, *, full: bool
+) -> tuple[str, ...]:
+    """The claimed methods of ``comparison`` whose rows get more seeds."""
+    if len(description.reported_seeds) >= description.powered_seeds:
+        return ()
+    if full:
+        return comparison.claimed
+    main = description.main
+    return (main[1],) if main is not None and main[0] == comparison.name else ()
+
+
 # -- claim rows ------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class ClaimRow:
-    """One line of the claim table: a paper claim against our interval."""
+    """One line of the claim table: a paper claim against our interval.
+
+    ``interval`` carries the row's p-value and detectable effect (None where
+    the writer computed none: such a row never survives Holm's step, and its
+    detectable effect reads n/a). ``main`` marks the claim's main row, the one
+    quick mode powers; ``seeds`` is the number of reported seeds behind the
+    row (None: not said).
+    """
 
     paper: str
     claim: str
@@ -882,11 +1474,36 @@ class ClaimRow:
     direction: Direction
     interval: RatioInterval
     data: str
+    main: bool = False
+    seeds: int | None = None
 
     @property
     def verdict(self) -> Verdict:
         """:func:`verdict` of the interval, in the paper's direction."""
         return verdict(self.interval.low, self.interval.high, self.direction)
+
+    @property
+    def p_value(self) -> float | None:
+        """The p-value of "ratio = 1" (:func:`bootstrap_p_value`), if computed."""
+        return self.interval.p_value
+
+    @property
+    def detectable_effect(self) -> float | None:
+        """The effect detectable with 80% power (:func:`detectable_effect`)."""
+        return self.interval.detectable_effect
+
+    @property
+    def side(self) -> Direction | None:
+        """Where the interval lies against 1; the ratio's side if it meets 1.
+
+        None where the ratio is 1 or not a number.
+        """
+        interval = self.interval
+        if interval.high < 1 or (interval.low <= 1 and interval.ratio < 1):
+            return "below"
+        if interval.low > 1 or (interval.high >= 1 and interval.ratio > 1):
+            return "above"
+        return None
 
     def to_json(self) -> dict[str, Any]:
         """The ``claims.json`` object (see the module docstring)."""
@@ -902,13 +1519,21 @@ class ClaimRow:
             "low": self.interval.low,
             "high": self.interval.high,
             "bound": self.interval.bound,
+            "p_value": self.p_value,
+            "detectable_effect": self.detectable_effect,
             "verdict": self.verdict,
+            "main": self.main,
+            "seeds": self.seeds,
             "data": self.data,
         }
 
     @classmethod
     def from_json(cls, item: Mapping[str, Any]) -> ClaimRow:
-        """A row from its ``claims.json`` object; its ``verdict`` is recomputed."""
+        """A row from its ``claims.json`` object; its ``verdict`` is recomputed.
+
+        The keys this format gained later (``p_value``, ``detectable_effect``,
+        ``main``, ``seeds``) may be missing: their defaults then.
+        """
         if item["bound"] not in get_args(Bound):
             raise ValueError(f"unknown bound {item['bound']!r}")
         return cls(
@@ -924,9 +1549,18 @@ class ClaimRow:
                 float(item["low"]),
                 float(item["high"]),
                 item["bound"],
+                p_value=_optional_float(item.get("p_value")),
+                detectable_effect=_optional_float(item.get("detectable_effect")),
             ),
             data=str(item["data"]),
+            main=bool(item.get("main", False)),
+            seeds=None if item.get("seeds") is None else int(item["seeds"]),
         )
+
+
+def _optional_float(value: Any) -> float | None:
+    """``value`` as a float; None stays None."""
+    return None if value is None else float(value)
 
 
 def write_claims(path: Path, rows: Sequence[ClaimRow]) -> None:
@@ -972,9 +1606,11 @@ class Evaluation:
 
     description: PaperComparison
     outcomes: list[ComparisonOutcome]
+    #: Whether the runs were ``--full`` ones (every row powered).
+    full: bool = False
 
     def claim_rows(self) -> list[ClaimRow]:
-        """One row per comparison and claimed method."""
+        """One row per comparison and claimed method, the main row marked."""
         description = self.description
         rows = []
         for outcome in self.outcomes:
@@ -995,9 +1631,34 @@ class Evaluation:
                             else result.final_ratio
                         ),
                         data=description.data,
+                        main=(outcome.comparison.name, method) == description.main,
+                        seeds=len(result.seeds),
                     )
                 )
         return rows
+
+    def power_text(self) -> str:
+        """Which rows got the seeds their power needs, in a sentence."""
+        description = self.description
+        target = effect_text(POWER_TARGET)
+        if len(description.reported_seeds) >= description.powered_seeds:
+            return (
+                f"No row adds seeds for power here; each row's detectable effect "
+                f"(80% power, two-sided 5%) is shown beside it ({target} is the aim)."
+            )
+        rule = (
+            f"seeds are added two at a time, up to {description.powered_seeds}, "
+            f"while its detectable effect (80% power, two-sided 5%) is above {target}"
+        )
+        if self.full:
+            return f"Every row is powered: {rule}."
+        main = description.main
+        assert main is not None  # a PaperComparison with powered seeds claims a row
+        return (
+            f"The main row ({main[1]} / its baseline, *{main[0]}*) is powered: "
+            f"{rule}; the other rows keep the {len(description.reported_seeds)} "
+            "reported seeds, and `--full` powers them too."
+        )
 
     def markdown(self, level: int = 2) -> str:
         """The section: the claim, the data, one table per comparison, verdicts.
@@ -1016,9 +1677,14 @@ class Evaluation:
             "every method (same data, initial model and local work). Ratios are "
             "of medians over all reported seeds (method / baseline), with a "
             f"paired bootstrap {LEVEL:.0%} interval ({RESAMPLES} resamples of the "
-            "seeds); a seed that never reaches the target counts as one round "
-            "past the last, and where such seeds move a median its ratio is a "
-            "bound (≤ or ≥).",
+            "seeds), its p-value for a ratio of 1 and its detectable effect; a "
+            "seed that never reaches the target counts as one round past the "
+            "last, and where such seeds move a median its ratio is a bound (≤ or "
+            f"≥). A final value is the mean over the last {FINAL_SHARE:.0%} of "
+            f"rounds (at least {MIN_FINAL_ROUNDS}).",
+            self.power_text(),
+            f"Claim verdict (Holm's step-down at {FAMILY_LEVEL:.0%} over its "
+            f"rows): {claim_verdict(self.claim_rows())}.",
         ]
         for outcome in self.outcomes:
             parts += [
@@ -1030,7 +1696,9 @@ class Evaluation:
                 parts.append(outcome.comparison.note)
             verdicts = [
                 f"{row.method} / {row.baseline}, {row.statistic}: "
-                f"{row.interval.text()}, {row.verdict}"
+                f"{row.interval.text()} (p = {p_value_text(row.p_value)}, "
+                f"detectable effect {effect_text(row.detectable_effect)}, "
+                f"{row.seeds} seeds), {row.verdict}"
                 for row in self.claim_rows()
                 if row.comparison == outcome.comparison.name
             ]
@@ -1056,10 +1724,17 @@ class Evaluation:
         )
         if comparison.tuned:
             rates = ", ".join(f"{rate:g}" for rate in description.learning_rates)
+            score = (
+                f"final {description.metric}"
+                if description.statistic == "final"
+                else "rounds to the target (fixed first from the baseline's best "
+                "final level over its grid)"
+            )
             text += (
                 f" Each method's `{description.learning_rate_key}` is picked from "
-                f"{{{rates}}} by its median mean {description.metric} over the "
-                "rounds on the tuning seeds."
+                f"{{{rates}}} by its median {score} on the tuning seeds, the "
+                "claim's own statistic; a best rate at the grid's edge extends the "
+                f"grid one step at a time (at most {MAX_GRID_EXTENSIONS} a side)."
             )
         return text
 
@@ -1078,6 +1753,7 @@ class Evaluation:
         columns = [
             "method",
             *(["learning rate"] if outcome.comparison.tuned else []),
+            "seeds",
             "median rounds to target",
             "reached",
             f"rounds / {baseline} [95% CI]",
@@ -1095,6 +1771,7 @@ class Evaluation:
                         if result.learning_rate is not None
                         else []
                     ),
+                    len(result.seeds),
                     result.rounds.median_text(),
                     result.rounds.reached_text(),
                     "baseline" if method == baseline else result.rounds_ratio.text(),
@@ -1128,6 +1805,7 @@ class Evaluation:
                                 f"{rate:g}": score
                                 for rate, score in result.tuning_scores.items()
                             },
+                            "seeds": list(result.seeds),
                             "rounds-to-target": list(result.rounds.rounds),
                             "reached": list(result.rounds.reached),
                             "rounds-ratio": _interval_json(result.rounds_ratio),
@@ -1166,14 +1844,29 @@ class Evaluation:
         return path
 
 
-def _interval_json(interval: RatioInterval) -> dict[str, float | str]:
+def _interval_json(interval: RatioInterval) -> dict[str, float | str | None]:
     """A ratio interval as a JSON object."""
     return {
         "ratio": interval.ratio,
         "low": interval.low,
         "high": interval.high,
         "bound": interval.bound,
+        "p-value": interval.p_value,
+        "detectable-effect": interval.detectable_effect,
     }
+
+
+def p_value_text(value: float | None) -> str:
+    """A p-value in two significant digits, ``< 0.001`` below; ``n/a`` if none.
+
+    Examples
+    --------
+    >>> p_value_text(0.0432), p_value_text(0.0004), p_value_text(None)
+    ('0.043', '< 0.001', 'n/a')
+    """
+    if value is None or np.isnan(value):
+        return "n/a"
+    return "< 0.001" if value < 0.001 else f"{value:.2g}"
 
 
 def _median_text(values: Sequence[float]) -> str:
