@@ -141,52 +141,34 @@ def fedavg_app() -> ClientApp:
 
 
 # -- the methods that keep Flower's train function ------------------------------
-def md_app() -> ClientApp:
-    """MD sampling: Flower's app and the size query."""
+def sizes_app() -> ClientApp:
+    """MD and clustered sampling (both algorithms): Flower's app and the size query."""
     app = fedavg_app()
-    # --8<-- [start:md-client]
+    # --8<-- [start:md-client,clustered-client,poc-client]
     add_size_query(app, num_examples=num_train_examples)
-    # --8<-- [end:md-client]
-    return app
-
-
-def clustered_app() -> ClientApp:
-    """Clustered sampling (both algorithms): Flower's app and the size query."""
-    app = fedavg_app()
-    # --8<-- [start:clustered-client]
-    add_size_query(app, num_examples=num_train_examples)
-    # --8<-- [end:clustered-client]
+    # --8<-- [end:md-client,clustered-client,poc-client]
     return app
 
 
 def poc_app() -> ClientApp:
     """Power-of-Choice: the size query and the loss query on Flower's ``evaluate``."""
-    app = fedavg_app()
+    app = sizes_app()
     # --8<-- [start:poc-client]
-    add_size_query(app, num_examples=num_train_examples)
     add_loss_query(app, evaluate, loss_key="eval_loss")
     # --8<-- [end:poc-client]
     return app
 
 
 def ocs_app() -> ClientApp:
-    """OCS: Flower's ``train`` behind the kept-update mod, and the norm query."""
+    """OCS and AOCS: Flower's ``train`` behind the kept-update mod, the norm query.
+
+    AOCS differs from OCS only in the server's solver.
+    """
     app = ClientApp()
-    # --8<-- [start:ocs-client]
+    # --8<-- [start:ocs-client,aocs-client]
     app.train(mods=[KeptUpdateMod(train_loss_key="train_loss")])(train)
     add_norm_query(app, train, train_loss_key="train_loss")
-    # --8<-- [end:ocs-client]
-    app.evaluate()(evaluate)
-    return app
-
-
-def aocs_app() -> ClientApp:
-    """AOCS: the client of OCS (only the server's solver differs)."""
-    app = ClientApp()
-    # --8<-- [start:aocs-client]
-    app.train(mods=[KeptUpdateMod(train_loss_key="train_loss")])(train)
-    add_norm_query(app, train, train_loss_key="train_loss")
-    # --8<-- [end:aocs-client]
+    # --8<-- [end:ocs-client,aocs-client]
     app.evaluate()(evaluate)
     return app
 
@@ -327,12 +309,12 @@ def fedsampling_app() -> ClientApp:
 #: Each method's ClientApp, by the name the run config's ``strategy`` uses.
 METHOD_APPS: dict[str, Callable[[], ClientApp]] = {
     "fedavg": fedavg_app,
-    "md": md_app,
-    "clustered": clustered_app,
-    "clustered-size": clustered_app,
+    "md": sizes_app,
+    "clustered": sizes_app,
+    "clustered-size": sizes_app,
     "poc": poc_app,
     "ocs": ocs_app,
-    "aocs": aocs_app,
+    "aocs": ocs_app,
     "mmfl": mmfl_app,
     "isfedavg": isfedavg_app,
     "folb": folb_app,
