@@ -83,6 +83,41 @@ def optimal_client_probs(norms: ArrayLike, m: int) -> NDArray[np.float64]:
     return capped_inclusion_probs(norms, budget)
 
 
+def uniform_client_probs(num_clients: int, m: int) -> NDArray[np.float64]:
+    """Uniform independent participation: ``p_i = m / N`` for every client.
+
+    The control of :func:`optimal_client_probs` at the same expected number
+    of participants; ``m`` is clamped to ``N`` as there. It needs no norms.
+
+    Parameters
+    ----------
+    num_clients : int
+        ``N >= 0``.
+    m : int
+        Expected number of participants, an integer >= 0 (clamped to ``N``).
+
+    Returns
+    -------
+    NDArray[np.float64]
+        Shape ``(N,)``, every entry ``min(m, N) / N`` (empty when ``N = 0``).
+
+    Raises
+    ------
+    ValueError
+        If ``num_clients`` or ``m`` is not a nonnegative integer.
+
+    Examples
+    --------
+    >>> uniform_client_probs(4, 2).tolist()
+    [0.5, 0.5, 0.5, 0.5]
+    >>> uniform_client_probs(2, 5).tolist()
+    [1.0, 1.0]
+    """
+    population = nonnegative_integer("num_clients", num_clients)
+    budget = min(nonnegative_integer("m", m), population)
+    return np.full(population, budget / population if population else 0.0)
+
+
 def mmfl_probs(norms: ArrayLike, m: int) -> NDArray[np.float64]:
     """Multi-model (MMFL) optimal probabilities ``p_{s|i}`` (client i trains model s).
 

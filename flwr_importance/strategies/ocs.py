@@ -30,6 +30,7 @@ from flwr_importance.sampling import (
     optimal_client_probs,
     poisson_sample,
 )
+from flwr_importance.sampling.optimal import uniform_client_probs
 from flwr_importance.strategies.arrays import combine_arrays
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
 from flwr_importance.strategies.checks import check_count, check_positive
@@ -350,6 +351,29 @@ class OptimalClientSampling(UnbiasedSampling):
     (``flwr.server.workflow.SecAggPlusWorkflow``) so that no individual norm
     reaches the server, and each client would compute its own ``p_i``.
 
+    **The uniform control** (``uniform=True``) is this strategy with one
+    change: step 2 sets ``p_i = m / N`` (``uniform_client_probs``). It is the
+    baseline that isolates OCS's claim (a lower variance from the
+    probabilities alone), so everything else stays OCS's:
+
+    - the ``query.norm`` round trip. Sampling ignores the norms, but the
+      replies carry the ``n_i`` of ``d_i = n_i / sum_j n_j`` over the whole
+      population (the server learns them no other way), they define the
+      population ``N`` (the nodes that answered), and the sampled nodes send
+      the update they kept, so a node's ``U_i`` is the one it sends under OCS.
+      The cost is OCS's too: every node trains each round, in the query.
+    - the unbiased estimator ``sum (d_i / p_i) U_i``;
+    - the draw: one ``poisson_sample`` on ``self.rng`` per round, its only
+      use of the generator, taking one uniform per node of the population.
+
+    The draws are therefore *paired*: two runs with the same ``seed`` whose
+    populations had the same sizes so far draw, in round ``t``, the same
+    uniforms ``u_1..u_N`` for the nodes sorted by id, and node ``i`` takes
+    part iff ``u_i < p_i``: iff ``u_i < m / N`` under the control, iff
+    ``u_i < p_i^OCS`` under OCS. A node that the control samples is sampled
+    by OCS too wherever ``p_i^OCS >= m / N``, and conversely below: the two
+    samples differ only where the probabilities do.
+
     Parameters
     ----------
     clients_per_round : int
@@ -359,6 +383,9 @@ class OptimalClientSampling(UnbiasedSampling):
         Use AOCS (``aocs_probs``) instead of the exact OCS probabilities.
     aocs_iterations : int, default 4
         AOCS rescaling rounds ``j_max`` (4 in the authors' script).
+    uniform : bool, default False
+        Sample with ``p_i = m / N`` instead: OCS's uniform control (see above);
+        not with ``approximate``.
     server_lr : float, default 1.0
         Server step on the estimate (1 is the authors' setting with deltas).
     **options
@@ -383,9 +410,10 @@ class OptimalClientSampling(UnbiasedSampling):
     ``evaluate`` (if ``fraction_evaluate > 0``): Flower's usual evaluate message.
 
     Round metrics: ``num-sampled``, ``num-received``, ``train-loss``,
-    ``expected-participants`` (``sum p``) and, with exact OCS only,
-    ``variance`` (``sum u_i^2 (1/p_i - 1)``, the estimator's variance given this
-    round's updates) and ``uniform-variance`` (the same for ``p_i = m / N``).
+    ``expected-participants`` (``sum p``) and, with exact OCS or its uniform
+    control, ``variance`` (``sum u_i^2 (1/p_i - 1)``, the estimator's variance
+    given this round's updates) and ``uniform-variance`` (the same for
+    ``p_i = m / N``, equal to ``variance`` under the control).
     """
 
     fewer_nodes_effect = (
@@ -403,11 +431,17 @@ class OptimalClientSampling(UnbiasedSampling):
         clients_per_round: int,
         approximate: bool = False,
         aocs_iterations: int = 4,
+        uniform: bool = False,
         server_lr: float = 1.0,
         **options: Unpack[StrategyOptions],
     ) -> None:
+        if uniform and approximate:
+            raise ValueError(
+                "uniform=True samples with p = m / N: it takes no approximate=True"
+            )
         self.approximate = approximate
         self.aocs_iterations = check_count("aocs_iterations", aocs_iterations, 0)
+        self.uniform = uniform
         super().__init__(
             clients_per_round=clients_per_round, server_lr=server_lr, **options
         )
@@ -420,11 +454,15 @@ class OptimalClientSampling(UnbiasedSampling):
         }
         if self.approximate:
             settings["AOCS iterations"] = self.aocs_iterations
-        log_settings(
-            f"OptimalClientSampling ({'AOCS' if self.approximate else 'OCS'})",
-            settings,
-        )
+        log_settings(f"OptimalClientSampling ({self.mode_name})", settings)
         super().summary()
+
+    @property
+    def mode_name(self) -> str:
+        """``"OCS"``, ``"AOCS"`` or ``"uniform"`` (the control)."""
+        if self.uniform:
+            return "uniform"
+        return "AOCS" if self.approximate else "OCS"
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -441,7 +479,9 @@ class OptimalClientSampling(UnbiasedSampling):
         )
         fractions = size_fractions(sizes)
         scores = fractions * norms
-        if self.approximate:
+        if self.uniform:
+            probs = uniform_client_probs(len(answered), self.clients_per_round)
+        elif self.approximate:
             probs = aocs_probs(
                 scores[:, 0], self.clients_per_round, self.aocs_iterations
             )
@@ -480,10 +520,7 @@ class OptimalClientSampling(UnbiasedSampling):
         # No population: every node failed its norm query; nothing to compare.
         if not self.approximate and probs.size > 0 and plan.scores is not None:
             # The norms are known exactly here, so the round's variance is too.
-            population = probs.size
-            uniform = np.full(
-                population, min(self.clients_per_round, population) / population
-            )
+            uniform = uniform_client_probs(probs.size, self.clients_per_round)
             norms = plan.scores[:, 0]
             metrics["variance"] = estimator_variance(norms, probs)
             metrics["uniform-variance"] = estimator_variance(norms, uniform)

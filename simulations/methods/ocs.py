@@ -1,9 +1,10 @@
 """``strategy = "ocs"``: optimal client sampling (OCS), or AOCS, for one model.
 
 Options: ``ocs-approximate`` (AOCS instead of the exact probabilities),
-``ocs-aocs-iterations`` (its ``j_max``), ``ocs-server-lr`` (server step on the
-unbiased estimate). ``clients-per-round`` is the expected number of
-participants ``m``.
+``ocs-aocs-iterations`` (its ``j_max``), ``ocs-uniform`` (OCS's uniform
+control: ``p_i = m / N`` with OCS's query, estimator and seeded draws),
+``ocs-server-lr`` (server step on the unbiased estimate).
+``clients-per-round`` is the expected number of participants ``m``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ def build_strategy(config: ExperimentConfig, num_clients: int) -> OptimalClientS
         clients_per_round=min(config.clients_per_round, num_clients),
         approximate=bool(config.option("ocs-approximate")),
         aocs_iterations=int(config.option("ocs-aocs-iterations")),
+        uniform=bool(config.option("ocs-uniform")),
         server_lr=float(config.option("ocs-server-lr")),
         seed=config.seed,
         # The ServerApp evaluates centrally.
