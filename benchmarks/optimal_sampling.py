@@ -7,7 +7,10 @@ compares each method with its paper's baseline through
 tuning seeds, ratios of median rounds to target with paired bootstrap 95%
 intervals, computed verdicts):
 
-- single model: OCS and AOCS against FedAvg (uniform sampling of ``m`` clients);
+- single model: OCS and AOCS against OCS's uniform control (``ocs-uniform``:
+  ``p_i = m / N`` with OCS's norm query, unbiased estimator and seeded draws,
+  so within a seed the two sample from the same uniforms, rule 1 of the
+  evidence rules);
 - multiple models: MMFL-gradnorm and MMFL-loss against random assignment and
   round-robin.
 
@@ -141,17 +144,19 @@ def descriptions(full: bool) -> tuple[PaperComparison, PaperComparison]:
                     "clients-per-round": 12 if full else 6,
                 },
                 methods={
-                    "fedavg (uniform)": {"strategy": "fedavg"},
+                    "uniform": {"strategy": "ocs", "ocs-uniform": True},
                     "ocs": {"strategy": "ocs", "ocs-approximate": False},
                     "aocs": {"strategy": "ocs", "ocs-approximate": True},
                 },
-                baseline="fedavg (uniform)",
+                baseline="uniform",
                 claimed=("ocs", "aocs"),
-                note="FedAvg aggregates a weighted mean of the sampled models, "
-                "OCS the unbiased `sum (d/p) U`: its gains mix the sampling and "
-                "the estimator. AOCS matching OCS means its 4 rescalings reached "
-                "(close enough to) the exact probabilities, so the same seeded "
-                "draws picked the same clients.",
+                note="The baseline is OCS itself at `p_i = m / N` (`ocs-uniform`): "
+                "the same norm query, kept updates, unbiased `sum (d/p) U` and "
+                "seeded generator, so within a seed both draw the same uniforms "
+                "and a client's inclusion differs only where its probability "
+                "does. AOCS matching OCS means its 4 rescalings reached (close "
+                "enough to) the exact probabilities, so the same seeded draws "
+                "picked the same clients.",
             ),
         ),
         **common,
@@ -223,8 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "and MMFL-gradnorm know every client's update norm, so they report "
             "the estimator's exact variance given those updates under their "
             "probabilities and under the uniform (`m / N`) or random "
-            "(`m / (N S)`) ones; the loss variant and the baselines never see "
-            "the norms, hence n/a.",
+            "(`m / (N S)`) ones (1 for OCS's uniform control); MMFL's loss "
+            "variant and baselines never see the norms, hence n/a.",
         ]
     )
     write_outputs(out, summary, evaluations)
