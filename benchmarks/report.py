@@ -41,7 +41,16 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from benchmarks.evidence import CLAIMS_FILE, ClaimRow, read_claims
+from benchmarks.evidence import (
+    CLAIMS_FILE,
+    NO_EFFECT,
+    ClaimRow,
+    claim_verdict,
+    effect_text,
+    holm_survivors,
+    p_value_text,
+    read_claims,
+)
 from benchmarks.harness import benchmark_parser, markdown_table
 from flwr_importance.registry import methods
 
@@ -64,6 +73,16 @@ TIMING_BENCHMARKS = (
 )
 README_START = "<!-- results:start -->"
 README_END = "<!-- results:end -->"
+#: Any generated block in a hand-written file: ``<!-- NAME:start -->`` to
+#: ``<!-- NAME:end -->`` (the README's results are one).
+GENERATED_BLOCK = re.compile(
+    r"<!-- (?P<name>[\w:.-]+):start -->.*?<!-- (?P=name):end -->", re.DOTALL
+)
+#: The benchmark whose rows measure the mechanism directly; they open the
+#: report, before the claims.
+MECHANISM_BENCHMARK = "mechanism"
+#: What the statistic of a mechanism row names (lower case).
+MECHANISM_STATISTIC = "aggregate"
 #: Per method (its strategy class name), the preset of its paper's headline
 #: experiment (``flwr run`` check).
 HEADLINE_PRESETS = {spec.strategy.__name__: spec.headline_preset for spec in methods()}
@@ -359,13 +378,62 @@ def heading_anchor(heading: str) -> str:
     return kept.replace(" ", "-")
 
 
+def _section_link(run: BenchmarkRun, results_link: str) -> str:
+    """``[name](results.md#anchor)``: the link to a benchmark's section."""
+    return f"[{run.name}]({results_link}#{heading_anchor(section_title(run.name))})"
+
+
+def mechanism_rows(runs: Sequence[BenchmarkRun]) -> list[ClaimRow]:
+    """The rows of the mechanism benchmark whose statistic is the aggregate's error.
+
+    Those are the claim rows of :data:`MECHANISM_BENCHMARK` whose statistic
+    names the aggregate (``"aggregate MSE vs full participation"``); none if
+    it did not run.
+    """
+    return [row for run in runs for row in run.claims if _is_mechanism_row(run, row)]
+
+
+def _is_mechanism_row(run: BenchmarkRun, row: ClaimRow) -> bool:
+    """Whether ``row`` of ``run`` measures the aggregate's error directly."""
+    return (
+        run.name == MECHANISM_BENCHMARK and MECHANISM_STATISTIC in row.statistic.lower()
+    )
+
+
+def _claims(run: BenchmarkRun) -> list[list[ClaimRow]]:
+    """A benchmark's claim rows grouped by claim, in order; no mechanism rows."""
+    groups: dict[tuple[str, str], list[ClaimRow]] = {}
+    for row in run.claims:
+        if not _is_mechanism_row(run, row):
+            groups.setdefault((row.paper, row.claim), []).append(row)
+    return list(groups.values())
+
+
+def _row_cells(row: ClaimRow, survived: bool | None) -> list[str]:
+    """A row's comparison, interval, detectable effect, p-value and verdict."""
+    marks = " (main row)" if row.main else ""
+    seeds = "" if row.seeds is None else f", {row.seeds} seeds"
+    p_value = p_value_text(row.p_value)
+    if survived:
+        p_value += " (holds after Holm)"
+    return [
+        f"*{row.comparison}*: {row.method} / {row.baseline}, {row.statistic}"
+        f"{marks}{seeds}",
+        row.interval.text(),
+        effect_text(row.detectable_effect),
+        p_value,
+        row.verdict,
+    ]
+
+
 def claim_table(runs: Sequence[BenchmarkRun], results_link: str) -> str:
-    """One row per paper claim of every benchmark, linked to its section.
+    """Per paper claim of every benchmark its verdict, then its rows, linked.
 
     Parameters
     ----------
     runs : Sequence[BenchmarkRun]
-        The benchmarks, in report order; each contributes its ``claims.json``.
+        The benchmarks, in report order; each contributes its ``claims.json``
+        (the mechanism rows aside: :func:`mechanism_table`).
     results_link : str
         The path of ``docs/results.md`` from where the table is read (empty
         within it).
@@ -373,31 +441,30 @@ def claim_table(runs: Sequence[BenchmarkRun], results_link: str) -> str:
     Returns
     -------
     str
-        A markdown table, or a line saying no benchmark wrote claims. The
-        verdicts are recomputed from the intervals, never copied.
+        A markdown table, or a line saying no benchmark wrote claims. Each
+        claim's first line gives its verdict (:func:`claim_verdict`, Holm's
+        step-down over its rows), each row below it its own; all recomputed
+        from the intervals and p-values, never copied.
     """
     rows = []
     for run in runs:
-        section = (
-            f"[{run.name}]({results_link}#{heading_anchor(section_title(run.name))})"
-        )
-        previous_claim = None
-        for row in run.claims:
-            # A claim's text, data and section once, on its first row: the
-            # rows below it are its comparisons.
-            first = (row.paper, row.claim) != previous_claim
-            previous_claim = (row.paper, row.claim)
+        for claim in _claims(run):
+            first = claim[0]
+            survivors = holm_survivors([row.p_value for row in claim])
             rows.append(
                 [
-                    f"{row.claim} ({row.paper})" if first else "",
-                    f"*{row.comparison}*: {row.method} / {row.baseline}, "
-                    f"{row.statistic}",
-                    row.interval.text(),
-                    row.verdict,
-                    row.data if first else "",
-                    section if first else "",
+                    f"{first.claim} ({first.paper})",
+                    f"**claim, {len(claim)} rows**",
+                    "",
+                    "",
+                    "",
+                    f"**{claim_verdict(claim)}**",
+                    first.data,
+                    _section_link(run, results_link),
                 ]
             )
+            for row, survived in zip(claim, survivors, strict=True):
+                rows.append(["", *_row_cells(row, survived), "", ""])
     if not rows:
         return "No benchmark wrote claim rows (`claims.json`)."
     return markdown_table(
@@ -405,6 +472,8 @@ def claim_table(runs: Sequence[BenchmarkRun], results_link: str) -> str:
             "claim",
             "comparison",
             "our ratio [95% interval]",
+            "detectable effect",
+            "p (ratio = 1)",
             "verdict",
             "data used",
             "section",
@@ -413,14 +482,133 @@ def claim_table(runs: Sequence[BenchmarkRun], results_link: str) -> str:
     )
 
 
+def mechanism_table(runs: Sequence[BenchmarkRun], results_link: str) -> str:
+    """The mechanism rows (:func:`mechanism_rows`), or why there are none."""
+    rows = mechanism_rows(runs)
+    if not rows:
+        return (
+            f"The `{MECHANISM_BENCHMARK}` benchmark wrote no rows "
+            f"(`python -m benchmarks.{MECHANISM_BENCHMARK}`)."
+        )
+    run = next(run for run in runs if run.name == MECHANISM_BENCHMARK)
+    return markdown_table(
+        [
+            "claim",
+            "comparison",
+            "our ratio [95% interval]",
+            "detectable effect",
+            "p (ratio = 1)",
+            "verdict",
+        ],
+        [[row.claim, *_row_cells(row, None)] for row in rows],
+    ) + (f"\n\nEach row's setting and data: {_section_link(run, results_link)}.")
+
+
+def method_paragraphs(runs: Sequence[BenchmarkRun]) -> str:
+    """One generated paragraph per paper: where its effect showed, by how much.
+
+    From the rows alone: the rows whose p-value survives Holm's step-down
+    within their claim, on the paper's side (with the change in per cent) and
+    on the other; the rows that bound the effect (*no effect larger than
+    X%*); and how many rows stay undecided, with their detectable effects.
+    """
+    papers: dict[str, list[list[ClaimRow]]] = {}
+    for run in runs:
+        for claim in _claims(run):
+            papers.setdefault(claim[0].paper, []).append(claim)
+    mechanism = mechanism_rows(runs)
+    paragraphs = []
+    for paper, claims in papers.items():
+        showed, opposite, bounded, undecided = [], [], [], []
+        for claim in claims:
+            survivors = holm_survivors([row.p_value for row in claim])
+            for row, survived in zip(claim, survivors, strict=True):
+                if survived and row.side is not None:
+                    (showed if row.side == row.direction else opposite).append(
+                        _change_text(row)
+                    )
+                elif row.verdict.startswith(NO_EFFECT):
+                    bounded.append(f"{_row_name(row)} ({row.verdict})")
+                else:
+                    undecided.append(row)
+        sentences = [
+            "Claim verdicts: "
+            + "; ".join(
+                f"{claim[0].claim}: *{claim_verdict(claim)}*" for claim in claims
+            )
+            + "."
+        ]
+        sentences.append(
+            "The paper's effect showed in " + "; ".join(showed) + "."
+            if showed
+            else "The paper's effect showed in no row after Holm's correction."
+        )
+        if opposite:
+            sentences.append("The opposite showed in " + "; ".join(opposite) + ".")
+        if bounded:
+            sentences.append("No effect beyond a bound: " + "; ".join(bounded) + ".")
+        if undecided:
+            effects = sorted(
+                row.detectable_effect
+                for row in undecided
+                if row.detectable_effect is not None
+            )
+            span = " to ".join(
+                dict.fromkeys(effect_text(effects[index]) for index in (0, -1))
+            )
+            reach = f" (detectable effects {span})" if effects else ""
+            count = f"{len(undecided)} row{'s' if len(undecided) > 1 else ''}"
+            sentences.append(f"Undecided: {count}{reach}.")
+        paragraphs.append(f"**{paper}.** " + " ".join(sentences))
+    if mechanism:
+        paragraphs.append(
+            "**The mechanism.** "
+            + " ".join(
+                f"{row.method} / {row.baseline} ({row.comparison}): "
+                f"{row.interval.text()}, {row.verdict}."
+                for row in mechanism
+            )
+        )
+    return "\n\n".join(paragraphs) if paragraphs else "No claim rows to summarize."
+
+
+def _row_name(row: ClaimRow) -> str:
+    """``*matched*: isfedavg / fedavg, final MSD``."""
+    return f"*{row.comparison}*: {row.method} / {row.baseline}, {row.statistic}"
+
+
+def _change_text(row: ClaimRow) -> str:
+    """A row and its change in per cent: ``..., 33% lower (0.67 [0.56, 0.75])``."""
+    ratio = row.interval.ratio
+    change = f"{abs(1 - ratio):.0%} {'lower' if ratio < 1 else 'higher'}"
+    return f"{_row_name(row)}, {change} ({row.interval.text()})"
+
+
 CLAIMS_INTRO = (
-    "Each row: a paper's claim, our ratio of medians over the seeds (method / "
-    "baseline) with a paired bootstrap 95% interval, and the verdict it "
-    "supports: *as the paper* only when the interval excludes 1 (and the 1% "
-    "around it that counts as no effect) on the paper's side, *unlike the "
-    "paper* only when it excludes them on the other, *inconclusive* otherwise. "
-    "≤/≥: seeds that missed the target (counted as one round past the last) "
-    "make the ratio a bound."
+    "Each claim: its verdict in bold, then its rows. A row is our ratio of "
+    "medians over the seeds (method / baseline) with a paired bootstrap 95% "
+    "interval; its detectable effect (the change the seeds find with 80% "
+    "power at a two-sided 5% level: 2.8 bootstrap standard errors of the log "
+    "ratio); its p-value for a ratio of 1 (the smallest level whose bootstrap "
+    "interval excludes 1); and its verdict: *as the paper* only when the "
+    "interval excludes 1 (and the 1% around it that counts as no effect) on "
+    "the paper's side, *unlike the paper* on the other, *no effect larger "
+    "than X%* when it meets 1 and both ends lie within X <= 20% of it, "
+    "*inconclusive* otherwise. The claim's verdict applies Holm's step-down at "
+    "5% to its rows' p-values: *as the paper* if a row on the paper's side "
+    "holds and none on the other, *unlike the paper* in the mirror case, "
+    "*mixed* if both, else its tightest no-effect bound or *inconclusive*. The "
+    "main row of each claim is powered in quick mode (seeds added until it "
+    "detects a 20% effect, or its benchmark's cap); the other rows keep their "
+    "benchmark's reported seeds, which `--full` raises. A final value is the "
+    "mean over the last 10% of rounds (at least 3). ≤/≥: seeds that missed the "
+    "target (counted as one round past the last) make the ratio a bound."
+)
+MECHANISM_INTRO = (
+    "The error of each sampler's aggregate against full participation, at "
+    "equal expected participation, on client updates captured from the claim "
+    "benchmarks' own runs: the quantity the variance-reducing samplers exist "
+    "to lower, measured directly (method / baseline, 95% interval)."
 )
 
 
@@ -457,11 +645,23 @@ def render_results(
         "column of the confirmation table. The convergence tables are the same "
         "for the same seeds; the timing section varies between runs and machines.",
         "",
+        "## The mechanism: each sampler's aggregate error",
+        "",
+        MECHANISM_INTRO,
+        "",
+        mechanism_table(results, results_link=""),
+        "",
         "## Paper claims against our measurements",
         "",
         CLAIMS_INTRO,
         "",
         claim_table(results, results_link=""),
+        "",
+        "### What each method did here",
+        "",
+        "Generated from the rows above, one paragraph per paper.",
+        "",
+        method_paragraphs(results),
         "",
         "## Convergence against each paper's baselines",
         "",
@@ -494,17 +694,19 @@ def readme_section(
     confirmations: Sequence[Confirmation],
     command: str,
 ) -> str:
-    """The README's results: header, claims, ``flwr run`` check, server overhead."""
+    """The README's results: header, mechanism, claims, ``flwr run``, overhead."""
+    results = [run for run in runs if run.name not in TIMING_BENCHMARKS]
     lines = [
         f"Generated by `{command}` from [docs/results.md](docs/results.md), "
         f"which has every method's comparison with its paper. {header}",
         "",
+        mechanism_table(results, results_link="docs/results.md"),
+        "",
         CLAIMS_INTRO,
         "",
-        claim_table(
-            [run for run in runs if run.name not in TIMING_BENCHMARKS],
-            results_link="docs/results.md",
-        ),
+        claim_table(results, results_link="docs/results.md"),
+        "",
+        method_paragraphs(results),
         "",
         confirmation_table(confirmations),
         "",
@@ -543,6 +745,20 @@ def readme_section(
             "",
         ]
     return "\n".join(lines)
+
+
+def hand_written(text: str) -> str:
+    """``text`` without its generated blocks (:data:`GENERATED_BLOCK`).
+
+    What remains is what a person wrote: a number in it that looks like a
+    measured ratio or interval was not generated.
+
+    Examples
+    --------
+    >>> hand_written("a <!-- results:start -->0.5 [0.1, 0.9]<!-- results:end --> b")
+    'a  b'
+    """
+    return GENERATED_BLOCK.sub("", text)
 
 
 def replace_readme_section(readme: str, section: str) -> str:

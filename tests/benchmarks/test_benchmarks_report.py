@@ -20,6 +20,7 @@ from benchmarks.report import (
     discover_benchmarks,
     duration_text,
     embed_summary,
+    hand_written,
     heading_anchor,
     load_confirmations,
     replace_readme_section,
@@ -42,7 +43,12 @@ def fake_run(root: Path, name: str, summary: str | None) -> BenchmarkRun:
 
 
 def claim_row(
-    interval: RatioInterval, direction: str = "below", method: str = "isfedavg"
+    interval: RatioInterval,
+    direction: str = "below",
+    method: str = "isfedavg",
+    *,
+    main: bool = False,
+    seeds: int | None = None,
 ) -> ClaimRow:
     """A claim that ``method`` needs fewer rounds than FedAvg."""
     return ClaimRow(
@@ -55,6 +61,25 @@ def claim_row(
         direction=direction,  # type: ignore[arg-type]
         interval=interval,
         data="synthetic logistic regression",
+        main=main,
+        seeds=seeds,
+    )
+
+
+def mechanism_row() -> ClaimRow:
+    """A row of the mechanism benchmark: OCS's aggregate error against uniform."""
+    return ClaimRow(
+        paper="Chen et al. 2022",
+        claim="OCS lowers the aggregate's error",
+        comparison="mechanism, rounds 1, 8, 15",
+        method="ocs",
+        baseline="uniform",
+        statistic="aggregate MSE vs full participation",
+        direction="below",
+        interval=RatioInterval(
+            0.41, 0.38, 0.44, p_value=0.0005, detectable_effect=0.04
+        ),
+        data="digits, log-normal sizes",
     )
 
 
@@ -92,14 +117,26 @@ def write_fake_report(tmp_path: Path) -> tuple[Path, Path, Path]:
             root, "server_overhead", "# Server overhead\n\n```\n# not a heading\n```\n"
         ),
         fake_run(root, "broken", None),
+        fake_run(root, "mechanism", "# Mechanism\n"),
     ]
     write_claims(
         root / "isfedavg" / CLAIMS_FILE,
         [
-            claim_row(RatioInterval(0.62, 0.5, 0.8)),
-            claim_row(RatioInterval(0.9, 0.0, 1.1, "upper bound"), method="uniform"),
+            claim_row(
+                RatioInterval(0.62, 0.5, 0.8, p_value=0.001, detectable_effect=0.15),
+                main=True,
+                seeds=9,
+            ),
+            claim_row(
+                RatioInterval(
+                    0.9, 0.0, 1.1, "upper bound", p_value=0.4, detectable_effect=0.6
+                ),
+                method="uniform",
+                seeds=5,
+            ),
         ],
     )
+    write_claims(root / "mechanism" / CLAIMS_FILE, [mechanism_row()])
     (root / "server_overhead" / "results.json").write_text(
         json.dumps(
             {
@@ -167,6 +204,7 @@ def test_results_markdown_holds_sections_header_and_rewritten_images(
     assert sorted(path.name for path in images.iterdir()) == [
         "broken-curve.png",
         "isfedavg-curve.png",
+        "mechanism-curve.png",
         "server_overhead-curve.png",
     ]
 
@@ -179,7 +217,7 @@ def test_readme_section_is_replaced_between_the_markers_only(
     assert text.startswith("# T\n\n## Results\n" + README_START + "\n")
     assert text.endswith(README_END + "\n\n## After\n")
     section = text.split(README_START)[1].split(README_END)[0]
-    assert "old" not in section
+    assert "\nold\n" not in section
     assert "[docs/results.md](docs/results.md)" in section
     assert "| MDSampling | 250 |  | Flower FedAvg (m nodes) | 2.00 | 2.00 |" in section
     assert "9.00" not in section
@@ -248,8 +286,11 @@ def test_saved_confirmations_load_back(tmp_path: Path) -> None:
 
 CLAIM_LINE = (
     "| ISFedAvg needs fewer rounds than FedAvg (Rizk et al., ICASSP 2021) | "
-    "*matched*: isfedavg / fedavg, rounds to target | 0.62 [0.50, 0.80] | "
-    "as the paper | synthetic logistic regression | "
+    "**claim, 2 rows** |  |  |  | **as the paper** | synthetic logistic regression | "
+)
+MAIN_ROW_LINE = (
+    "|  | *matched*: isfedavg / fedavg, rounds to target (main row), 9 seeds | "
+    "0.62 [0.50, 0.80] | 15% | 0.001 (holds after Holm) | as the paper |  |  |"
 )
 
 
@@ -264,11 +305,54 @@ def test_the_claim_table_opens_the_results_and_the_readme(
     claims = text.index("## Paper claims against our measurements")
     assert claims < text.index("## Convergence")
     assert CLAIM_LINE + f"[isfedavg](#{anchor}) |" in text
-    assert "uniform / fedavg, rounds to target | ≤ 0.90 [0.00, 1.10] | " in text
-    assert "| inconclusive |" in text
+    assert MAIN_ROW_LINE in text
+    assert (
+        "|  | *matched*: uniform / fedavg, rounds to target, 5 seeds | "
+        "≤ 0.90 [0.00, 1.10] | 60% | 0.4 | inconclusive |  |  |" in text
+    )
     section = readme.read_text().split(README_START)[1]
     assert CLAIM_LINE + f"[isfedavg](docs/results.md#{anchor}) |" in section
     assert section.index("| claim |") < section.index("| method | preset |")
+
+
+def test_the_mechanism_rows_open_the_results_before_the_claims(
+    report: tuple[Path, Path, Path],
+) -> None:
+    text = report[0].read_text()
+    mechanism = text.index("## The mechanism: each sampler's aggregate error")
+    row = text.index(
+        "| OCS lowers the aggregate's error | *mechanism, rounds 1, 8, 15*: ocs / "
+        "uniform, aggregate MSE vs full participation | 0.41 [0.38, 0.44] | 4% | "
+        "< 0.001 | as the paper |"
+    )
+    assert mechanism < row < text.index("## Paper claims against our measurements")
+    # Not a claim row as well.
+    assert text.count("OCS lowers the aggregate's error |") == 1
+
+
+def test_each_paper_gets_a_generated_paragraph_from_its_rows(
+    report: tuple[Path, Path, Path],
+) -> None:
+    text = report[0].read_text()
+    paragraphs = text.split("### What each method did here")[1]
+    assert (
+        "**Rizk et al., ICASSP 2021.** Claim verdicts: ISFedAvg needs fewer rounds "
+        "than FedAvg: *as the paper*. The paper's effect showed in *matched*: "
+        "isfedavg / fedavg, rounds to target, 38% lower (0.62 [0.50, 0.80]). "
+        "Undecided: 1 row (detectable effects 60%)."
+    ) in paragraphs
+    assert "**The mechanism.** ocs / uniform" in paragraphs
+
+
+def test_hand_written_text_is_what_lies_outside_the_generated_blocks() -> None:
+    text = (
+        "Intro 0.5 [0.1, 0.9].\n<!-- results:start -->\n0.62 [0.50, 0.80]\n"
+        "<!-- results:end -->\nMiddle.\n<!-- generated:summary:start -->x"
+        "<!-- generated:summary:end -->\n<!-- other:start -->unclosed"
+    )
+    assert hand_written(text) == (
+        "Intro 0.5 [0.1, 0.9].\n\nMiddle.\n\n<!-- other:start -->unclosed"
+    )
 
 
 @pytest.mark.parametrize("direction", ["below", "above"])
@@ -287,7 +371,9 @@ def test_a_claim_whose_interval_holds_1_never_reads_as_the_paper(
     )
     table = claim_table([run], results_link="")
     assert "as the paper" not in table
-    assert "| inconclusive |" in table
+    reach = max(1 - low, high - 1)
+    expected = f"no effect larger than {reach:.0%}" if reach <= 0.2 else "inconclusive"
+    assert f"| {expected} |" in table
 
 
 def test_no_claims_say_so() -> None:
