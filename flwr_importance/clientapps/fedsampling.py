@@ -64,7 +64,6 @@ from flwr_importance.clientapps.common import (
     TaskFactory,
     config_number,
     received_task,
-    round_generators,
     server_round_of,
     task_batches,
 )
@@ -84,6 +83,7 @@ __all__ = [
     "make_fedsampling_handlers",
     "make_fedsampling_train_handler",
     "make_size_query_handler",
+    "node_round_streams",
     "private_size_reply",
 ]
 
@@ -304,21 +304,57 @@ def fedsampling_reply(message: Message, gradient: dict[str, torch.Tensor]) -> Me
     return Message(RecordDict({names[0]: ArrayRecord(gradient)}), reply_to=message)
 
 
+def node_round_streams(
+    node_seed: int, server_round: int
+) -> tuple[np.random.Generator, np.random.Generator]:
+    """The ready-made handlers' draws of a node in a round: keep, then size reply.
+
+    The keep stream is the NumPy generator of
+    :func:`~flwr_importance.clientapps.common.round_generators` (seeded by the
+    node's seed and the round, as every method's ready-made handlers are); the
+    size reply draws from its first spawned child, so the truthful-answer coin
+    is independent of which samples stay. The FedSampling benchmark's pooled
+    path draws from these same streams, so it keeps the samples the ClientApps
+    keep (``tests/benchmarks/test_fedsampling_benchmark.py``).
+
+    Parameters
+    ----------
+    node_seed : int
+        The node's seed (``LocalTask.seed``).
+    server_round : int
+        The round.
+
+    Returns
+    -------
+    tuple of numpy.random.Generator
+        The keep decisions' generator and the size reply's.
+
+    Examples
+    --------
+    >>> keep, reply = node_round_streams(7, 1)
+    >>> bool(keep.random() == np.random.default_rng([7, 1]).random())
+    True
+    """
+    seed_sequence = np.random.SeedSequence([node_seed, server_round])
+    (reply_sequence,) = seed_sequence.spawn(1)
+    return (
+        np.random.Generator(np.random.PCG64(seed_sequence)),
+        np.random.Generator(np.random.PCG64(reply_sequence)),
+    )
+
+
 def make_size_query_handler(
     task_factory: TaskFactory, max_epsilon: float | None = None
 ) -> ClientHandler:
     """The ready-made ``query.sizes``: :func:`private_size_reply` of the task's size.
 
-    The randomized response draws from a child of the node's round generator
-    (:func:`~flwr_importance.clientapps.common.round_generators`): the train
-    handler's keep decisions use the parent, and the truthful-answer coin must
-    not be correlated with which samples stay.
+    The randomized response draws from the node's size-reply stream
+    (:func:`node_round_streams`).
     """
 
     def size_query(message: Message, context: Context) -> Message:
         task = task_factory(context)
-        numpy_rng, _ = round_generators(task, server_round_of(message))
-        (reply_rng,) = numpy_rng.spawn(1)
+        _, reply_rng = node_round_streams(task.seed, server_round_of(message))
         return private_size_reply(
             message, num_examples=len(task.x), max_epsilon=max_epsilon, rng=reply_rng
         )
@@ -329,15 +365,16 @@ def make_size_query_handler(
 def make_fedsampling_train_handler(task_factory: TaskFactory) -> ClientHandler:
     """The ready-made train handler: :func:`fedsampling_round` and friends on the task.
 
-    The keep decisions are the first draws of the node's round generator; the
-    loss is the task's objective (regularizer included) and the local steps
-    (when ``E > 1``) use the task's ``lr``.
+    The keep decisions are the first draws of the node's keep stream
+    (:func:`node_round_streams`); the loss is the task's objective
+    (regularizer included) and the local steps (when ``E > 1``) use the
+    task's ``lr``.
     """
 
     def train(message: Message, context: Context) -> Message:
         task = received_task(task_factory, message, context)
-        numpy_rng, _ = round_generators(task, server_round_of(message))
-        plan = fedsampling_round(message, num_examples=len(task.x), rng=numpy_rng)
+        keep_rng, _ = node_round_streams(task.seed, server_round_of(message))
+        plan = fedsampling_round(message, num_examples=len(task.x), rng=keep_rng)
         kept = _Counted(task_batches(task, plan.indices), inputs_and_targets)
         gradient = _fedsampling_gradient(
             task.model, kept, task.objective.loss, plan, task.lr
