@@ -519,7 +519,10 @@ def method_paragraphs(runs: Sequence[BenchmarkRun]) -> str:
     mechanism = mechanism_rows(runs)
     paragraphs = []
     for paper, claims in papers.items():
-        showed, opposite, bounded, undecided = [], [], [], []
+        showed: list[str] = []
+        opposite: list[str] = []
+        bounded: list[str] = []
+        undecided: list[ClaimRow] = []
         for claim in claims:
             survivors = holm_survivors([row.p_value for row in claim])
             for row, survived in zip(claim, survivors, strict=True):
