@@ -19,15 +19,14 @@ Conventions shared by every method
   ``FedAvg`` does. Exceptions, named in their sections: the messages of OCS
   and MMFL and Power-of-Choice's ``query.loss`` carry models as
   ``model-<s>`` (:func:`model_record_name`), whatever ``arrayrecord_key``
-  says, and some messages carry no model. The
-  library's client helpers read the config from ``config``: keep the default
-  ``configrecord_key`` when your clients use them.
+  says, and some messages carry no model. The library's client helpers
+  read the message's single ConfigRecord, whatever ``configrecord_key``
+  names it.
 - **Config.** ``server-round`` (:data:`SERVER_ROUND`, the round the message
-  belongs to) is in the config of every message, except MMFL's
-  ``query.sizes``. A ``train`` message's config also holds the
-  ``train_config`` given to ``strategy.start`` (``lr`` and the like), an
-  ``evaluate`` message's the ``evaluate_config``; the queries that carry it
-  too are named in their sections.
+  belongs to) is in the config of every message. A ``train`` message's
+  config also holds the ``train_config`` given to ``strategy.start``
+  (``lr`` and the like), an ``evaluate`` message's the ``evaluate_config``;
+  the queries that carry it too are named in their sections.
 - **Replies.** At most one MetricRecord, under any name (the strategies read
   the only one; a reply with two is dropped). The helpers, like Flower's
   quickstarts, name it ``metrics`` (:data:`METRIC_RECORD`) and the model they
@@ -271,7 +270,7 @@ model, never scaled by ``d_i`` or ``1/p_i``.
   and ``num-examples-<s>``; the server scores ``u_is = d_is loss_s``.
 - ``query.sizes`` (:data:`SIZES_QUERY`; MMFL ``"random"`` and
   ``"round-robin"``) once per node, when first seen; no model; config
-  ``num-models`` (:data:`NUM_MODELS`, ``S``) only, no ``server-round``.
+  ``server-round`` and ``num-models`` (:data:`NUM_MODELS`, ``S``).
   Reply ``num-examples-<s>`` for every ``s`` in ``0..S-1``.
 - Sampling: OCS draws each node independently with ``p_i`` from the
   ``u_i`` (``m`` expected); MMFL gives each node at most one model, ``s``
@@ -363,12 +362,13 @@ from __future__ import annotations
 #: ``arrayrecord_key``); the helpers name the model they reply with so.
 ARRAY_RECORD = "arrays"
 #: Name of the ConfigRecord of a message, by default (Flower's
-#: ``configrecord_key``); the client helpers read the config from it.
+#: ``configrecord_key``); the client helpers read a message's only
+#: ConfigRecord, whatever its name, and hand the user's functions the config
+#: under this one.
 CONFIG_RECORD = "config"
 #: Name the helpers give the one MetricRecord of a reply (any name is accepted).
 METRIC_RECORD = "metrics"
-#: The round a message belongs to (in every message's config but MMFL's
-#: ``query.sizes``).
+#: The round a message belongs to (in every message's config).
 SERVER_ROUND = "server-round"
 #: The node's number of local training samples (train and size-query replies).
 NUM_EXAMPLES = "num-examples"

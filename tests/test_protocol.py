@@ -34,22 +34,10 @@ SCANNED_PACKAGES = ("strategies", "clientapps", "compat")
 #: conventions section, not to a method's.
 SHARED_STRATEGY_MODULES = ("base", "messages", "replies")
 CONVENTIONS_HEADING = "Conventions shared by every method"
+#: The default record names: every method's messages and replies use them,
+#: and the conventions section documents them once for all.
+RECORD_NAMES = frozenset({"ARRAY_RECORD", "CONFIG_RECORD", "METRIC_RECORD"})
 LEGACY_HEADING = "Legacy API"
-
-#: Constants of keys the code still spells as string literals (the record
-#: names, ``num-steps``, the legacy transport's keys): each counts as used
-#: while its literal is in the scanned code, until the modules spelling it
-#: read it as ``protocol.NAME``.
-AWAITING_ADOPTION = frozenset(
-    {
-        "ARRAY_RECORD",
-        "CONFIG_RECORD",
-        "METRIC_RECORD",
-        "NUM_STEPS",
-        "COMPAT_MESSAGE_TYPE",
-        "COMPAT_ARRAY_LAYOUT",
-    }
-)
 
 #: The runs whose messages are checked: each registry method as the app runs
 #: it, and the variants that send other messages, with the message type
@@ -110,15 +98,6 @@ def referenced_constants(tree: ast.AST) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module == protocol.__name__:
             names.update(alias.name for alias in node.names)
     return {name for name in names if name.isupper()}
-
-
-def string_literals(tree: ast.AST) -> set[str]:
-    """Every string constant in a module's source."""
-    return {
-        node.value
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Constant) and isinstance(node.value, str)
-    }
 
 
 def module_path(dotted: str) -> Path:
@@ -210,7 +189,8 @@ def test_every_constant_is_documented() -> None:
 def test_each_method_section_names_its_keys(name: str) -> None:
     section = section_of(f"``{name}``")
     for path in method_modules(registry.method(name)):
-        missing = undocumented(section, referenced_constants(module_tree(path)))
+        used = referenced_constants(module_tree(path)) - RECORD_NAMES
+        missing = undocumented(section, used)
         assert not missing, (
             f"the {name} section of protocol.py does not name {missing}, "
             f"used in {path.relative_to(PACKAGE_DIR.parent)}"
@@ -226,12 +206,11 @@ def test_shared_and_legacy_keys_are_in_their_sections() -> None:
             for name in SHARED_STRATEGY_MODULES
         )
     )
-    assert not undocumented(section_of(CONVENTIONS_HEADING), shared)
+    assert not undocumented(section_of(CONVENTIONS_HEADING), shared | RECORD_NAMES)
     legacy = set().union(
         *(referenced_constants(module_tree(path)) for path in scanned_modules())
     )
     legacy = {name for name in legacy if name.startswith("COMPAT_")}
-    legacy |= {name for name in AWAITING_ADOPTION if name.startswith("COMPAT_")}
     assert not undocumented(section_of(LEGACY_HEADING), legacy)
 
 
@@ -247,15 +226,7 @@ def test_every_constant_is_used() -> None:
         for node in ast.walk(function)
         if isinstance(node, ast.Name) and node.id.isupper()
     }
-    spelled = set().union(*(string_literals(tree) for tree in trees))
-    constants = protocol_constants()
-    assert constants.keys() >= AWAITING_ADOPTION
-    unused = sorted(
-        name
-        for name, value in constants.items()
-        if name not in referenced
-        and not (name in AWAITING_ADOPTION and value in spelled)
-    )
+    unused = sorted(set(protocol_constants()) - referenced)
     assert not unused, (
         f"protocol constants nothing in {SCANNED_PACKAGES} uses: {unused}"
     )

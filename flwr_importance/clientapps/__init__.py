@@ -6,8 +6,9 @@ that meet its contract (:mod:`flwr_importance.protocol`) from your own
 device; and ``make_<method>_handlers(task_factory)``, ready-made handlers built
 on the same pieces for a ``TaskFactory`` (``Context -> LocalTask``):
 
-- :mod:`.messages`: the handler type, config reading and handler
-  registration every module shares (torch-free);
+- :mod:`.messages`: the handler type, config reading (the message's single
+  ConfigRecord, whatever its name), the replies and handler registration
+  every module shares (torch-free);
 - :mod:`.common`: the :class:`LocalTask`, FedAvg/FedProx training and
   evaluation (torch);
 - :mod:`.isfedavg`: importance-sampled mini-batches, eq. 8 steps, eq. 29;
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from flwr_importance.clientapps.messages import (
     ClientHandler,
     config_number,
+    message_config,
     register_handlers,
     server_round_of,
 )
@@ -53,25 +55,15 @@ if TYPE_CHECKING:
         train_round,
     )
 
-#: Names of :mod:`.common`, imported on first use (they need torch).
-_TORCH_NAMES = frozenset(
-    {
-        "LocalTask",
-        "TaskFactory",
-        "load_global_model",
-        "make_evaluate_handler",
-        "make_train_handler",
-        "model_reply",
-        "round_generators",
-        "round_local_steps",
-        "train_round",
-    }
-)
-
 
 def __getattr__(name: str) -> Any:
-    """Load the torch-using names of :mod:`.common` on first use (PEP 562)."""
-    if name in _TORCH_NAMES:
+    """Load the torch-using names of :mod:`.common` on first use (PEP 562).
+
+    Called only for names the package has not loaded: the exported names of
+    :mod:`.messages` are imported above, the rest of ``__all__`` is
+    :mod:`.common`'s.
+    """
+    if name in __all__:
         from flwr_importance.clientapps import common
 
         return getattr(common, name)
@@ -86,6 +78,7 @@ __all__ = [
     "load_global_model",
     "make_evaluate_handler",
     "make_train_handler",
+    "message_config",
     "model_reply",
     "register_handlers",
     "round_generators",

@@ -23,11 +23,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Message
 
+from flwr_importance import protocol
 from flwr_importance.clientapps.messages import (
     ClientHandler,
+    arrays_reply,
     config_number,
+    message_arrays,
+    metrics_reply,
     register_handlers,
     server_round_of,
 )
@@ -113,10 +117,8 @@ class LocalTask:
 TaskFactory = Callable[[Context], LocalTask]
 
 __all__ = [
-    "ClientHandler",
     "LocalTask",
     "TaskFactory",
-    "config_number",
     "load_global_model",
     "make_evaluate_handler",
     "make_train_handler",
@@ -125,7 +127,6 @@ __all__ = [
     "register_handlers",
     "round_generators",
     "round_local_steps",
-    "server_round_of",
     "task_batches",
     "train_round",
 ]
@@ -155,11 +156,7 @@ def round_local_steps(task: LocalTask, numpy_rng: np.random.Generator) -> int | 
 
 def load_global_model(task: LocalTask, message: Message) -> None:
     """Load the message's model (its single ArrayRecord) into ``task.model``."""
-    arrays = message.content.array_records
-    if len(arrays) != 1:
-        raise ValueError(f"expected one ArrayRecord in the message, got {len(arrays)}")
-    (record,) = arrays.values()
-    task.model.load_state_dict(record.to_torch_state_dict())
+    task.model.load_state_dict(message_arrays(message).to_torch_state_dict())
 
 
 def received_task(
@@ -191,13 +188,7 @@ def model_reply(
     message: Message, model: torch.nn.Module, metrics: Mapping[str, float | int]
 ) -> Message:
     """Reply with the model's weights under ``arrays`` and ``metrics``."""
-    content = RecordDict(
-        {
-            "arrays": ArrayRecord(model.state_dict()),
-            "metrics": MetricRecord(dict(metrics)),
-        }
-    )
-    return Message(content, reply_to=message)
+    return arrays_reply(message, ArrayRecord(model.state_dict()), metrics)
 
 
 def train_round(
@@ -248,9 +239,11 @@ def make_train_handler(task_factory: TaskFactory) -> ClientHandler:
 
     def train(message: Message, context: Context) -> Message:
         task = received_task(task_factory, message, context)
-        proximal_mu = config_number(message, "proximal-mu", 0.0)
+        proximal_mu = config_number(message, protocol.PROXIMAL_MU, 0.0)
         result = train_round(task, server_round_of(message), proximal_mu)
-        return model_reply(message, task.model, {**result, "num-examples": len(task.x)})
+        return model_reply(
+            message, task.model, {**result, protocol.NUM_EXAMPLES: len(task.x)}
+        )
 
     return train
 
@@ -266,9 +259,6 @@ def make_evaluate_handler(task_factory: TaskFactory) -> ClientHandler:
         task = received_task(task_factory, message, context)
         x, y = task.evaluation_data()
         metrics = evaluate(task.model, x, y, task.objective)
-        content = RecordDict(
-            {"metrics": MetricRecord({**metrics, "num-examples": len(x)})}
-        )
-        return Message(content, reply_to=message)
+        return metrics_reply(message, {**metrics, protocol.NUM_EXAMPLES: len(x)})
 
     return evaluate_handler

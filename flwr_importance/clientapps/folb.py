@@ -94,24 +94,21 @@ from flwr_importance.clientapps._device import (
 from flwr_importance.clientapps.common import (
     ClientHandler,
     TaskFactory,
-    config_number,
     make_evaluate_handler,
     make_train_handler,
     received_task,
 )
+from flwr_importance.clientapps.messages import (
+    MetricValue,
+    config_number,
+    message_arrays,
+)
 from flwr_importance.tasks import full_gradient
-
-#: A value a MetricRecord holds.
-MetricValue = int | float | list[int] | list[float]
 
 
 def _received_state(message: Message) -> dict[str, Tensor]:
     """The model the message carries (its single ArrayRecord), as CPU tensors."""
-    arrays = message.content.array_records
-    if len(arrays) != 1:
-        raise ValueError(f"expected one ArrayRecord in the message, got {len(arrays)}")
-    (record,) = arrays.values()
-    return record.to_torch_state_dict()
+    return message_arrays(message).to_torch_state_dict()
 
 
 class ProximalTerm:
@@ -367,7 +364,9 @@ def folb_reply(
         {
             protocol.FOLB_UPDATE: update,
             protocol.FOLB_GRADIENT: gradient,
-            "metrics": MetricRecord({**metrics, protocol.FOLB_GAMMA: gamma}),
+            protocol.METRIC_RECORD: MetricRecord(
+                {**metrics, protocol.FOLB_GAMMA: gamma}
+            ),
         }
     )
     return Message(content, reply_to=message)
@@ -380,7 +379,7 @@ def gradient_reply(
     content = RecordDict(
         {
             protocol.FOLB_GRADIENT: gradient,
-            "metrics": MetricRecord({protocol.NUM_EXAMPLES: num_examples}),
+            protocol.METRIC_RECORD: MetricRecord({protocol.NUM_EXAMPLES: num_examples}),
         }
     )
     return Message(content, reply_to=message)
@@ -402,7 +401,7 @@ def make_folb_train_handler(task_factory: TaskFactory) -> ClientHandler:
             task.model, full_gradient(task.model, task.x, task.y, task.objective)
         )
         trained_reply = fedprox_train(message, context)
-        trained_state = trained_reply.content.array_records["arrays"]
+        trained_state = trained_reply.content.array_records[protocol.ARRAY_RECORD]
         task.model.load_state_dict(trained_state.to_torch_state_dict())
         gamma = _gamma(
             task.model,
@@ -416,7 +415,7 @@ def make_folb_train_handler(task_factory: TaskFactory) -> ClientHandler:
             task.model,
             gradient=gradient,
             gamma=gamma,
-            metrics=dict(trained_reply.content.metric_records["metrics"]),
+            metrics=dict(trained_reply.content.metric_records[protocol.METRIC_RECORD]),
         )
 
     return train

@@ -83,11 +83,14 @@ from flwr_importance.clientapps.common import (
     ClientHandler,
     LocalTask,
     TaskFactory,
-    config_number,
     make_evaluate_handler,
     model_reply,
     received_task,
     round_generators,
+)
+from flwr_importance.clientapps.messages import (
+    config_flag,
+    config_number,
     server_round_of,
 )
 from flwr_importance.sampling import systematic_sample, update_sample_probs
@@ -135,7 +138,7 @@ class RoundSettings:
             num_clients=int(config_number(message, protocol.ISFEDAVG_NUM_CLIENTS)),
             local_steps=int(config_number(message, protocol.ISFEDAVG_LOCAL_STEPS)),
             batch_size=int(config_number(message, protocol.ISFEDAVG_BATCH_SIZE)),
-            adapt_sample_probs=_config_flag(
+            adapt_sample_probs=config_flag(
                 message, protocol.ISFEDAVG_ADAPT_SAMPLE_PROBS
             ),
             min_relative_sample_prob=config_number(
@@ -156,15 +159,6 @@ class RoundSettings:
                 f"{protocol.ISFEDAVG_MIN_RELATIVE_SAMPLE_PROB} must lie in (0, 1]"
             )
         return settings
-
-
-def _config_flag(message: Message, key: str) -> bool:
-    """A boolean from the message's ``config`` record; absent or not a bool raises."""
-    config = message.content.config_records.get("config")
-    value = config.get(key) if config is not None else None
-    if not isinstance(value, bool):
-        raise ValueError(f"config '{key}' must be a boolean, got {value!r}")
-    return value
 
 
 @dataclass
@@ -579,7 +573,7 @@ def importance_sampled_sgd(
                 parameter.sub_(task.lr * parameter_grad)
     return {
         protocol.TRAIN_LOSS: loss_sum / sampler.local_steps,
-        "num-steps": float(sampler.local_steps),
+        protocol.NUM_STEPS: float(sampler.local_steps),
     }
 
 

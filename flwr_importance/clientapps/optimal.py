@@ -84,6 +84,8 @@ from flwr_importance import protocol
 from flwr_importance.clientapps.messages import (
     ClientHandler,
     config_number,
+    message_config,
+    metrics_reply,
     server_round_of,
 )
 from flwr_importance.clientapps.sizes import checked_sample_count
@@ -98,9 +100,10 @@ ModelTaskFactory = Callable[[Context, int], "LocalTask"]
 ModelSampleCount = Callable[[Context, int], int]
 
 #: Where the user's handlers find the model and the config, as in the messages
-#: of Flower's ``FedAvg`` (its default ``arrayrecord_key``/``configrecord_key``).
-USER_ARRAYS_KEY = "arrays"
-USER_CONFIG_KEY = "config"
+#: of Flower's ``FedAvg`` (its default ``arrayrecord_key``/``configrecord_key``),
+#: whatever names the strategy's own messages use.
+USER_ARRAYS_KEY = protocol.ARRAY_RECORD
+USER_CONFIG_KEY = protocol.CONFIG_RECORD
 
 #: ``context.state`` key of the ConfigRecord saying which round the kept
 #: updates belong to; update ``s`` is under ``KEPT_UPDATE_PREFIX<s>``, the
@@ -184,10 +187,11 @@ def _message_for_user(
     """``message`` reshaped as a FedAvg message of ``message_type`` for model ``s``.
 
     The model goes under ``"arrays"``, the server's config (``lr`` and the
-    like, plus ``model-index``) under ``"config"``. Built from the incoming
-    message's metadata: a ClientApp cannot create a new message, only reply.
+    like, plus ``model-index``) under ``"config"``, whatever the server named
+    its records. Built from the incoming message's metadata: a ClientApp
+    cannot create a new message, only reply.
     """
-    config = message.content.config_records.get(USER_CONFIG_KEY, ConfigRecord())
+    config = message_config(message)
     metadata = copy.copy(message.metadata)
     metadata.message_type = message_type
     content = RecordDict(
@@ -284,7 +288,7 @@ def _keep_updates(
     for model_index, (update, metrics) in kept.items():
         context.state[f"{KEPT_UPDATE_PREFIX}{model_index}"] = update
         context.state[f"{KEPT_METRICS_PREFIX}{model_index}"] = metrics
-    context.state[KEPT_ROUND_KEY] = ConfigRecord({"server-round": server_round})
+    context.state[KEPT_ROUND_KEY] = ConfigRecord({protocol.SERVER_ROUND: server_round})
 
 
 def _kept_update(
@@ -310,19 +314,13 @@ def _kept_update(
             f"no kept update of model {model_index} for round {server_round} "
             "(node state lost, e.g. the node restarted)"
         )
-    kept_server_round = int(kept_round["server-round"])  # type: ignore[arg-type]
+    kept_server_round = int(kept_round[protocol.SERVER_ROUND])  # type: ignore[arg-type]
     if kept_server_round != server_round:
         raise ValueError(
             f"kept update is from round {kept_server_round}, not "
             f"{server_round}; a stale update is never sent"
         )
     return update, metrics
-
-
-def _metrics_reply(message: Message, metrics: dict[str, float]) -> Message:
-    return Message(
-        RecordDict({"metrics": MetricRecord(dict(metrics))}), reply_to=message
-    )
 
 
 class KeptUpdateMod:
@@ -363,13 +361,12 @@ class KeptUpdateMod:
         self, message: Message, context: Context, call_next: ClientAppCallable
     ) -> Message:
         """Serve an OCS/MMFL train message; pass anything else to ``call_next``."""
-        config = message.content.config_records.get(USER_CONFIG_KEY)
-        if (
-            message.metadata.message_type != MessageType.TRAIN
-            or config is None
-            or protocol.KEPT_UPDATE not in config
+        if message.metadata.message_type != MessageType.TRAIN or not any(
+            protocol.KEPT_UPDATE in config
+            for config in message.content.config_records.values()
         ):
             return call_next(message, context)
+        config = message_config(message)
         server_round = server_round_of(message)
         model_index = int(config_number(message, protocol.MODEL_INDEX))
         if config[protocol.KEPT_UPDATE]:
@@ -388,7 +385,9 @@ class KeptUpdateMod:
                 global_model,
                 self.train_loss_key,
             )
-        content = RecordDict({protocol.UPDATE_RECORD: update, "metrics": metrics})
+        content = RecordDict(
+            {protocol.UPDATE_RECORD: update, protocol.METRIC_RECORD: metrics}
+        )
         return Message(content, reply_to=message)
 
 
@@ -425,7 +424,7 @@ def norm_query_handler(
             for key in (protocol.NUM_EXAMPLES, protocol.TRAIN_LOSS):
                 reply[protocol.per_model_key(key, model_index)] = _number(metrics, key)
         _keep_updates(context, server_round_of(message), kept)
-        return _metrics_reply(message, reply)
+        return metrics_reply(message, reply)
 
     return query_norm
 
@@ -489,7 +488,7 @@ def loss_query_handler(
             reply[protocol.per_model_key(protocol.NUM_EXAMPLES, model_index)] = _number(
                 metrics, protocol.NUM_EXAMPLES
             )
-        return _metrics_reply(message, reply)
+        return metrics_reply(message, reply)
 
     return query_loss
 
@@ -524,7 +523,7 @@ def model_sizes_query_handler(num_examples: ModelSampleCount) -> ClientHandler:
             )
             for model_index in range(num_models)
         }
-        return _metrics_reply(message, reply)
+        return metrics_reply(message, reply)
 
     return query_sizes
 

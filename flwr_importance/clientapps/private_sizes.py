@@ -16,11 +16,11 @@ these two functions.
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from flwr_importance import protocol
-from flwr_importance.clientapps.messages import config_number
+from flwr_importance.clientapps.messages import config_number, metrics_reply
 from flwr_importance.clientapps.sizes import SampleCount, sample_count_source
 from flwr_importance.sampling import privatize_size
 
@@ -74,10 +74,7 @@ def private_size_reply(
         epsilon,
         rng if rng is not None else np.random.default_rng(),
     )
-    content = RecordDict(
-        {"metrics": MetricRecord({protocol.FEDSAMPLING_SIZE_RESPONSE: response})}
-    )
-    return Message(content, reply_to=message)
+    return metrics_reply(message, {protocol.FEDSAMPLING_SIZE_RESPONSE: response})
 
 
 def add_private_size_query(

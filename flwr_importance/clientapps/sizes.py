@@ -31,11 +31,11 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from flwr_importance import protocol
-from flwr_importance.clientapps.messages import ClientHandler
+from flwr_importance.clientapps.messages import ClientHandler, metrics_reply
 
 if TYPE_CHECKING:
     from flwr_importance.clientapps.common import TaskFactory
@@ -124,10 +124,7 @@ def sample_count_source(
 
 def size_reply(message: Message, *, num_examples: int) -> Message:
     """The reply to ``query.sizes``: ``MetricRecord({"num-examples": n})``."""
-    content = RecordDict(
-        {"metrics": MetricRecord({protocol.NUM_EXAMPLES: num_examples})}
-    )
-    return Message(content, reply_to=message)
+    return metrics_reply(message, {protocol.NUM_EXAMPLES: num_examples})
 
 
 def size_query_handler(

@@ -27,7 +27,8 @@ from flwr.client import Client, NumPyClient
 from flwr.common import NDArrays
 
 from flwr_importance import protocol
-from flwr_importance.clientapps.common import ClientHandler, TaskFactory
+from flwr_importance.clientapps.common import TaskFactory
+from flwr_importance.clientapps.messages import ClientHandler
 from flwr_importance.compat.transport import (
     MESSAGE_TYPE_KEY,
     ScalarDict,
@@ -75,7 +76,7 @@ class HandlerClient(NumPyClient):
 
     def get_properties(self, config: ScalarDict) -> ScalarDict:
         """A query without arrays: its reply's metrics."""
-        return reply_scalars(self._handle([], config, "query"))
+        return reply_scalars(self._handle([], config, protocol.QUERY_CATEGORY))
 
     def fit(
         self, parameters: NDArrays, config: ScalarDict
@@ -89,7 +90,7 @@ class HandlerClient(NumPyClient):
         """The ``evaluate`` handler: loss, ``num-examples`` and its metrics."""
         metrics = reply_scalars(self._handle(parameters, config, "evaluate"))
         return (
-            float(metrics["loss"]),
+            float(metrics[protocol.LOSS]),
             int(metrics.get(protocol.NUM_EXAMPLES, 0)),
             metrics,
         )

@@ -59,7 +59,6 @@ from flwr.app import (
     Message,
     MessageType,
     MetricRecord,
-    RecordDict,
 )
 from flwr.client import Client
 from flwr.common import (
@@ -86,9 +85,13 @@ from flwr.compat.client.client import (
 from numpy.typing import NDArray
 
 from flwr_importance import protocol
+from flwr_importance.clientapps.messages import (
+    arrays_reply,
+    message_arrays,
+    message_config,
+    metrics_reply,
+)
 from flwr_importance.clientapps.optimal import (
-    USER_ARRAYS_KEY,
-    USER_CONFIG_KEY,
     KeptUpdateMod,
     loss_query_handler,
     norm_query_handler,
@@ -255,7 +258,8 @@ class ImportanceClient(Client):
         ``fit`` reports it).
         """
         fit_res = maybe_call_fit(
-            self.client, FitIns(parameters_of(_user_model(message)), _config(message))
+            self.client,
+            FitIns(parameters_of(message_arrays(message)), _config(message)),
         )
         _check_status(fit_res.status, "fit")
         self._keep_sample_count(fit_res.num_examples)
@@ -263,15 +267,8 @@ class ImportanceClient(Client):
         metrics[protocol.NUM_EXAMPLES] = fit_res.num_examples
         if self.train_loss_key in metrics:
             metrics[protocol.TRAIN_LOSS] = metrics[self.train_loss_key]
-        content = RecordDict(
-            {
-                USER_ARRAYS_KEY: ArrayRecord(
-                    parameters_to_ndarrays(fit_res.parameters)
-                ),
-                "metrics": metrics,
-            }
-        )
-        return Message(content, reply_to=message)
+        trained = ArrayRecord(parameters_to_ndarrays(fit_res.parameters))
+        return arrays_reply(message, trained, metrics)
 
     def _evaluate(self, message: Message, context: Context) -> Message:
         """Your ``evaluate`` as a Message-API evaluate function.
@@ -281,13 +278,13 @@ class ImportanceClient(Client):
         """
         evaluate_res = maybe_call_evaluate(
             self.client,
-            EvaluateIns(parameters_of(_user_model(message)), _config(message)),
+            EvaluateIns(parameters_of(message_arrays(message)), _config(message)),
         )
         _check_status(evaluate_res.status, "evaluate")
         metrics = numeric_metrics(evaluate_res.metrics) or MetricRecord()
         metrics[protocol.LOSS] = evaluate_res.loss
         metrics[protocol.NUM_EXAMPLES] = evaluate_res.num_examples
-        return Message(RecordDict({"metrics": metrics}), reply_to=message)
+        return metrics_reply(message, metrics)
 
     def _size(self, message: Message, context: Context) -> Message:
         """The size query's reply: the node's training sample count."""
@@ -379,21 +376,9 @@ def importance_client_fn(
     return wrapped_client_fn
 
 
-def _user_model(message: Message) -> ArrayRecord:
-    """The model of a message shaped like FedAvg's (its ``"arrays"`` record)."""
-    model = message.content.array_records.get(USER_ARRAYS_KEY)
-    if model is None:
-        raise ValueError(
-            f"the message carries {list(message.content.array_records)}, "
-            f"no '{USER_ARRAYS_KEY}' model"
-        )
-    return model
-
-
 def _config(message: Message) -> dict[str, bool | bytes | float | int | str]:
-    """The message's ``config`` record as the legacy config your client reads."""
-    config = message.content.config_records.get(USER_CONFIG_KEY, ConfigRecord())
-    return legacy_scalars(config, "config")
+    """The message's config (its single ConfigRecord) as your client's legacy one."""
+    return legacy_scalars(message_config(message), "config")
 
 
 def _check_status(status: Status, call: str) -> None:

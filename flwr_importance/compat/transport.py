@@ -63,14 +63,15 @@ from flwr.supercore.run import Run
 from numpy.typing import NDArray
 
 from flwr_importance import protocol
+from flwr_importance.clientapps.messages import message_config
 from flwr_importance.local_grid import SynchronousGrid
 
 #: Config key carrying the Message-API message type (``train``, ``query.norm``).
-MESSAGE_TYPE_KEY = "compat-message-type"
+MESSAGE_TYPE_KEY = protocol.COMPAT_MESSAGE_TYPE
 #: Config/metric key carrying the names and lengths of the packed ArrayRecords.
-ARRAY_LAYOUT_KEY = "compat-array-layout"
+ARRAY_LAYOUT_KEY = protocol.COMPAT_ARRAY_LAYOUT
 #: Name of the ArrayRecord a plain legacy ``fit``/``evaluate`` model arrives as.
-DEFAULT_RECORD = "arrays"
+DEFAULT_RECORD = protocol.ARRAY_RECORD
 
 #: What the legacy API accepts as a config value or a metric.
 ScalarDict = dict[str, Scalar]
@@ -190,14 +191,6 @@ def numeric_metrics(values: Mapping[str, Scalar]) -> MetricRecord | None:
     return MetricRecord(numbers) if numbers else None
 
 
-def message_config(message: Message) -> ConfigRecord:
-    """The message's single ConfigRecord (an empty one if it has none)."""
-    configs = list(message.content.config_records.values())
-    if len(configs) > 1:
-        raise ValueError(f"the message carries {len(configs)} ConfigRecords")
-    return configs[0] if configs else ConfigRecord()
-
-
 # -- server side: instructions out, replies in --------------------------------
 def fit_ins(message: Message) -> FitIns:
     """A Message-API instruction as legacy ``FitIns`` (type and layout in config)."""
@@ -233,7 +226,7 @@ def reply_from_fit_res(message: Message, fit_res: FitRes) -> Message:
         return error_reply(message, str(exc))
     metric_record = numeric_metrics(metrics)
     if metric_record is not None:
-        content["metrics"] = metric_record
+        content[protocol.METRIC_RECORD] = metric_record
     return Message(content, reply_to=message)
 
 
@@ -328,7 +321,7 @@ class ProxyGrid(SynchronousGrid):
         content = RecordDict()
         metric_record = numeric_metrics(result.properties)
         if metric_record is not None:
-            content["metrics"] = metric_record
+            content[protocol.METRIC_RECORD] = metric_record
         return Message(content, reply_to=message)
 
 
@@ -369,7 +362,7 @@ def message_from_call(
     )
     layout = config.get(ARRAY_LAYOUT_KEY)
     content = unpack_arrays(parameters, None if layout is None else str(layout), keys)
-    content["config"] = settings
+    content[protocol.CONFIG_RECORD] = settings
     # Built from its metadata: outside a ClientApp process (in a test, or a
     # simulation worker) Flower's task identity for new messages is unset.
     metadata = Metadata(

@@ -14,11 +14,11 @@ ClientApp lacks the method's client side.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from numbers import Real
-from typing import Any, ClassVar, Generic, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypedDict, TypeVar
 
 import numpy as np
 from flwr.app import (
@@ -45,11 +45,14 @@ from flwr_importance.strategies.replies import (
     NO_REPLY,
     CheckedReply,
     ClientSide,
-    ExpectedArrays,
+    ReplyChecks,
     ReplyLedger,
     check_replies,
     metric_contents,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 #: Flower's signature of ``train_metrics_aggr_fn`` and ``evaluate_metrics_aggr_fn``.
 MetricsAggregation = Callable[[list[RecordDict], str], MetricRecord]
@@ -214,8 +217,8 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
         min_evaluate_nodes: int = 2,
         min_available_nodes: int = 1,
         weighted_by_key: str = protocol.NUM_EXAMPLES,
-        arrayrecord_key: str = "arrays",
-        configrecord_key: str = "config",
+        arrayrecord_key: str = protocol.ARRAY_RECORD,
+        configrecord_key: str = protocol.CONFIG_RECORD,
         evaluate_metrics_aggr_fn: MetricsAggregation | None = None,
         train_metrics_aggr_fn: MetricsAggregation | None = None,
         **unknown: Any,
@@ -425,14 +428,7 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
 
     # -- replies -------------------------------------------------------------------
     def check_replies(
-        self,
-        replies: Iterable[Message],
-        *,
-        metric_keys: Sequence[str] = (),
-        nonnegative_keys: Sequence[str] = (),
-        expected_arrays: ExpectedArrays = None,
-        expected_nodes: Collection[int] | None = None,
-        context: str = "aggregate_train",
+        self, replies: Iterable[Message], **checks: Unpack[ReplyChecks]
     ) -> list[CheckedReply]:
         """:func:`~flwr_importance.strategies.replies.check_replies`, on the ledger.
 
@@ -440,21 +436,25 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
         type no node answered with the method's client side raises
         :class:`~flwr_importance.strategies.replies.ClientSideMissingError`.
         """
-        return check_replies(
-            replies,
-            metric_keys=metric_keys,
-            nonnegative_keys=nonnegative_keys,
-            expected_arrays=expected_arrays,
-            expected_nodes=expected_nodes,
-            context=context,
-            ledger=self.reply_ledger,
-        )
+        return check_replies(replies, ledger=self.reply_ledger, **checks)
 
     def train_metrics(self, replies: Sequence[CheckedReply]) -> MetricRecord:
         """The replies' metrics averaged by ``train_metrics_aggr_fn``.
 
-        Weighted by ``weighted_by_key`` with Flower's default aggregation.
+        Weighted by ``weighted_by_key`` with Flower's default aggregation. When
+        the weights of the replies sum to zero (every usable reply has
+        ``num-examples = 0``) the average is undefined: logged, and the round's
+        metrics are an empty MetricRecord (the model is still aggregated).
         """
+        if sum(reply.metrics[self.weighted_by_key] for reply in replies) <= 0:
+            log(
+                WARNING,
+                "train_metrics: the %d usable replies' '%s' sum to zero; "
+                "no train metrics this round",
+                len(replies),
+                self.weighted_by_key,
+            )
+            return MetricRecord()
         return self.train_metrics_aggr_fn(
             metric_contents(replies), self.weighted_by_key
         )

@@ -380,7 +380,11 @@ class FOLB(ImportanceStrategy[FolbPlan]):
         usable = self.check_replies(
             replies,
             metric_keys=(protocol.FOLB_GAMMA,),
-            nonnegative_keys=(protocol.FOLB_GAMMA, self.weighted_by_key),
+            nonnegative_keys=(
+                protocol.FOLB_GAMMA,
+                self.weighted_by_key,
+                *self._sample_keys,
+            ),
             expected_arrays={
                 protocol.FOLB_UPDATE: plan.arrays,
                 protocol.FOLB_GRADIENT: plan.arrays,

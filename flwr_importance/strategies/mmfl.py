@@ -150,7 +150,7 @@ class MultiModelSampling(UnbiasedSampling):
     ``server-round``; reply metrics ``update-norm-<s>``, ``num-examples-<s>``.
     ``query.loss`` (loss): the same models; reply ``loss-<s>``,
     ``num-examples-<s>``. ``query.sizes`` (random, round-robin): config
-    ``num-models``; reply ``num-examples-<s>``. ``train``: config
+    ``server-round``, ``num-models``; reply ``num-examples-<s>``. ``train``: config
     ``server-round``, ``model-index``, ``kept-update`` (true for gradnorm: no
     model attached, send the kept update; false: ArrayRecord ``model-<s>``
     attached, train it); reply ArrayRecord ``update`` (``w_local - w_s``) and
@@ -287,7 +287,13 @@ class MultiModelSampling(UnbiasedSampling):
             answered, (sizes,) = self.query_matrix(
                 grid,
                 dict.fromkeys(
-                    unknown, ConfigRecord({protocol.NUM_MODELS: self.num_models})
+                    unknown,
+                    ConfigRecord(
+                        {
+                            protocol.SERVER_ROUND: server_round,
+                            protocol.NUM_MODELS: self.num_models,
+                        }
+                    ),
                 ),
                 protocol.SIZES_QUERY,
                 [protocol.NUM_EXAMPLES],

@@ -22,12 +22,14 @@ from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
+from typing import TypedDict
 
 import numpy as np
 from flwr.app import ArrayRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 
+from flwr_importance import protocol
 from flwr_importance.strategies.arrays import all_finite, array_values
 
 #: The reason of the error reply a ClientApp sends for a message type it has no
@@ -270,13 +272,28 @@ def metric_contents(replies: Iterable[CheckedReply]) -> list[RecordDict]:
     contents = []
     for reply in replies:
         values: dict[str, int | float | list[int] | list[float]] = dict(reply.metrics)
-        contents.append(RecordDict({"metrics": MetricRecord(values)}))
+        contents.append(RecordDict({protocol.METRIC_RECORD: MetricRecord(values)}))
     return contents
 
 
 #: What a reply's arrays must look like: one ArrayRecord shaped like the given
 #: one, or one ArrayRecord per key, each shaped like its template.
 ExpectedArrays = ArrayRecord | Mapping[str, ArrayRecord] | None
+
+
+class ReplyChecks(TypedDict, total=False):
+    """The checks :func:`check_replies` runs, as its keyword arguments.
+
+    Documented there; a caller that adds its own arguments (the strategies'
+    :meth:`~flwr_importance.strategies.base.ImportanceStrategy.check_replies`,
+    which adds the ledger) takes them as ``**checks: Unpack[ReplyChecks]``.
+    """
+
+    metric_keys: Sequence[str]
+    nonnegative_keys: Sequence[str]
+    expected_arrays: ExpectedArrays
+    expected_nodes: Collection[int] | None
+    context: str
 
 
 #: Largest magnitude a checked metric may have. Norms, sizes and losses enter

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812 (the conventional alias)
 from torch import Tensor, nn
 
+from flwr_importance import protocol
 from flwr_importance.tasks._per_sample import (
     model_device,
     norms_of,
@@ -304,7 +305,10 @@ def train_local(
                     step = step + proximal_mu * (parameter - anchor)
                 parameter.sub_(lr * step)
         loss_sum += loss.detach()
-    return {"train-loss": float(loss_sum) / num_steps, "num-steps": float(num_steps)}
+    return {
+        protocol.TRAIN_LOSS: float(loss_sum) / num_steps,
+        protocol.NUM_STEPS: float(num_steps),
+    }
 
 
 def _minibatches(
