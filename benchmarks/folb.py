@@ -21,7 +21,7 @@ learning rate from one grid on tuning seeds). Claims: rounds to a target test
 accuracy (Table I) and the final global training loss
 ``f = sum_k (n_k / n) F_k``.
 
-    python -m benchmarks.folb            # quick: Synthetic(1,1), 5 seeds (main row up to 15), ~5 min
+    python -m benchmarks.folb            # quick: Synthetic(1,1), 5-15 seeds, ~5 min
     python -m benchmarks.folb --full     # 10 seeds, 200/100 rounds, E = 20, 3 data sets
 
 Quick mode runs 20 rounds with local epochs drawn in 1..2 (the presets' E = 20
