@@ -291,6 +291,8 @@ def descriptions(setting: Setting, full: bool) -> list[PaperComparison]:
         "target": TargetRule(fraction=0.9),
         "tuning_seeds": (100, 101),
         "reported_seeds": tuple(range(10 if full else 5)),
+        # A run takes about a second: the main rows may rise to 20 seeds.
+        "powered_seeds": 30 if full else 20,
         "data": setting.data,
         "learning_rates": setting.learning_rates,
         "learning_rate_key": LEARNING_RATE,
@@ -302,6 +304,7 @@ def descriptions(setting: Setting, full: bool) -> list[PaperComparison]:
             "than sampling clients, uniformly or by size, under imbalanced sizes "
             "(Table 1, Figs. 3-4)",
             direction="below",
+            main_row=("matched", default),
             comparisons=(
                 Comparison(
                     name="matched",
@@ -334,6 +337,7 @@ def descriptions(setting: Setting, full: bool) -> list[PaperComparison]:
             title="FedSampling: the privacy budget",
             claim="a smaller privacy budget epsilon gives a lower accuracy (Fig. 6)",
             direction="below",
+            main_row=("matched", f"fedsampling eps={min(setting.epsilons):g}"),
             statistic="final",
             comparisons=(
                 Comparison(
