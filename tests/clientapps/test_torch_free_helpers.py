@@ -20,12 +20,18 @@ TORCH_FREE_NAMES = {
     "flwr_importance.clientapps": [
         "ClientHandler",
         "config_number",
+        "message_config",
         "register_handlers",
         "server_round_of",
     ],
     "flwr_importance.clientapps.messages": [
         "ClientHandler",
+        "arrays_reply",
+        "config_flag",
         "config_number",
+        "message_arrays",
+        "message_config",
+        "metrics_reply",
         "register_handlers",
         "server_round_of",
     ],
