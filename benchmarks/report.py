@@ -1,7 +1,14 @@
 """Run every benchmark and write ``docs/results.md`` and the README's results.
 
-    python -m benchmarks.report            # quick settings (< 15 min on 2 cores)
-    python -m benchmarks.report --full     # paper-scale settings (hours)
+    python -m benchmarks.report            # quick settings (< 30 min on 2 cores)
+    python -m benchmarks.report --full     # paper-scale settings (about a day)
+
+Quick mode gives each claim's main row the seeds it needs to detect a 20%
+effect (up to its benchmark's cap) and the other rows their benchmark's
+reported seeds; ``--full`` runs the papers' rounds and local work and powers
+every row. Its time is an estimate (:data:`FULL_MODE_TIME`), from quick-mode
+run times scaled by rounds, local work and seeds: FOLB at the presets' 200
+rounds and ``E = 20`` takes most of it.
 
 Steps:
 
@@ -77,6 +84,11 @@ README_END = "<!-- results:end -->"
 #: ``<!-- NAME:end -->`` (the README's results are one).
 GENERATED_BLOCK = re.compile(
     r"<!-- (?P<name>[\w:.-]+):start -->.*?<!-- (?P=name):end -->", re.DOTALL
+)
+#: How long ``--full`` takes, estimated (module docstring); the report says it.
+FULL_MODE_TIME = (
+    "about a day on 2 cores (estimated from quick-mode run times: FOLB at 200 "
+    "rounds and E = 20 about 20 hours, the other benchmarks about 4 hours)"
 )
 #: The benchmark whose rows measure the mechanism directly; they open the
 #: report, before the claims.
@@ -647,6 +659,12 @@ def render_results(
         "ClientApps, the same messages, no SuperLink), except the `flwr run` "
         "column of the confirmation table. The convergence tables are the same "
         "for the same seeds; the timing section varies between runs and machines.",
+        "",
+        "Quick mode powers each claim's main row (seeds added until it detects "
+        "a 20% effect, up to its benchmark's cap) and keeps the other rows at "
+        "their benchmark's reported seeds; `python -m benchmarks.report --full` "
+        "runs the papers' rounds and local work and powers every row, in "
+        f"{FULL_MODE_TIME}.",
         "",
         "## The mechanism: each sampler's aggregate error",
         "",

@@ -12,6 +12,7 @@ import pytest
 
 from benchmarks.evidence import CLAIMS_FILE, ClaimRow, RatioInterval, write_claims
 from benchmarks.report import (
+    FULL_MODE_TIME,
     README_END,
     README_START,
     BenchmarkRun,
@@ -185,6 +186,8 @@ def test_results_markdown_holds_sections_header_and_rewritten_images(
     results, images, _ = report
     text = results.read_text()
     assert "Measured on 2026-01-02 (quick mode) with flwr " in text
+    assert "`python -m benchmarks.report --full` runs the papers' rounds" in text
+    assert FULL_MODE_TIME in text
     assert "Python " in text and "cores" in text
     # The convergence section comes before the timing section, which holds
     # the timing benchmark only.
