@@ -35,19 +35,33 @@ weights ``W``, so its squared error is ``(W - d)^T G (W - d)`` with the Gram
 matrix ``G = U U^T``: a draw costs ``O(N^2)`` whatever the model's size.
 
 The global models come from the *baseline's* run of each claim benchmark
-(uniform FedAvg, MD sampling, random assignment): every sampler of a setting
-is judged on the same updates, at models none of the compared methods
-steered. Algorithm 2's representative gradients are every client's update of
-the round before (the state its strategy holds when every client trained
-then).
+(uniform FedAvg, MD sampling, random assignment) in its own setting: every
+sampler of a setting is judged on the same updates, at models none of the
+compared methods steered. Algorithm 2's representative gradients are every
+client's update of the round before (the state its strategy holds when
+every client trained then).
 
 Ratios (method / baseline) are geometric means over the captured rounds of
 the per-round error ratios, with a 95% bootstrap interval over the captured
 rounds (paired: both samplers see the same updates), each round's ratio
-perturbed by its Monte Carlo error; the p-value for "ratio = 1" is the
-bootstrap's (twice the smaller share of resampled log-ratios on either side
-of 0), the detectable effect 2.8 bootstrap standard errors (80% power,
-two-sided 5%). Verdicts: :func:`benchmarks.evidence.verdict`.
+perturbed by its Monte Carlo error; the p-value for "ratio = 1" and the
+detectable effect (80% power, two-sided 5%) come from the same resamples
+(:mod:`benchmarks.evidence`), and so does the verdict. Each setting gives
+one row per comparison (per model for MMFL) and round stage, and a pooled
+one; the pooled rows of the settings whose paper states a lower error go to
+``claims.json``. Power-of-Choice's paper states a bias, not a lower error:
+its rows say only on which side of 1 the ratio lies.
+
+ISFedAvg's client level is not measured: its clients divide their own step
+by ``K p_k`` and draw their batches by per-sample probabilities kept in node
+state, so its updates at ``p_k = 1/K`` are not the FedAvg ClientApp's, and
+its benchmark (:mod:`benchmarks.isfedavg`) runs its own strategies outside
+the app's presets.
+
+Quick mode: :data:`SEEDS`, :data:`DRAWS` draws, the claim benchmarks' quick
+settings; ``--full``: :data:`SEEDS_FULL`, :data:`DRAWS_FULL` draws, their
+``--full`` settings. Seeds run in up to two worker processes; the summary
+states the time taken.
 
 Usage: ``python -m benchmarks.mechanism [--full] [--output-dir DIR]``.
 """
@@ -55,8 +69,10 @@ Usage: ``python -m benchmarks.mechanism [--full] [--output-dir DIR]``.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,6 +83,7 @@ from numpy.typing import NDArray
 from benchmarks.evidence import (
     CLAIMS_FILE,
     LEVEL,
+    MAX_WORKERS,
     RESAMPLES,
     ClaimRow,
     Overrides,
@@ -77,7 +94,12 @@ from benchmarks.evidence import (
     verdict,
     write_claims,
 )
-from benchmarks.harness import benchmark_parser, markdown_table, start_benchmark
+from benchmarks.harness import (
+    benchmark_parser,
+    markdown_table,
+    prepare_run,
+    start_benchmark,
+)
 from benchmarks.mechanism_capture import CapturedRound, capture_rounds
 from flwr_importance.aggregation.optimal import uniform_assignment_prob
 from flwr_importance.sampling import (
@@ -107,6 +129,8 @@ SEEDS, SEEDS_FULL = (0, 1, 2), tuple(range(10))
 #: What the ratio is of, in the claim table.
 STATISTIC = "aggregate MSE vs full participation"
 STAGES = ("early", "middle", "late")
+#: A row's reading where the paper claims nothing of the error.
+UNCLAIMED_READING = {"as the paper": "lower", "unlike the paper": "higher"}
 POOLED = "pooled"
 
 #: A sampler: the captured round (one per model) and a generator to ``draws``
@@ -126,6 +150,19 @@ class Sampler:
 
 
 # -- samplers ------------------------------------------------------------------
+#: Draws made in one call of a library sampling function: every function draws
+#: independently per row or entry, so ``k`` draws are one call on ``k`` stacked
+#: copies of the round's probabilities, in chunks that bound the memory.
+CHUNK = 1_000
+#: ``(rng, draws) -> positions``: the clients of each draw, shape ``(draws, k)``.
+Positions = Callable[[np.random.Generator, int], NDArray[np.intp]]
+
+
+def _chunks(draws: int) -> list[int]:
+    """``draws`` as chunk sizes of at most :data:`CHUNK`."""
+    return [min(CHUNK, draws - start) for start in range(0, draws, CHUNK)]
+
+
 def independent(probabilities: Callable[[CapturedRound], NDArray]) -> Sampler:
     """Independent participation (``poisson_sample``), aggregate ``sum (d/p) U``."""
 
@@ -137,34 +174,35 @@ def independent(probabilities: Callable[[CapturedRound], NDArray]) -> Sampler:
         scale = np.divide(
             model.fractions, probs, out=np.zeros_like(probs), where=probs > 0
         )
-        weights = np.zeros((draws, model.num_clients))
-        for row in weights:
-            chosen = poisson_sample(probs, rng)
-            row[chosen] = scale[chosen]
-        return [weights]
+        blocks = []
+        for size in _chunks(draws):
+            included = np.zeros(size * model.num_clients)
+            included[poisson_sample(np.tile(probs, size), rng)] = 1.0
+            blocks.append(included.reshape(size, model.num_clients) * scale)
+        return [np.concatenate(blocks)]
 
     return Sampler(draw, unbiased=True)
 
 
-def multiset(draw_positions: Callable[[CapturedRound], Callable[..., Any]]) -> Sampler:
+def multiset(
+    positions: Callable[[CapturedRound], Positions], *, unbiased: bool = True
+) -> Sampler:
     """Draws with repeats, plain mean counted with multiplicity (MD, clustered, PoC).
 
-    ``draw_positions(model)`` prepares the round (distributions, sizes) and
-    returns ``rng -> positions``.
+    ``positions(model)`` prepares the round (its distributions) and draws.
     """
 
     def draw(
         models: Sequence[CapturedRound], rng: np.random.Generator, draws: int
     ) -> list[NDArray[np.float64]]:
         (model,) = models
-        positions = draw_positions(model)
-        weights = np.zeros((draws, model.num_clients))
-        for row in weights:
-            drawn = positions(rng)
-            row += np.bincount(drawn, minlength=model.num_clients) / len(drawn)
-        return [weights]
+        drawn = positions(model)(rng, draws)
+        clients = model.num_clients
+        cells = drawn + clients * np.arange(draws)[:, None]
+        counts = np.bincount(cells.ravel(), minlength=draws * clients)
+        return [counts.reshape(draws, clients) / drawn.shape[1]]
 
-    return Sampler(draw, unbiased=True)
+    return Sampler(draw, unbiased=unbiased)
 
 
 def ocs(m: int) -> Sampler:
@@ -186,50 +224,85 @@ def uniform_independent(m: int) -> Sampler:
 
 def md(m: int) -> Sampler:
     """MD sampling: ``m`` i.i.d. draws with ``p_i = d_i``."""
-    return multiset(lambda model: lambda rng: md_sample(model.fractions, m, rng))
 
-
-def clustered_by_size(m: int) -> Sampler:
-    """Clustered sampling, Algorithm 1 (distributions by sample size)."""
-
-    def positions(model: CapturedRound) -> Callable[..., Any]:
-        distributions = clustered_distributions_by_size(model.sizes, m)
-        return lambda rng: sample_from_distributions(distributions, rng)
+    def positions(model: CapturedRound) -> Positions:
+        return lambda rng, draws: md_sample(model.fractions, m * draws, rng).reshape(
+            draws, m
+        )
 
     return multiset(positions)
 
 
-def clustered_by_similarity(m: int, *, distance: Distance = "arccos") -> Sampler:
-    """Clustered sampling, Algorithm 2, on the previous round's updates."""
+def _from_distributions(distributions: NDArray[np.float64]) -> Positions:
+    """One draw per distribution (``sample_from_distributions``), per draw."""
 
-    def positions(model: CapturedRound) -> Callable[..., Any]:
+    def draw(rng: np.random.Generator, draws: int) -> NDArray[np.intp]:
+        rows = distributions.shape[0]
+        return np.concatenate(
+            [
+                sample_from_distributions(np.tile(distributions, (size, 1)), rng)
+                .reshape(size, rows)
+                .astype(np.intp)
+                for size in _chunks(draws)
+            ]
+        )
+
+    return draw
+
+
+def clustered_by_size(m: int) -> Sampler:
+    """Clustered sampling, Algorithm 1 (distributions by sample size)."""
+    return multiset(
+        lambda model: _from_distributions(
+            clustered_distributions_by_size(model.sizes, m)
+        )
+    )
+
+
+def clustered_by_similarity(m: int, *, distance: Distance = "arccos") -> Sampler:
+    """Clustered sampling, Algorithm 2, on the previous round's updates.
+
+    The representative gradients and their distances are the strategy's own
+    (:class:`~flwr_importance.strategies.clustered.RepresentativeGradients`).
+    """
+
+    def positions(model: CapturedRound) -> Positions:
         gradients = RepresentativeGradients(distance, None, model.seed)
         gradients.align(list(range(model.num_clients)))
         gradients.update(dict(enumerate(model.previous_updates)))
-        distributions = clustered_distributions_from_distances(
-            model.sizes, gradients.distances(), m
+        return _from_distributions(
+            clustered_distributions_from_distances(
+                model.sizes, gradients.distances(), m
+            )
         )
-        return lambda rng: sample_from_distributions(distributions, rng)
 
     return multiset(positions)
 
 
 def power_of_choice(m: int, candidates: int) -> Sampler:
-    """``pow-d``: the ``m`` highest losses of ``candidates`` drawn by size."""
+    """``pow-d``: the ``m`` highest losses of ``candidates`` drawn by size.
 
-    def positions(model: CapturedRound) -> Callable[..., Any]:
-        def draw(rng: np.random.Generator) -> NDArray[np.intp]:
-            drawn = draw_candidates(model.sizes, candidates, rng)
-            return drawn[select_highest(model.losses[drawn], m)]
+    One draw at a time: ``draw_candidates`` draws without replacement.
+    """
+
+    def positions(model: CapturedRound) -> Positions:
+        def draw(rng: np.random.Generator, draws: int) -> NDArray[np.intp]:
+            chosen = np.empty((draws, m), dtype=np.intp)
+            for row in chosen:
+                drawn = draw_candidates(model.sizes, candidates, rng)
+                row[:] = drawn[select_highest(model.losses[drawn], m)]
+            return chosen
 
         return draw
 
-    sampler = multiset(positions)
-    return Sampler(sampler.draw, unbiased=False)
+    return multiset(positions, unbiased=False)
 
 
 def uniform_fedavg(m: int) -> Sampler:
-    """The simulation's FedAvg: ``m`` distinct clients, mean weighted by ``n_i``."""
+    """The simulation's FedAvg: ``m`` distinct clients, mean weighted by ``n_i``.
+
+    One draw at a time: ``uniform_client_set`` seeds each draw (its round).
+    """
 
     def draw(
         models: Sequence[CapturedRound], rng: np.random.Generator, draws: int
@@ -257,23 +330,19 @@ def _model_matrix(
 
 def _assigned_weights(
     models: Sequence[CapturedRound],
-    draws: int,
-    assign: Callable[[], tuple[NDArray[np.intp], NDArray[np.float64]]],
+    assigned: NDArray[np.intp],
+    probs: NDArray[np.float64],
 ) -> list[NDArray[np.float64]]:
-    """Per model, ``W[k, i] = d_is / p_is`` where draw ``k`` assigns ``i`` to ``s``.
+    """Per model ``s``: ``W[k, i] = d_is / p_is`` if draw ``k`` gives ``i`` model ``s``.
 
-    ``assign()`` gives one draw's model per client (-1: idle) and ``p``.
+    ``assigned`` is ``(draws, N)``: each draw's model per client, -1 if idle.
     """
     fractions = _model_matrix(models, lambda model: model.fractions)
-    weights = [np.zeros((draws, models[0].num_clients)) for _ in models]
-    for draw_index in range(draws):
-        assigned, probs = assign()
-        for index, model_weights in enumerate(weights):
-            chosen = np.flatnonzero(assigned == index)
-            model_weights[draw_index, chosen] = (
-                fractions[chosen, index] / probs[chosen, index]
-            )
-    return weights
+    scale = np.divide(fractions, probs, out=np.zeros_like(probs), where=probs > 0)
+    return [
+        np.where(assigned == index, scale[:, index], 0.0)
+        for index in range(len(models))
+    ]
 
 
 def mmfl(m: int, *, by_loss: bool = False) -> Sampler:
@@ -289,9 +358,13 @@ def mmfl(m: int, *, by_loss: bool = False) -> Sampler:
             else (lambda model: model.weighted_norms),
         )
         probs = mmfl_probs(scores, m)
-        return _assigned_weights(
-            models, draws, lambda: (assign_models(probs, rng), probs)
+        assigned = np.concatenate(
+            [
+                assign_models(np.tile(probs, (size, 1)), rng).reshape(size, -1)
+                for size in _chunks(draws)
+            ]
         )
+        return _assigned_weights(models, assigned, probs)
 
     return Sampler(draw, unbiased=True)
 
@@ -299,8 +372,9 @@ def mmfl(m: int, *, by_loss: bool = False) -> Sampler:
 def random_assignment(m: int) -> Sampler:
     """MMFL's random baseline: ``m`` clients without replacement, a uniform model each.
 
-    ``MultiModelSampling`` draws it in a private method; these are its two
-    draws (``rng.choice`` then ``rng.integers``).
+    ``MultiModelSampling`` draws it in a private method (``rng.choice`` of the
+    clients, then ``rng.integers`` of their models); the same distribution
+    here, every draw at once (the first ``m`` of a random permutation).
     """
 
     def draw(
@@ -308,17 +382,18 @@ def random_assignment(m: int) -> Sampler:
     ) -> list[NDArray[np.float64]]:
         clients, num_models = models[0].num_clients, len(models)
         active_count = min(m, clients)
+        order = rng.permuted(np.tile(np.arange(clients), (draws, 1)), axis=1)
+        assigned = np.full((draws, clients), -1, dtype=np.intp)
+        np.put_along_axis(
+            assigned,
+            order[:, :active_count],
+            rng.integers(num_models, size=(draws, active_count)),
+            axis=1,
+        )
         probs = np.full(
             (clients, num_models), uniform_assignment_prob(clients, num_models, m)
         )
-
-        def assign() -> tuple[NDArray[np.intp], NDArray[np.float64]]:
-            assigned = np.full(clients, -1, dtype=np.intp)
-            active = rng.choice(clients, size=active_count, replace=False)
-            assigned[active] = rng.integers(num_models, size=active_count)
-            return assigned, probs
-
-        return _assigned_weights(models, draws, assign)
+        return _assigned_weights(models, assigned, probs)
 
     return Sampler(draw, unbiased=True)
 
@@ -476,6 +551,8 @@ class Setting:
         Which run that is, in words.
     rounds : tuple[int, int, int]
         The early, middle and late rounds captured.
+    participation : int
+        ``m``, the expected participants (draws) of every sampler.
     samplers : dict[str, Sampler]
         By name.
     comparisons : tuple[tuple[str, str], ...]
@@ -492,6 +569,7 @@ class Setting:
     overrides: Overrides
     run: str
     rounds: tuple[int, int, int]
+    participation: int
     samplers: dict[str, Sampler]
     comparisons: tuple[tuple[str, str], ...]
     claimed: bool = True
@@ -524,6 +602,7 @@ def settings(full: bool) -> list[Setting]:
             overrides={**ocs_shared, "strategy": "fedavg"},
             run="uniform FedAvg",
             rounds=_stages(ocs_rounds),
+            participation=ocs_m,
             samplers={
                 "ocs": ocs(ocs_m),
                 "aocs": aocs(ocs_m, int(_app_default("ocs-aocs-iterations"))),
@@ -541,6 +620,7 @@ def settings(full: bool) -> list[Setting]:
             overrides={**clustered_shared, "strategy": "md"},
             run="MD sampling",
             rounds=_stages(clustered_rounds),
+            participation=clustered_m,
             samplers={
                 "alg1-size": clustered_by_size(clustered_m),
                 "alg2-arccos": clustered_by_similarity(clustered_m),
@@ -557,6 +637,7 @@ def settings(full: bool) -> list[Setting]:
             overrides={**mmfl_shared, "mmfl-variant": "random"},
             run="random assignment",
             rounds=_stages(mmfl_rounds),
+            participation=mmfl_m,
             samplers={
                 "mmfl-gradnorm": mmfl(mmfl_m),
                 "mmfl-loss": mmfl(mmfl_m, by_loss=True),
@@ -573,6 +654,7 @@ def settings(full: bool) -> list[Setting]:
             overrides={**poc_shared, "strategy": "fedavg"},
             run="uniform FedAvg",
             rounds=_stages(poc_rounds),
+            participation=poc_m,
             samplers={
                 "pow-d": power_of_choice(poc_m, int(poc_shared["poc-candidates"])),
                 "uniform": uniform_fedavg(poc_m),
@@ -611,11 +693,19 @@ class MechanismRow:
     baseline_errors: tuple[AggregateError, ...]
     ratio: RatioInterval
     unbiased: bool
+    claimed: bool
 
     @property
     def verdict(self) -> str:
-        """:func:`benchmarks.evidence.verdict`, paper's direction below 1."""
-        return verdict(self.ratio.low, self.ratio.high, "below")
+        """:func:`benchmarks.evidence.verdict`, paper's direction below 1.
+
+        Where the paper claims nothing of the error (``claimed`` False), the
+        side of 1 the interval lies on: ``"lower"`` or ``"higher"``.
+        """
+        reading = verdict(self.ratio.low, self.ratio.high, "below")
+        if self.claimed:
+            return reading
+        return UNCLAIMED_READING.get(reading, reading)
 
     @property
     def label(self) -> str:
@@ -679,44 +769,93 @@ class UnitResult:
     errors: dict[str, list[AggregateError]]
 
 
-def evaluate_setting(
+def measure_seed(
     setting: Setting,
+    seed: int,
     *,
-    seeds: Sequence[int],
     draws: int,
     capture: Callable[..., list[CapturedRound]] = capture_rounds,
-) -> list[MechanismRow]:
-    """Capture the setting's rounds for every seed, measure every sampler, compare."""
-    units: list[UnitResult] = []
-    for seed in seeds:
-        started = time.perf_counter()
-        captured = capture(setting.overrides, seed=seed, rounds=setting.rounds)
-        for stage, server_round in zip(STAGES, setting.rounds, strict=True):
-            models = [model for model in captured if model.server_round == server_round]
-            units.append(
-                UnitResult(
-                    seed,
-                    stage,
-                    server_round,
-                    {
-                        name: measure(
-                            sampler,
-                            models,
-                            draws=draws,
-                            seed=_draw_seed(seed, server_round, index),
-                        )
-                        for index, (name, sampler) in enumerate(
-                            setting.samplers.items()
-                        )
-                    },
-                )
+) -> list[UnitResult]:
+    """Capture the setting's rounds of ``seed``'s run; measure every sampler on each."""
+    started = time.perf_counter()
+    captured = capture(setting.overrides, seed=seed, rounds=setting.rounds)
+    units = []
+    for stage, server_round in zip(STAGES, setting.rounds, strict=True):
+        models = [model for model in captured if model.server_round == server_round]
+        units.append(
+            UnitResult(
+                seed,
+                stage,
+                server_round,
+                {
+                    name: measure(
+                        sampler,
+                        models,
+                        draws=draws,
+                        seed=_draw_seed(seed, server_round, index),
+                    )
+                    for index, (name, sampler) in enumerate(setting.samplers.items())
+                },
             )
-        print(
-            f"  {setting.name} seed {seed}: rounds {setting.rounds} captured and "
-            f"drawn ({time.perf_counter() - started:.1f} s)",
-            flush=True,
         )
+    print(
+        f"  {setting.name} seed {seed}: rounds {setting.rounds} captured and "
+        f"drawn ({time.perf_counter() - started:.1f} s)",
+        flush=True,
+    )
+    return units
+
+
+def evaluate_setting(
+    setting: Setting, *, seeds: Sequence[int], draws: int
+) -> list[MechanismRow]:
+    """:func:`measure_seed` for every seed, in this process, then the rows."""
+    units = [
+        unit for seed in seeds for unit in measure_seed(setting, seed, draws=draws)
+    ]
     return comparison_rows(setting, units)
+
+
+def _setting_seed(full: bool, name: str, seed: int, draws: int) -> list[UnitResult]:
+    """:func:`measure_seed` of the setting ``name`` (a worker process's job).
+
+    The settings are rebuilt here: samplers are closures, which do not pickle.
+    """
+    setting = next(each for each in settings(full) if each.name == name)
+    return measure_seed(setting, seed, draws=draws)
+
+
+def evaluate_all(
+    full: bool, *, seeds: Sequence[int], draws: int, workers: int = MAX_WORKERS
+) -> tuple[list[Setting], list[MechanismRow]]:
+    """Every setting and seed, ``workers`` processes side by side; the rows.
+
+    Each seed's numbers depend on the seed alone, whichever process runs it.
+    """
+    setting_list = settings(full)
+    jobs = [(setting.name, seed) for setting in setting_list for seed in seeds]
+    with ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=prepare_run,
+    ) as pool:
+        results = pool.map(
+            _setting_seed,
+            [full] * len(jobs),
+            [name for name, _ in jobs],
+            [seed for _, seed in jobs],
+            [draws] * len(jobs),
+        )
+        units = dict(zip(jobs, results, strict=True))
+    rows = [
+        row
+        for setting in setting_list
+        for row in comparison_rows(
+            setting,
+            [unit for seed in seeds for unit in units[setting.name, seed]],
+        )
+    ]
+    return setting_list, rows
 
 
 def _draw_seed(seed: int, server_round: int, sampler_index: int) -> int:
@@ -754,6 +893,7 @@ def comparison_rows(
                         baseline_errors=base_errors,
                         ratio=error_ratio(method_errors, base_errors),
                         unbiased=setting.samplers[method].unbiased,
+                        claimed=setting.claimed,
                     )
                 )
     return rows
@@ -833,7 +973,8 @@ def markdown(
         parts += [
             f"## {setting.name}",
             f"Claim ({setting.paper}): {setting.claim}.",
-            f"Data: {setting.data}. Updates captured in the {setting.run} run.",
+            f"Data: {setting.data}. Updates captured in the {setting.run} run; "
+            f"m = {setting.participation} expected participants.",
             markdown_table(COLUMNS, [row.cells() for row in own]),
         ]
     return "\n\n".join(parts) + "\n"
@@ -845,12 +986,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     seeds = SEEDS_FULL if args.full else SEEDS
     draws = DRAWS_FULL if args.full else DRAWS
     started = time.perf_counter()
-    setting_list = settings(args.full)
-    rows = [
-        row
-        for setting in setting_list
-        for row in evaluate_setting(setting, seeds=seeds, draws=draws)
-    ]
+    setting_list, rows = evaluate_all(args.full, seeds=seeds, draws=draws)
     seconds = time.perf_counter() - started
     summary = markdown(setting_list, rows, seeds=seeds, draws=draws, seconds=seconds)
     write_outputs(

@@ -32,7 +32,12 @@ from benchmarks.mechanism import (
 )
 from benchmarks.mechanism_capture import CapturedRound, capture_rounds
 from flwr_importance.aggregation.optimal import unbiased_update
-from flwr_importance.sampling import estimator_variance, optimal_client_probs
+from flwr_importance.sampling import (
+    aggregation_weight_variance,
+    clustered_distributions_by_size,
+    estimator_variance,
+    optimal_client_probs,
+)
 from simulations.config import ExperimentConfig
 from simulations.inprocess import resolve_run_config
 from simulations.task import federated_data
@@ -143,6 +148,20 @@ def test_md_matches_its_closed_form_variance() -> None:
     assert abs(error.mse - expected) < STANDARD_ERRORS * error.standard_error
 
 
+def test_clustered_weights_have_the_variance_of_eq_16() -> None:
+    # omega_i = (times drawn) / m: Var = sum_k r_ki (1 - r_ki) / m^2 (eq. 16).
+    model = random_round(18, clients=12)
+    m = 4
+    (weights,) = clustered_by_size(m).draw([model], np.random.default_rng(19), DRAWS)
+    expected = aggregation_weight_variance(
+        clustered_distributions_by_size(model.sizes, m)
+    )
+    # The variance of a sample variance of a bounded weight: at most E[w^4].
+    tolerance = STANDARD_ERRORS * np.sqrt(np.mean(weights**4, axis=0) / DRAWS)
+    assert np.all(np.abs(weights.var(axis=0) - expected) <= tolerance)
+    np.testing.assert_allclose(weights.sum(axis=1), 1.0)
+
+
 def test_the_aggregate_is_the_strategy_estimator() -> None:
     # One OCS draw's weights give unbiased_update's sum (d/p) U over the sample.
     model = random_round(10)
@@ -184,6 +203,9 @@ def test_mmfl_and_random_assignment_are_unbiased_per_model() -> None:
         )
         for index in range(2)
     ]
+    random_weights = random_assignment(3).draw(models, np.random.default_rng(16), 100)
+    active = sum(np.count_nonzero(weights, axis=1) for weights in random_weights)
+    np.testing.assert_array_equal(active, 3)
     for sampler in (mmfl(3), mmfl(3, by_loss=True), random_assignment(3)):
         for model, weights in zip(
             models, sampler.draw(models, np.random.default_rng(17), DRAWS), strict=True
@@ -249,6 +271,7 @@ def test_a_tiny_benchmark_run_writes_well_formed_claim_rows(tmp_path: Path) -> N
         overrides=TINY_RUN,
         run="uniform FedAvg",
         rounds=(2, 3, 4),
+        participation=2,
         samplers={
             "ocs": ocs(2),
             "uniform": uniform_independent(2),
