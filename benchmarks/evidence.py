@@ -1654,10 +1654,14 @@ class Evaluation:
             return f"Every row is powered: {rule}."
         main = description.main
         assert main is not None  # a PaperComparison with powered seeds claims a row
+        baseline = next(
+            item.baseline for item in description.comparisons if item.name == main[0]
+        )
         return (
-            f"The main row ({main[1]} / its baseline, *{main[0]}*) is powered: "
+            f"The main row ({main[1]} / {baseline}, *{main[0]}*) is powered: "
             f"{rule}; the other rows keep the {len(description.reported_seeds)} "
-            "reported seeds, and `--full` powers them too."
+            "reported seeds, and `--full` powers them too. Each ratio pairs a "
+            "method's seeds with the same seeds of the baseline."
         )
 
     def markdown(self, level: int = 2) -> str:

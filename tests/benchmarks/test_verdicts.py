@@ -385,7 +385,7 @@ def test_quick_mode_powers_the_main_row_only_and_says_so() -> None:
         ("second", "loud", False, 5),
     ]
     text = evaluation.markdown()
-    assert "The main row (loud / its baseline, *first*) is powered" in text
+    assert "The main row (loud / base, *first*) is powered" in text
     assert "`--full` powers them too" in text
     assert "| seeds |" in text and "detectable effect" in text
 
