@@ -10,8 +10,9 @@ this module is where they are enforced:
 2. *Same step, or each at its best.* A :class:`Comparison` either runs every
    method at its given overrides (a *matched* step, or the paper's own
    setting) or is ``tuned``: each method, baseline included, picks its
-   learning rate (and only that) from one grid by its result on tuning seeds
-   (:func:`choose_learning_rate`), and is reported on other seeds.
+   learning rate (and only that) from one grid by the claim's own statistic
+   on tuning seeds (:func:`tune_learning_rate`: a best rate at the grid's
+   edge extends the grid), and is reported on other seeds.
 3. *Enough seeds, misses counted, uncertainty shown.* At least
    :data:`MIN_REPORTED_SEEDS` reported seeds (``--full``:
    :data:`MIN_REPORTED_SEEDS_FULL`); a seed that never reaches the target
@@ -24,6 +25,18 @@ this module is where they are enforced:
    ``claims.json`` beside ``results.json`` (:func:`write_claims`);
    ``benchmarks/report.py`` collects them into the table that opens
    ``docs/results.md``.
+5. *Power before verdicts.* Every ratio carries its detectable effect
+   (:func:`detectable_effect`: 80% power at a two-sided 5% level) and its
+   p-value for a ratio of 1 (:func:`bootstrap_p_value`), both from the same
+   paired resampling as its interval. A claim's main row
+   (:attr:`PaperComparison.main_row`) adds seeds until it detects a 20%
+   effect or reaches :attr:`PaperComparison.powered_seeds`; ``--full``
+   powers every row. Four verdicts (:func:`verdict`: *as the paper*, *unlike
+   the paper*, *no effect larger than X%*, *inconclusive*) and one per claim
+   (:func:`claim_verdict`, Holm's step-down over its rows).
+6. *The statistic is the claim's.* A final value is the mean over the last
+   10% of rounds, at least 3 (:func:`final_value`), and tuning scores a rate
+   by the claim's statistic.
 
 Describing a comparison
 -----------------------
@@ -83,7 +96,9 @@ per claim row, with exactly these keys (:meth:`ClaimRow.to_json`):
 ``method``, ``baseline``
     The two methods the ratio divides.
 ``statistic``
-    ``"rounds to target"`` or ``"final <metric>"``: what the ratio is of.
+    ``"rounds to target"`` or ``"final <metric>"`` (a final value: the mean
+    over the last 10% of rounds), or what else the ratio is of (the
+    mechanism's ``"aggregate MSE vs full participation"``).
 ``direction``
     ``"below"`` or ``"above"``: where the paper puts the ratio against 1.
 ``ratio``, ``low``, ``high``
@@ -91,11 +106,21 @@ per claim row, with exactly these keys (:meth:`ClaimRow.to_json`):
 ``bound``
     ``"exact"``, ``"lower bound"``, ``"upper bound"`` or ``"censored"``:
     whether seeds that missed the target make ``ratio`` a bound.
+``p_value``, ``detectable_effect``
+    The p-value for a ratio of 1 and the effect detectable with 80% power (a
+    share: 0.2 is 20%); ``null`` where the writer computed none.
 ``verdict``
-    ``"as the paper"``, ``"unlike the paper"`` or ``"inconclusive"``, as
-    :func:`verdict` reads the interval (readers recompute it, never trust it).
+    ``"as the paper"``, ``"unlike the paper"``, ``"no effect larger than
+    X%"`` or ``"inconclusive"``, as :func:`verdict` reads the interval
+    (readers recompute it, never trust it).
+``main``, ``seeds``
+    Whether the row is its claim's main row, and its number of reported
+    seeds (``null``: not said).
 ``data``
     The data used and why it fits the claim.
+
+A file without the keys added later (``p_value``, ``detectable_effect``,
+``main``, ``seeds``) still reads (:meth:`ClaimRow.from_json`).
 """
 
 from __future__ import annotations
