@@ -3,38 +3,56 @@
 Qi et al., "FedSampling: a better sampling strategy for federated learning"
 (IJCAI 2023): under imbalanced client sizes, sampling data uniformly beats
 sampling clients (Table 1, Figs. 3-4), and a smaller privacy budget epsilon
-costs accuracy (Fig. 6). Every round spends about ``K`` sample gradients on one
-step of a softmax regression:
+costs accuracy (Fig. 6). Every round takes one step of a softmax regression
+on a budget of ``K`` sample gradients:
 
-- ``fedavg``: ``K / b`` clients drawn uniformly, each one local step on ``b``
-  of its samples, models averaged by size (Flower's FedAvg);
+- ``fedavg``: ``K / b`` clients drawn uniformly, each one local step on
+  ``min(b, n_c)`` of its samples, models averaged by size (Flower's FedAvg):
+  at most ``K`` sample gradients;
 - ``sizeweighted``: ``K / b`` draws with probability proportional to the TRUE
-  sizes, equal weight per draw;
+  sizes, equal weight per draw (a client drawn twice takes one batch, with
+  twice the weight): at most ``K``;
 - ``fedsampling eps=…``: each client answers the size query by randomized
   response (eq. 1), the server estimates ``N_tilde`` (eq. 2), clamps it at
   ``K`` (the paper's text) or, with ``--clamp clients``, at the number of
   clients (the authors' code), every sample is kept with probability
-  ``K / N_tilde`` and the step is ``eta / K`` times the kept gradients' sum;
+  ``K / N_tilde`` and the step is ``eta / K`` times the kept gradients' sum.
+  It keeps ``K N / N_tilde`` sample gradients in expectation, and
+  ``N_tilde`` estimates the clipped total ``N_clip <= N`` (below), so about
+  ``K N / N_clip``: more than ``K`` wherever clients hold more than
+  ``M - 1`` samples;
 - ``centralized``: ``K`` samples drawn from the pooled data, the reference.
 
+The tables' ``N_clip / N`` and ``sample gradients / round`` columns give
+these shares as measured.
+
 FedSampling's effective step is ``eta N / N_tilde``, and ``N_tilde`` is
-unbiased for the clipped total ``N_clip = sum_c min(n_c, M - 1)``: the
-*matched* comparison gives every other method the step ``eta N / N_clip``; the
-*tuned* one lets each pick its step from a grid. Within a seed all methods see
-the same data, initial model and per-round random stream.
+unbiased for the clipped total ``N_clip = sum_c min(max(n_c, 1), M - 1)``:
+the *matched* comparison gives every other method the step
+``eta N / N_clip``; the *tuned* one lets each pick its step from a grid.
+Within a seed all methods see the same data and initial model; the
+client-level methods and the reference draw from one stream per round, and
+FedSampling from the per-node streams its ClientApps draw from
+(:func:`~flwr_importance.clientapps.fedsampling.node_round_streams`, node
+seeds by the simulation app's rule).
 
 Data (:func:`~flwr_importance.tasks.generators.lognormal_mixture`): thousands
 of clients of log-normal sizes, over 10^5 pooled samples. The size estimate's
-noise is ``~ sqrt(|C|) M / alpha``: at epsilon 3 and ``M = 100`` it is about
-14% of the total it estimates here, where the 1,437 digits gave about 70%, so
-the digits say nothing about the method at the paper's scale. At that many
+noise is ``~ sqrt(|C|) M / alpha`` against a total that grows like ``|C|``,
+so it is a small share of the total only with thousands of clients (the
+``N_tilde rms rel. error`` column), not on the 1,437 digits. At that many
 clients a round through Flower's messages (a size query and a train message
 per client) takes seconds, so this benchmark runs the algorithm on the pooled
 arrays with the library's maths
-(:func:`~flwr_importance.sampling.estimate_total_size`,
+(:func:`~flwr_importance.sampling.privatize_size`,
+:func:`~flwr_importance.sampling.estimate_total_size`,
 :func:`~flwr_importance.sampling.keep_probability`,
-:func:`~flwr_importance.sampling.md_sample`); the strategy and ClientApp are
-tested in ``tests/fedsampling``.
+:func:`~flwr_importance.sampling.bernoulli_keep`,
+:func:`~flwr_importance.sampling.md_sample`) and FedSampling's own random
+streams: ``tests/benchmarks/test_fedsampling_benchmark.py`` runs
+:class:`~flwr_importance.strategies.FedSampling` with its ready-made ClientApp
+on the same partitions and finds, every round, the same size estimate and the
+same model (to float32 rounding).
 
 Run ``python -m benchmarks.fedsampling`` (quick) or ``--full`` (more clients
 and rounds); ``--clamp clients`` for the authors'-code clamp.
@@ -44,7 +62,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,11 +80,18 @@ from benchmarks.evidence import (
     write_claims,
 )
 from benchmarks.harness import benchmark_parser, prepare_run
+from flwr_importance.clientapps.fedsampling import (
+    KEEP_STREAM,
+    REPLY_STREAM,
+    node_bit_generator,
+    seek_round_stream,
+)
 from flwr_importance.sampling import (
+    bernoulli_keep,
     estimate_total_size,
     keep_probability,
-    ldp_alpha,
     md_sample,
+    privatize_size,
 )
 from flwr_importance.tasks import FederatedSplit, Objective, build_model
 from flwr_importance.tasks.generators import lognormal_mixture
@@ -76,6 +101,8 @@ TITLE = "FedSampling vs client-level sampling (Qi et al., IJCAI 2023)"
 
 PAPER = "Qi et al. 2023, FedSampling: a better sampling strategy for FL"
 LEARNING_RATE = "learning-rate"
+#: The extras column of the mean sample gradients a round's step is made of.
+SAMPLE_GRADIENTS = "sample gradients / round"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,6 +163,24 @@ class Pooled:
     sizes: NDArray[np.int64]
     #: Index of each client's first sample in ``x``.
     offsets: NDArray[np.int64]
+    #: Each client's node seed (:func:`node_seeds`).
+    node_seeds: tuple[int, ...]
+    #: Each client's FedSampling stream at its start
+    #: (:func:`~flwr_importance.clientapps.fedsampling.node_bit_generator`),
+    #: never drawn from: its state is copied into the generator that draws.
+    stream_starts: tuple[np.random.PCG64, ...]
+
+
+def node_seeds(seed: int, num_clients: int) -> tuple[int, ...]:
+    """The node seed of each client, by the simulation app's rule.
+
+    ``SeedSequence([seed, partition id])``'s first word, as
+    ``simulations.task.local_task`` seeds a node's ``LocalTask``.
+    """
+    return tuple(
+        int(np.random.SeedSequence([seed, client]).generate_state(1)[0])
+        for client in range(num_clients)
+    )
 
 
 @functools.lru_cache(maxsize=16)
@@ -145,34 +190,78 @@ def pooled_data(setting: Setting, seed: int) -> Pooled:
         setting.num_clients, mean_size=setting.mean_size, sigma=setting.sigma, seed=seed
     )
     sizes = split.partition_sizes.astype(np.int64)
+    seeds = node_seeds(seed, setting.num_clients)
     return Pooled(
         split,
         torch.cat([part.x for part in split.partitions]),
         torch.cat([part.y for part in split.partitions]),
         sizes,
         np.concatenate([[0], np.cumsum(sizes)[:-1]]),
+        seeds,
+        tuple(node_bit_generator(node_seed) for node_seed in seeds),
     )
 
 
-def private_size_replies(
-    sizes: NDArray[np.int64], max_size: int, epsilon: float, rng: np.random.Generator
-) -> NDArray[np.int64]:
-    """Every client's randomized size reply (eq. 1), drawn at once.
+def size_floor(setting: Setting) -> int:
+    """The least ``N_tilde`` a round uses: ``K``, or the number of clients.
 
-    The distribution of :func:`flwr_importance.sampling.privatize_size` per
-    client (the clipped size with probability ``alpha``, else uniform on
-    ``{1..M-1}``), vectorized over thousands of clients.
-
-    Examples
-    --------
-    >>> rng = np.random.default_rng(0)
-    >>> replies = private_size_replies(np.array([0, 5, 500]), 100, 50.0, rng)
-    >>> replies.tolist()
-    [1, 5, 99]
+    ``K`` keeps ``K / N_tilde`` a probability (the paper, and
+    :class:`~flwr_importance.strategies.FedSampling`); the authors' code
+    clamps at the number of clients (``clamp="clients"``).
     """
-    truthful = rng.random(sizes.size) < ldp_alpha(epsilon, max_size)
-    random_sizes = rng.integers(1, max_size, sizes.size)
-    return np.where(truthful, np.clip(sizes, 1, max_size - 1), random_sizes)
+    if setting.clamp == "clients":
+        return max(setting.samples_per_round, setting.num_clients)
+    return setting.samples_per_round
+
+
+def fedsampling_sample(
+    data: Pooled, setting: Setting, epsilon: float, server_round: int
+) -> tuple[NDArray[np.int64], float]:
+    """The round's kept samples and raw ``N_tilde``, as FedSampling's ClientApps draw.
+
+    Each client draws from its own stream's blocks of the round
+    (:func:`~flwr_importance.clientapps.fedsampling.seek_round_stream` from
+    the client's stream start), exactly as FedSampling's ready-made handlers
+    do: its size reply by :func:`~flwr_importance.sampling.privatize_size` on
+    the reply block, its keep decisions by
+    :func:`~flwr_importance.sampling.bernoulli_keep` on the keep block; the
+    server's ``N_tilde`` is
+    :func:`~flwr_importance.sampling.estimate_total_size` of the replies,
+    clamped at :func:`size_floor` (``K``, as the strategy clamps). So the kept
+    samples are the ones the strategy's run keeps
+    (``tests/benchmarks/test_fedsampling_benchmark.py``). One generator is
+    repositioned per client rather than built, which costs a few microseconds.
+
+    Returns
+    -------
+    tuple
+        The kept samples' indices in the pooled arrays, and the raw estimate.
+    """
+    bit_generator = node_bit_generator(0)
+    generator = np.random.Generator(bit_generator)
+
+    def client_stream(client: int, stream: int) -> np.random.Generator:
+        bit_generator.state = data.stream_starts[client].state
+        seek_round_stream(bit_generator, server_round, stream)
+        return generator
+
+    replies = [
+        privatize_size(
+            int(size), setting.max_size, epsilon, client_stream(client, REPLY_STREAM)
+        )
+        for client, size in enumerate(data.sizes)
+    ]
+    estimate = estimate_total_size(replies, setting.max_size, epsilon)
+    floor = size_floor(setting)
+    keep = keep_probability(setting.samples_per_round, max(estimate, floor))
+    # The pooled arrays hold the clients in order, so the masks line up.
+    kept = np.concatenate(
+        [
+            bernoulli_keep(int(size), keep, client_stream(client, KEEP_STREAM))
+            for client, size in enumerate(data.sizes)
+        ]
+    )
+    return np.flatnonzero(kept), estimate
 
 
 def clipped_total(sizes: NDArray[np.int64], max_size: int) -> int:
@@ -197,10 +286,23 @@ def client_batches(
     return np.concatenate(indices), np.concatenate(weights)
 
 
-def run_seed(
-    setting: Setting, overrides: Mapping[str, bool | int | float | str], seed: int
-) -> SeedRun:
-    """One method on one seed: test accuracy after every round."""
+@dataclass(frozen=True)
+class TrainedRound:
+    """One round of :func:`train_rounds`."""
+
+    #: Sample gradients the round's step is made of.
+    sample_gradients: int
+    #: FedSampling's raw size estimate ``N_tilde``; None for the other methods.
+    size_estimate: float | None
+
+
+def train_rounds(
+    setting: Setting,
+    overrides: Mapping[str, bool | int | float | str],
+    seed: int,
+    model: torch.nn.Module,
+) -> Iterator[TrainedRound]:
+    """Train ``model`` in place, one step per round, yielding after each round."""
     method = str(overrides["method"])
     data = pooled_data(setting, seed)
     total, clip = int(data.sizes.sum()), clipped_total(data.sizes, setting.max_size)
@@ -208,17 +310,13 @@ def run_seed(
     if overrides["matched"] and method != "fedsampling":
         lr *= total / clip
     num_draws = setting.samples_per_round // setting.batch_size
-    floor = setting.samples_per_round
-    if setting.clamp == "clients":
-        floor = max(floor, setting.num_clients)
-    split = data.split
-    model = build_model("logreg", split.input_shape, split.num_outputs, seed)
     objective = Objective("classification")
-    curve = [accuracy(model, split)]
-    estimates = []
     for server_round in range(1, setting.rounds + 1):
-        # One stream per seed and round, whatever the method: common random numbers.
+        # One stream per seed and round for the client-level methods and the
+        # reference, whatever the method: common random numbers. FedSampling
+        # draws from its ClientApps' own per-node streams instead.
         rng = np.random.default_rng([seed, server_round])
+        estimate = None
         if method == "fedavg":
             clients = rng.choice(setting.num_clients, num_draws, replace=False)
             sizes = data.sizes[clients].astype(np.float64)
@@ -232,12 +330,9 @@ def run_seed(
                 data, clients, counts / num_draws, setting.batch_size, rng
             )
         elif method == "fedsampling":
-            epsilon = float(overrides["epsilon"])
-            replies = private_size_replies(data.sizes, setting.max_size, epsilon, rng)
-            estimate = estimate_total_size(replies, setting.max_size, epsilon)
-            estimates.append(estimate)
-            keep = keep_probability(setting.samples_per_round, max(estimate, floor))
-            indices = np.flatnonzero(rng.random(total) < keep)
+            indices, estimate = fedsampling_sample(
+                data, setting, float(overrides["epsilon"]), server_round
+            )
             weights = np.full(indices.size, 1.0 / setting.samples_per_round)
         else:
             indices = rng.choice(total, setting.samples_per_round, replace=False)
@@ -250,12 +345,34 @@ def run_seed(
         with torch.no_grad():
             for parameter, gradient in zip(parameters, gradients, strict=True):
                 parameter.sub_(lr * gradient)
+        yield TrainedRound(int(indices.size), estimate)
+
+
+def run_seed(
+    setting: Setting, overrides: Mapping[str, bool | int | float | str], seed: int
+) -> SeedRun:
+    """One method on one seed: test accuracy after every round."""
+    data = pooled_data(setting, seed)
+    total, clip = int(data.sizes.sum()), clipped_total(data.sizes, setting.max_size)
+    split = data.split
+    model = build_model("logreg", split.input_shape, split.num_outputs, seed)
+    curve = [accuracy(model, split)]
+    rounds = []
+    for trained in train_rounds(setting, overrides, seed, model):
         curve.append(accuracy(model, split))
-    extras = {"pooled N": float(total), "N_clip / N": clip / total}
-    if estimates:
-        relative = np.array(estimates) / clip - 1
+        rounds.append(trained)
+    extras = {
+        "pooled N": float(total),
+        "N_clip / N": clip / total,
+        SAMPLE_GRADIENTS: float(np.mean([done.sample_gradients for done in rounds])),
+    }
+    estimates = np.array(
+        [done.size_estimate for done in rounds if done.size_estimate is not None]
+    )
+    if estimates.size:
+        relative = estimates / clip - 1
         extras["N_tilde rms rel. error"] = float(np.sqrt(np.mean(relative**2)))
-        extras["rounds clamped"] = float(np.mean(np.array(estimates) < floor))
+        extras["rounds clamped"] = float(np.mean(estimates < size_floor(setting)))
     return SeedRun(curve=curve, extras=extras)
 
 

@@ -75,6 +75,9 @@ from flwr_importance.sampling import bernoulli_keep, keep_probability
 from flwr_importance.tasks.training import BatchLoss, mean_gradient
 
 __all__ = [
+    "KEEP_STREAM",
+    "REPLY_STREAM",
+    "STREAM_BLOCK",
     "FedSamplingRound",
     "add_private_size_query",
     "fedsampling_gradient",
@@ -83,8 +86,10 @@ __all__ = [
     "make_fedsampling_handlers",
     "make_fedsampling_train_handler",
     "make_size_query_handler",
+    "node_bit_generator",
     "node_round_streams",
     "private_size_reply",
+    "seek_round_stream",
 ]
 
 
@@ -304,18 +309,48 @@ def fedsampling_reply(message: Message, gradient: dict[str, torch.Tensor]) -> Me
     return Message(RecordDict({names[0]: ArrayRecord(gradient)}), reply_to=message)
 
 
+#: Draws in one block of a node's FedSampling stream (far more than a round
+#: takes): round ``t``'s keep decisions start at block ``2 t``
+#: (:data:`KEEP_STREAM`), its size reply at block ``2 t + 1``
+#: (:data:`REPLY_STREAM`).
+STREAM_BLOCK = 2**64
+KEEP_STREAM = 0
+REPLY_STREAM = 1
+
+
+def node_bit_generator(node_seed: int) -> np.random.PCG64:
+    """The start of a node's FedSampling stream: ``PCG64(SeedSequence(node_seed))``."""
+    return np.random.PCG64(np.random.SeedSequence(node_seed))
+
+
+def seek_round_stream(
+    bit_generator: np.random.PCG64, server_round: int, stream: int
+) -> None:
+    """Advance a node's stream from its start to a round's block of draws.
+
+    ``stream`` is :data:`KEEP_STREAM` or :data:`REPLY_STREAM`. Blocks never
+    overlap, so the size reply's coin is independent of which samples stay,
+    and every round's draws of every node are its own; positioning a stream
+    costs a few microseconds, so the FedSampling benchmark's pooled path
+    repositions one generator per node and round (thousands of nodes) to
+    draw what the ClientApps draw.
+    """
+    if stream not in (KEEP_STREAM, REPLY_STREAM):
+        raise ValueError(
+            f"stream must be {KEEP_STREAM} or {REPLY_STREAM}, got {stream}"
+        )
+    bit_generator.advance((2 * server_round + stream) * STREAM_BLOCK)
+
+
 def node_round_streams(
     node_seed: int, server_round: int
 ) -> tuple[np.random.Generator, np.random.Generator]:
     """The ready-made handlers' draws of a node in a round: keep, then size reply.
 
-    The keep stream is the NumPy generator of
-    :func:`~flwr_importance.clientapps.common.round_generators` (seeded by the
-    node's seed and the round, as every method's ready-made handlers are); the
-    size reply draws from its first spawned child, so the truthful-answer coin
-    is independent of which samples stay. The FedSampling benchmark's pooled
-    path draws from these same streams, so it keeps the samples the ClientApps
-    keep (``tests/benchmarks/test_fedsampling_benchmark.py``).
+    Both are blocks of the node's one stream (:func:`node_bit_generator`,
+    :func:`seek_round_stream`); the FedSampling benchmark draws from the same
+    blocks, so it keeps the samples the ClientApps keep
+    (``tests/benchmarks/test_fedsampling_benchmark.py``).
 
     Parameters
     ----------
@@ -332,15 +367,18 @@ def node_round_streams(
     Examples
     --------
     >>> keep, reply = node_round_streams(7, 1)
-    >>> bool(keep.random() == np.random.default_rng([7, 1]).random())
+    >>> start = node_bit_generator(7)
+    >>> seek_round_stream(start, 1, KEEP_STREAM)
+    >>> bool(keep.random() == np.random.Generator(start).random())
     True
     """
-    seed_sequence = np.random.SeedSequence([node_seed, server_round])
-    (reply_sequence,) = seed_sequence.spawn(1)
-    return (
-        np.random.Generator(np.random.PCG64(seed_sequence)),
-        np.random.Generator(np.random.PCG64(reply_sequence)),
-    )
+    generators = []
+    for stream in (KEEP_STREAM, REPLY_STREAM):
+        bit_generator = node_bit_generator(node_seed)
+        seek_round_stream(bit_generator, server_round, stream)
+        generators.append(np.random.Generator(bit_generator))
+    keep, reply = generators
+    return keep, reply
 
 
 def make_size_query_handler(

@@ -1,4 +1,9 @@
-"""What is specific to the FedSampling benchmark: vectorized replies, seeded runs."""
+"""What is specific to the FedSampling benchmark: the product's model, seeded runs.
+
+The benchmark's pooled path must find the model that FedSampling and its
+ready-made ClientApp find: same kept samples (the ClientApps' own per-node
+streams), same size estimate, same step, every round.
+"""
 
 from __future__ import annotations
 
@@ -6,31 +11,117 @@ import dataclasses
 
 import numpy as np
 import pytest
+import torch
+from flwr.app import ArrayRecord, Context, MetricRecord
+from flwr.clientapp import ClientApp
 
 from benchmarks.fedsampling import (
+    LEARNING_RATE,
+    SAMPLE_GRADIENTS,
     Setting,
     clipped_total,
-    private_size_replies,
+    pooled_data,
     run_seed,
     setting,
+    train_rounds,
 )
-from flwr_importance.sampling.privacy import size_reply_probabilities
+from flwr_importance.clientapps import LocalTask, register_handlers
+from flwr_importance.clientapps.fedsampling import make_fedsampling_handlers
+from flwr_importance.strategies import FedSampling
+from flwr_importance.tasks import Objective, build_model
+from flwr_importance.testing import InProcessGrid
 
-MAX_SIZE = 12
-EPSILON = 2.0
-DRAWS = 40_000
+#: The product's run: few clients, a few rounds (its cost is per message).
+PRODUCT_SETTING = dataclasses.replace(
+    setting(full=False, clamp="k"),
+    num_clients=40,
+    mean_size=20,
+    rounds=4,
+    samples_per_round=64,
+)
+#: float32 sums in another order (per client, then over clients, against one
+#: sum over the pooled samples): the models agree to a few float32 epsilons of
+#: the parameters' scale per round.
+FLOAT_TOLERANCE = 1e-5
 
 
-@pytest.mark.parametrize("size", [0, 4, 40])
-def test_replies_follow_the_library_distribution(size: int) -> None:
-    replies = private_size_replies(
-        np.full(DRAWS, size), MAX_SIZE, EPSILON, np.random.default_rng(1)
+def product_models(
+    setting: Setting, epsilon: float, lr: float, seed: int
+) -> tuple[dict[int, dict[str, torch.Tensor]], dict[int, MetricRecord]]:
+    """Global models and round metrics of FedSampling with its ClientApp, in process.
+
+    The nodes hold the benchmark's partitions and node seeds; the initial
+    model is the benchmark's.
+    """
+    data = pooled_data(setting, seed)
+    split = data.split
+
+    def task(context: Context) -> LocalTask:
+        client = int(context.node_config["partition-id"])
+        partition = split.partitions[client]
+        return LocalTask(
+            model=build_model("logreg", split.input_shape, split.num_outputs, seed),
+            objective=Objective("classification"),
+            x=partition.x,
+            y=partition.y,
+            lr=lr,
+            batch_size=setting.batch_size,
+            local_steps=1,
+            seed=data.node_seeds[client],
+        )
+
+    app = register_handlers(ClientApp(), make_fedsampling_handlers(task))
+    grid = InProcessGrid(app, setting.num_clients, seed=seed)
+    models: dict[int, dict[str, torch.Tensor]] = {}
+
+    def keep_model(server_round: int, arrays: ArrayRecord) -> None:
+        models[server_round] = arrays.to_torch_state_dict()
+
+    strategy = FedSampling(
+        samples_per_round=setting.samples_per_round,
+        max_size=setting.max_size,
+        epsilon=epsilon,
+        server_lr=lr,
+        min_available_nodes=setting.num_clients,
     )
-    expected = size_reply_probabilities(size, MAX_SIZE, EPSILON)
-    observed = np.bincount(replies, minlength=MAX_SIZE)[1:] / DRAWS
-    # Each frequency within 5 standard errors of its probability.
-    tolerance = 5 * np.sqrt(expected * (1 - expected) / DRAWS)
-    assert np.all(np.abs(observed - expected) <= tolerance)
+    initial = build_model("logreg", split.input_shape, split.num_outputs, seed)
+    result = strategy.start(
+        grid,
+        ArrayRecord(initial.state_dict()),
+        num_rounds=setting.rounds,
+        evaluate_fn=keep_model,
+    )
+    return models, result.train_metrics_clientapp
+
+
+@pytest.mark.parametrize("epsilon", [3.0, 10.0])
+def test_the_pooled_path_finds_the_products_model_every_round(epsilon: float) -> None:
+    seed, lr = 2, 0.5
+    models, metrics = product_models(PRODUCT_SETTING, epsilon, lr, seed)
+    split = pooled_data(PRODUCT_SETTING, seed).split
+    model = build_model("logreg", split.input_shape, split.num_outputs, seed)
+    overrides = {
+        "method": "fedsampling",
+        "epsilon": epsilon,
+        "matched": True,
+        LEARNING_RATE: lr,
+    }
+    rounds = train_rounds(PRODUCT_SETTING, overrides, seed, model)
+    for server_round, trained in enumerate(rounds, start=1):
+        # The same size replies: the same estimate, exactly.
+        assert trained.size_estimate == metrics[server_round]["raw-size-estimate"]
+        product = models[server_round]
+        for name, parameter in model.state_dict().items():
+            scale = float(product[name].abs().max())
+            torch.testing.assert_close(
+                parameter, product[name], rtol=0, atol=FLOAT_TOLERANCE * scale
+            )
+    assert set(models) == set(range(PRODUCT_SETTING.rounds + 1))
+    # Not a trivial agreement: the model moved.
+    assert any(
+        not torch.equal(models[0][name], parameter)
+        for name, parameter in model.state_dict().items()
+    )
 
 
 def test_clipped_total_counts_each_client_in_one_to_m_minus_one() -> None:
@@ -76,3 +167,27 @@ def test_a_large_budget_estimates_the_clipped_total(tiny: Setting) -> None:
     )
     assert run.extras["N_tilde rms rel. error"] < 1e-3
     assert run.extras["rounds clamped"] == 0
+    # Each sample kept with probability K / N_clip: the round's count has mean
+    # K N / N_clip and a variance below it (a sum of Bernoullis).
+    data = pooled_data(tiny, 5)
+    expected = (
+        tiny.samples_per_round
+        * data.sizes.sum()
+        / clipped_total(data.sizes, tiny.max_size)
+    )
+    assert abs(run.extras[SAMPLE_GRADIENTS] - expected) <= 5 * np.sqrt(
+        expected / tiny.rounds
+    )
+    assert expected > tiny.samples_per_round
+
+
+def test_client_level_methods_spend_at_most_k_sample_gradients(tiny: Setting) -> None:
+    for method in ("fedavg", "sizeweighted"):
+        run = run_seed(
+            tiny, {"method": method, "matched": True, "learning-rate": 0.1}, 5
+        )
+        assert run.extras[SAMPLE_GRADIENTS] <= tiny.samples_per_round
+    reference = run_seed(
+        tiny, {"method": "centralized", "matched": True, "learning-rate": 0.1}, 5
+    )
+    assert reference.extras[SAMPLE_GRADIENTS] == tiny.samples_per_round

@@ -17,10 +17,11 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from flwr_importance.clientapps import ClientHandler, round_generators
+from flwr_importance.clientapps import ClientHandler
 from flwr_importance.clientapps.fedsampling import (
     make_fedsampling_train_handler,
     make_size_query_handler,
+    node_round_streams,
 )
 from flwr_importance.protocol import (
     FEDSAMPLING_SIZE_RESPONSE,
@@ -79,14 +80,14 @@ def exchanges(grid: InProcessGrid) -> Iterator[tuple[Message, Message]]:
 
 
 def kept_count(grid: InProcessGrid, node_id: int, request: Message) -> int:
-    """``|S_c|`` as the node drew it (the round generator's first draws)."""
+    """``|S_c|`` as the node drew it (its round's keep stream)."""
     config = request.content.config_records["config"]
     task = local_task(node_context(grid, node_id))
-    numpy_rng, _ = round_generators(task, int(config["server-round"]))
+    keep_rng, _ = node_round_streams(task.seed, int(config["server-round"]))
     probability = keep_probability(
         int(config["samples-per-round"]), float(config["estimated-total-size"])
     )
-    return int(bernoulli_keep(len(task.x), probability, numpy_rng).sum())
+    return int(bernoulli_keep(len(task.x), probability, keep_rng).sum())
 
 
 def scalar_fields(message: Message) -> Iterator[tuple[str, float]]:
