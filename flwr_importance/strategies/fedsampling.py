@@ -70,6 +70,14 @@ def nodes_for_usable_estimate(max_size: int, alpha: float) -> int:
     total when every node holds ``M - 1`` samples or more.
     The noise grows like ``sqrt(C)`` and that total like ``C``; fewer samples
     per node need more nodes than this (the server cannot know how many).
+
+    Examples
+    --------
+    At the defaults ``M = 100``, ``epsilon = 3``:
+
+    >>> from flwr_importance.sampling import ldp_alpha
+    >>> nodes_for_usable_estimate(100, ldp_alpha(3.0, 100))
+    37
     """
     spread = (1 - alpha) * (1 / 12 + alpha / 4)
     ratio = max_size / (alpha * USABLE_NOISE_FRACTION * (max_size - 1))
@@ -134,10 +142,15 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
     Learning", IJCAI 2023, Algorithm 1.
 
     Instead of sampling clients, every available node keeps each of its samples
-    with the same probability ``K / N_tilde``, so a round uses about ``K``
-    samples drawn uniformly from the pooled data, as centralized SGD would. The
-    server never learns a node's size: it estimates the total ``N_tilde`` from
-    randomized-response replies (eps-local differential privacy).
+    with the same probability ``K / N_tilde``, so a round uses ``K N / N_tilde``
+    samples in expectation (``N`` the nodes' total size), drawn uniformly from
+    the pooled data, as centralized SGD would. The server never learns a
+    node's size: it estimates the total ``N_tilde`` from randomized-response
+    replies (eps-local differential privacy). The estimate is of the total of
+    the sizes clipped to ``M - 1``, ``N_clip <= N``, so a round keeps about
+    ``K`` samples when ``max_size`` is above every node's size, and about
+    ``K N / N_clip`` (more than ``K``) when it clips sizes (Requirements
+    below).
 
     Each round, from inside ``configure_train``:
 
@@ -158,7 +171,8 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
     Parameters
     ----------
     samples_per_round : int
-        ``K``, the expected number of samples per round (paper: 2048).
+        ``K``, the expected number of samples per round when ``max_size`` is
+        above every node's size (paper: 2048).
     max_size : int (default: 100)
         Size threshold ``M``: replies lie in ``{1..M-1}``, and the estimate is
         of the total of sizes clipped to ``M - 1`` (paper default 100).
@@ -200,8 +214,8 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
     samples (warned when too many replies sit at ``M - 1``); enough nodes
     for the epsilon, since the noise of ``N_tilde`` is about
     ``sqrt(C) M / alpha`` (:func:`size_estimate_noise`) against a total of
-    at most ``C (M - 1)``: at ``M = 100``, ``epsilon = 3`` about 37 nodes
-    holding at least ``M - 1`` samples each (:func:`nodes_for_usable_estimate`).
+    at most ``C (M - 1)``: :func:`nodes_for_usable_estimate` gives the nodes
+    holding at least ``M - 1`` samples each that a usable estimate needs.
     An estimate below ``K`` is logged with the nodes and the epsilon that
     would make it usable.
     - Round metrics (``aggregate_train``): ``estimated-total-size`` (the
