@@ -23,6 +23,13 @@ its error:
   the losses, its loss variant), ``assign_models``, ``sum (d_is / p_is)
   U_is`` per model; against random assignment (``m`` clients without
   replacement, each a uniform model, ``p = m / (N S)``);
+- ISFedAvg's client level (Rizk et al.), on its headline preset: ``L``
+  clients by ``systematic_sample`` at the realized probabilities of the
+  run's stored ``p_k`` (eqs. 28-29), the mean of the updates each divided by
+  ``K p_k`` (the client's own rescaling, to first order in the step); against
+  its uniform variant (``p_k = 1/K``). The models and ``p_k`` come from
+  ISFedAvg's own run, every client's update from its ClientApp at
+  ``p_k = 1/K`` (no rescaling) with its ``E_k`` and ``B_k``;
 - Power-of-Choice (Cho et al., ``pow-d``): ``draw_candidates`` by size,
   ``select_highest`` losses at ``w^t``, plain mean; against uniform sampling
   as the simulation's FedAvg does it (``uniform_client_set``, ``m`` distinct
@@ -37,7 +44,8 @@ matrix ``G = U U^T``: a draw costs ``O(N^2)`` whatever the model's size.
 The global models come from the *baseline's* run of each claim benchmark
 (uniform FedAvg, MD sampling, random assignment) in its own setting: every
 sampler of a setting is judged on the same updates, at models none of the
-compared methods steered. Algorithm 2's representative gradients are every
+compared methods steered (ISFedAvg's from its own run, the only one holding
+its client probabilities). Algorithm 2's representative gradients are every
 client's update of the round before (the state its strategy holds when
 every client trained then).
 
@@ -51,12 +59,6 @@ one row per comparison (per model for MMFL) and round stage, and a pooled
 one; the pooled rows of the settings whose paper states a lower error go to
 ``claims.json``. Power-of-Choice's paper states a bias, not a lower error:
 its rows say only on which side of 1 the ratio lies.
-
-ISFedAvg's client level is not measured: its clients divide their own step
-by ``K p_k`` and draw their batches by per-sample probabilities kept in node
-state, so its updates at ``p_k = 1/K`` are not the FedAvg ClientApp's, and
-its benchmark (:mod:`benchmarks.isfedavg`) runs its own strategies outside
-the app's presets.
 
 Quick mode: :data:`SEEDS`, :data:`DRAWS` draws, the claim benchmarks' quick
 settings; ``--full``: :data:`SEEDS_FULL`, :data:`DRAWS_FULL` draws, their
@@ -101,6 +103,7 @@ from benchmarks.harness import (
     start_benchmark,
 )
 from benchmarks.mechanism_capture import CapturedRound, capture_rounds
+from flwr_importance.aggregation.isfedavg import realized_normalized_probs
 from flwr_importance.aggregation.optimal import uniform_assignment_prob
 from flwr_importance.sampling import (
     Distance,
@@ -113,6 +116,7 @@ from flwr_importance.sampling import (
     optimal_client_probs,
     poisson_sample,
     sample_from_distributions,
+    systematic_sample,
     uniform_client_set,
 )
 from flwr_importance.strategies.clustered import RepresentativeGradients
@@ -269,6 +273,8 @@ def clustered_by_similarity(m: int, *, distance: Distance = "arccos") -> Sampler
     def positions(model: CapturedRound) -> Positions:
         gradients = RepresentativeGradients(distance, None, model.seed)
         gradients.align(list(range(model.num_clients)))
+        if model.previous_updates is None:
+            raise ValueError("Algorithm 2 needs the previous round's updates")
         gradients.update(dict(enumerate(model.previous_updates)))
         return _from_distributions(
             clustered_distributions_from_distances(
@@ -319,6 +325,38 @@ def uniform_fedavg(m: int) -> Sampler:
         return [weights]
 
     return Sampler(draw, unbiased=False)
+
+
+def isfedavg_client_level(clients: int, *, uniform: bool = False) -> Sampler:
+    """ISFedAvg's client level: ``L`` clients by ``systematic_sample``, eq. 5's mean.
+
+    Inclusion ``L p_k`` with the realized probabilities the strategy sends
+    (``realized_normalized_probs`` of its stored ``p_k``, or of ``1/K`` for
+    its uniform variant); a selected client divides its step by ``K p_k``,
+    taken here as its update divided by ``K p_k`` (exact for one local step,
+    to first order in the step otherwise); the aggregate is the plain mean of
+    the ``L`` scaled updates. One draw at a time (a random order per draw).
+    """
+
+    def draw(
+        models: Sequence[CapturedRound], rng: np.random.Generator, draws: int
+    ) -> list[NDArray[np.float64]]:
+        (model,) = models
+        population = model.num_clients
+        stored = (
+            np.full(population, 1 / population)
+            if uniform or model.client_probs is None
+            else model.client_probs
+        )
+        realized = realized_normalized_probs(stored, clients)
+        scale = 1 / (clients * population * realized)
+        weights = np.zeros((draws, population))
+        for row in weights:
+            chosen = systematic_sample(clients * realized, rng)
+            row[chosen] = scale[chosen]
+        return [weights]
+
+    return Sampler(draw, unbiased=True)
 
 
 def _model_matrix(
@@ -557,6 +595,8 @@ class Setting:
         By name.
     comparisons : tuple[tuple[str, str], ...]
         ``(method, baseline)`` pairs.
+    previous : bool
+        Whether a sampler needs the previous round's updates (Algorithm 2).
     claimed : bool
         Whether the paper states the error is lower (the rows go to the claim
         table); Power-of-Choice's paper states a bias, not a lower error.
@@ -572,12 +612,13 @@ class Setting:
     participation: int
     samplers: dict[str, Sampler]
     comparisons: tuple[tuple[str, str], ...]
+    previous: bool = False
     claimed: bool = True
 
 
 def settings(full: bool) -> list[Setting]:
     """The claim benchmarks' settings, quick or ``--full``, as they run them."""
-    from benchmarks import clustered, optimal_sampling, poc
+    from benchmarks import clustered, isfedavg, optimal_sampling, poc
 
     single, multi = optimal_sampling.descriptions(full)
     ocs_shared = dict(single.comparisons[0].shared)
@@ -589,6 +630,9 @@ def settings(full: bool) -> list[Setting]:
     clustered_shared = load_preset("clustered-digits")
     clustered_m = int(clustered_shared["clients-per-round"])
     clustered_rounds = 100 if full else 30
+    isfedavg_shared = load_preset("isfedavg-logistic")
+    isfedavg_l = int(isfedavg_shared["clients-per-round"])
+    isfedavg_rounds = int(isfedavg_shared["num-server-rounds"]) if full else 40
     poc_shared = load_preset(poc.PRESET)
     poc_m = int(poc_shared["clients-per-round"])
     poc_rounds = 60 if full else 30
@@ -627,6 +671,7 @@ def settings(full: bool) -> list[Setting]:
                 "md": md(clustered_m),
             },
             comparisons=(("alg1-size", "md"), ("alg2-arccos", "md")),
+            previous=True,
         ),
         Setting(
             name="MMFL",
@@ -644,6 +689,27 @@ def settings(full: bool) -> list[Setting]:
                 "random": random_assignment(mmfl_m),
             },
             comparisons=(("mmfl-gradnorm", "random"), ("mmfl-loss", "random")),
+        ),
+        Setting(
+            name="ISFedAvg",
+            paper=isfedavg.PAPER,
+            claim="importance sampling of clients (eqs. 28-29) gives a "
+            "lower-variance aggregate than uniform sampling of as many clients",
+            data="the ISFedAvg logistic preset (synthetic logistic regression, "
+            "100 clients of 100 samples, E_k in 1..5, B_k in 1..10): equal "
+            "sizes, so the full-participation update is eq. 1's plain mean",
+            overrides={
+                **isfedavg_shared,
+                "num-server-rounds": isfedavg_rounds,
+            },
+            run="ISFedAvg (its client probabilities exist only there)",
+            rounds=_stages(isfedavg_rounds),
+            participation=isfedavg_l,
+            samplers={
+                "isfedavg": isfedavg_client_level(isfedavg_l),
+                "uniform": isfedavg_client_level(isfedavg_l, uniform=True),
+            },
+            comparisons=(("isfedavg", "uniform"),),
         ),
         Setting(
             name="Power-of-Choice",
@@ -778,7 +844,12 @@ def measure_seed(
 ) -> list[UnitResult]:
     """Capture the setting's rounds of ``seed``'s run; measure every sampler on each."""
     started = time.perf_counter()
-    captured = capture(setting.overrides, seed=seed, rounds=setting.rounds)
+    captured = capture(
+        setting.overrides,
+        seed=seed,
+        rounds=setting.rounds,
+        previous=setting.previous,
+    )
     units = []
     for stage, server_round in zip(STAGES, setting.rounds, strict=True):
         models = [model for model in captured if model.server_round == server_round]

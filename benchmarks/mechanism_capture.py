@@ -28,6 +28,7 @@ ClientApp trains model ``s`` with FedAvg's train handler on that task).
 
 from __future__ import annotations
 
+import copy
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,10 +36,11 @@ from functools import cached_property
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, Strategy
 from numpy.typing import NDArray
 
 from flwr_importance.strategies.arrays import flatten
+from flwr_importance.strategies.isfedavg import ISFedAvg
 from flwr_importance.strategies.mmfl import pack_models, unpack_models
 from flwr_importance.testing import InProcessGrid
 from simulations.client_app import app as client_app
@@ -72,10 +74,14 @@ class CapturedRound:
         ``n_i``, shape ``(N,)``.
     losses : NDArray[np.float64]
         Each client's loss at ``w^t`` on its data, shape ``(N,)``.
-    previous_updates : NDArray[np.float64]
+    previous_updates : NDArray[np.float64] or None
         Each client's update of round ``t - 1`` (from ``w^{t-1}``), shape
         ``(N, d)``: the representative gradients clustered sampling's
-        Algorithm 2 holds had every client last trained the round before.
+        Algorithm 2 holds had every client last trained the round before;
+        None where not captured.
+    client_probs : NDArray[np.float64] or None
+        ISFedAvg's stored client probabilities ``p_k`` at the round (sum 1),
+        shape ``(N,)``; None for other runs.
     """
 
     seed: int
@@ -84,7 +90,8 @@ class CapturedRound:
     updates: NDArray[np.float64]
     sizes: NDArray[np.int64]
     losses: NDArray[np.float64]
-    previous_updates: NDArray[np.float64]
+    previous_updates: NDArray[np.float64] | None = None
+    client_probs: NDArray[np.float64] | None = None
 
     @property
     def num_clients(self) -> int:
@@ -121,19 +128,38 @@ class ClientRound:
     losses: NDArray[np.float64]
 
 
-def run_global_models(
-    run_config: RunConfig, rounds: Sequence[int]
-) -> dict[int, list[ArrayRecord]]:
-    """The global models ``w^t`` that rounds ``rounds`` of the run start from.
+@dataclass(frozen=True)
+class RunRound:
+    """What the run holds when a round starts: its models and its strategy.
+
+    Attributes
+    ----------
+    models : list[ArrayRecord]
+        ``w^t``, one per model of the run.
+    strategy : Strategy
+        A copy of the run's strategy as the round finds it (its kept state,
+        e.g. ISFedAvg's client probabilities).
+    grid : InProcessGrid
+        The run's grid (for its nodes' partitions).
+    """
+
+    models: list[ArrayRecord]
+    strategy: Strategy
+    grid: InProcessGrid
+
+
+def run_rounds(run_config: RunConfig, rounds: Sequence[int]) -> dict[int, RunRound]:
+    """The models and strategy state that rounds ``rounds`` of the run start from.
 
     Runs the app's strategy for ``run_config`` (seeded as the ServerApp seeds
     it) up to round ``max(rounds) - 1``; ``w^t`` is the model the run's
-    evaluation sees after round ``t - 1`` (``w^1`` the initial one).
+    evaluation sees after round ``t - 1`` (``w^1`` the initial one), and the
+    strategy is copied there, its round ``t - 1`` done.
 
     Returns
     -------
-    dict[int, list[ArrayRecord]]
-        Per round in ``rounds``, one model per model of the run.
+    dict[int, RunRound]
+        Per round in ``rounds``.
     """
     if not rounds or min(rounds) < 1:
         raise ValueError(f"rounds must be positive, got {list(rounds)}")
@@ -152,19 +178,24 @@ def run_global_models(
         ArrayRecord(global_model(each, federated_data(each, num_clients)).state_dict())
         for each in model_configs
     ]
-    kept: dict[int, list[ArrayRecord]] = {}
+    strategy = load_method(config.strategy).build_strategy(config, num_clients)
+    grid = InProcessGrid(
+        client_app, num_clients, dict(run_config), seed=config.seed, serialize=False
+    )
+    kept: dict[int, RunRound] = {}
 
     def keep(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         if server_round + 1 in rounds:
-            kept[server_round + 1] = unpack_models(arrays) if multi_model else [arrays]
+            kept[server_round + 1] = RunRound(
+                unpack_models(arrays) if multi_model else [arrays],
+                copy.deepcopy(strategy),
+                grid,
+            )
         return None
 
     # The ServerApp seeds Python's `random` (Flower's own sampling) so.
     random.seed(config.seed)
-    grid = InProcessGrid(
-        client_app, num_clients, dict(run_config), seed=config.seed, serialize=False
-    )
-    load_method(config.strategy).build_strategy(config, num_clients).start(
+    strategy.start(
         grid=grid,
         initial_arrays=pack_models(initial) if multi_model else initial[0],
         num_rounds=max(rounds) - 1,
@@ -174,14 +205,27 @@ def run_global_models(
 
 
 def full_participation_round(
-    run_config: RunConfig, arrays: ArrayRecord, server_round: int
+    run_config: RunConfig,
+    arrays: ArrayRecord,
+    server_round: int,
+    strategy: Strategy | None = None,
 ) -> ClientRound:
     """Every node of ``run_config`` trains and evaluates ``arrays`` at ``server_round``.
 
-    Flower's ``FedAvg`` (every node sampled) builds the messages; the app's
-    FedAvg ClientApp serves them on a fresh in-process grid.
+    Flower's ``FedAvg`` (every node sampled) builds the messages, which the
+    app's FedAvg ClientApp serves on a fresh in-process grid. An ISFedAvg run
+    (``strategy``, its state at the round) has its own client side: a copy of
+    its strategy selecting every node builds its train messages (each node's
+    ``E_k`` and ``B_k``, ``p_k = 1/K``: a step not rescaled), which its
+    ClientApp serves.
     """
-    config = {**run_config, "strategy": FULL_PARTICIPATION_STRATEGY}
+    own_client = isinstance(strategy, ISFedAvg)
+    config = {
+        **run_config,
+        "strategy": run_config["strategy"]
+        if own_client
+        else FULL_PARTICIPATION_STRATEGY,
+    }
     num_clients = int(config["num-supernodes"])
     grid = InProcessGrid(
         client_app, num_clients, config, seed=int(config["seed"]), serialize=False
@@ -193,10 +237,14 @@ def full_participation_round(
         min_evaluate_nodes=num_clients,
         min_available_nodes=num_clients,
     )
+    trainer: Strategy = everyone
+    if isinstance(strategy, ISFedAvg):
+        trainer = copy.deepcopy(strategy)
+        trainer.clients_per_round = num_clients
     trained = _by_partition(
         grid,
         grid.send_and_receive(
-            everyone.configure_train(server_round, arrays, ConfigRecord(), grid)
+            trainer.configure_train(server_round, arrays, ConfigRecord(), grid)
         ),
     )
     evaluated = _by_partition(
@@ -218,6 +266,16 @@ def full_participation_round(
         ),
         losses=np.array([_metric(reply, "loss") for reply in evaluated]),
     )
+
+
+def client_probabilities(run_round: RunRound) -> NDArray[np.float64] | None:
+    """ISFedAvg's stored ``p_k`` at the round, by partition id; None for others."""
+    strategy = run_round.strategy
+    if not isinstance(strategy, ISFedAvg):
+        return None
+    grid = run_round.grid
+    by_partition = sorted(strategy.client_probs, key=grid.partition_of)
+    return strategy.probability_vector(by_partition)
 
 
 def _by_partition(grid: InProcessGrid, replies: Iterable[Message]) -> list[Message]:
@@ -247,7 +305,7 @@ def _metric(reply: Message, key: str) -> float:
 
 
 def capture_rounds(
-    overrides: RunConfig, *, seed: int, rounds: Sequence[int]
+    overrides: RunConfig, *, seed: int, rounds: Sequence[int], previous: bool = False
 ) -> list[CapturedRound]:
     """Every client's update at each of ``rounds`` of the run ``overrides``, ``seed``.
 
@@ -258,8 +316,10 @@ def capture_rounds(
     seed : int
         The run's seed.
     rounds : Sequence[int]
-        Rounds to capture, each at least 2 (round ``t - 1`` is captured too,
-        for :attr:`CapturedRound.previous_updates`).
+        Rounds to capture, each at least 2.
+    previous : bool
+        Capture round ``t - 1`` too, for :attr:`CapturedRound.previous_updates`
+        (a full-participation round more per captured one).
 
     Returns
     -------
@@ -269,13 +329,17 @@ def capture_rounds(
     if min(rounds) < 2:
         raise ValueError(f"captured rounds must be at least 2, got {list(rounds)}")
     run_config = resolve_run_config({**overrides, "seed": seed})
-    needed = sorted({*rounds, *(server_round - 1 for server_round in rounds)})
-    models = run_global_models(run_config, needed)
+    earlier = [server_round - 1 for server_round in rounds] if previous else []
+    needed = sorted({*rounds, *earlier})
+    run = run_rounds(run_config, needed)
     multi_model = run_config["strategy"] == "mmfl"
     model_configs = model_run_configs(run_config) if multi_model else [run_config]
     client_rounds = {
         (server_round, index): full_participation_round(
-            model_config, models[server_round][index], server_round
+            model_config,
+            run[server_round].models[index],
+            server_round,
+            run[server_round].strategy,
         )
         for server_round in needed
         for index, model_config in enumerate(model_configs)
@@ -288,7 +352,10 @@ def capture_rounds(
             updates=client_rounds[server_round, index].updates,
             sizes=client_rounds[server_round, index].sizes,
             losses=client_rounds[server_round, index].losses,
-            previous_updates=client_rounds[server_round - 1, index].updates,
+            previous_updates=(
+                client_rounds[server_round - 1, index].updates if previous else None
+            ),
+            client_probs=client_probabilities(run[server_round]),
         )
         for server_round in rounds
         for index in range(len(model_configs))

@@ -20,6 +20,7 @@ from benchmarks.mechanism import (
     error_ratio,
     evaluate_setting,
     full_participation,
+    isfedavg_client_level,
     md,
     measure,
     mmfl,
@@ -43,6 +44,8 @@ from simulations.inprocess import resolve_run_config
 from simulations.task import federated_data
 
 DRAWS = 20_000
+#: Systematic sampling draws one sample per call: fewer draws, same tolerance rule.
+SYSTEMATIC_DRAWS = 5_000
 #: Monte Carlo tolerance: an estimate within this many standard errors.
 STANDARD_ERRORS = 4.0
 #: Float rounding of a quadratic form ``e^T G e``, relative to ``||full||^2``.
@@ -162,6 +165,40 @@ def test_clustered_weights_have_the_variance_of_eq_16() -> None:
     np.testing.assert_allclose(weights.sum(axis=1), 1.0)
 
 
+def test_isfedavg_uniform_client_level_is_sampling_without_replacement() -> None:
+    # L of K equal probabilities (K / L whole): a uniform L-subset, whose mean
+    # has E||mean - full||^2 = (1 - L/K) S^2 / L, S^2 the updates' variance.
+    model = captured(random_round(20, clients=12).updates, np.full(12, 10))
+    clients = 3
+    sampler = isfedavg_client_level(clients, uniform=True)
+    (error,) = measure(sampler, [model], draws=SYSTEMATIC_DRAWS, seed=21)
+    spread = np.sum((model.updates - model.full_update) ** 2) / (12 - 1)
+    expected = (1 - clients / 12) * spread / clients
+    assert abs(error.mse - expected) < STANDARD_ERRORS * error.standard_error
+
+
+def test_isfedavg_client_level_is_unbiased_at_its_probabilities() -> None:
+    base = random_round(22, clients=8)
+    probs = np.linspace(1.0, 3.0, 8)
+    model = CapturedRound(
+        seed=0,
+        server_round=2,
+        model_index=0,
+        updates=base.updates,
+        sizes=np.full(8, 10),
+        losses=base.losses,
+        client_probs=probs / probs.sum(),
+    )
+    (weights,) = isfedavg_client_level(3).draw(
+        [model], np.random.default_rng(23), SYSTEMATIC_DRAWS
+    )
+    spread = weights.std(axis=0) / np.sqrt(SYSTEMATIC_DRAWS)
+    assert np.all(np.count_nonzero(weights, axis=1) == 3)
+    assert np.all(
+        np.abs(weights.mean(axis=0) - model.fractions) <= STANDARD_ERRORS * spread
+    )
+
+
 def test_the_aggregate_is_the_strategy_estimator() -> None:
     # One OCS draw's weights give unbiased_update's sum (d/p) U over the sample.
     model = random_round(10)
@@ -245,7 +282,7 @@ def test_error_ratio_needs_paired_rounds() -> None:
 
 
 def test_capture_returns_every_clients_update_at_the_requested_rounds() -> None:
-    captures = capture_rounds(TINY_RUN, seed=3, rounds=(2, 3))
+    captures = capture_rounds(TINY_RUN, seed=3, rounds=(2, 3), previous=True)
     assert [capture.server_round for capture in captures] == [2, 3]
     config = ExperimentConfig.from_run_config(
         resolve_run_config({**TINY_RUN, "seed": 3})
@@ -260,6 +297,25 @@ def test_capture_returns_every_clients_update_at_the_requested_rounds() -> None:
         assert np.all(np.isfinite(capture.losses))
     # Round 3's previous updates are round 2's, trained by the same nodes.
     np.testing.assert_array_equal(captures[1].previous_updates, captures[0].updates)
+
+
+def test_an_isfedavg_capture_keeps_its_client_probabilities() -> None:
+    run = {
+        **TINY_RUN,
+        "strategy": "isfedavg",
+        "dataset": "isfedavg-logistic",
+        "samples-per-client": 20,
+        "l2": 0.001,
+    }
+    for key in ("partitioning", "lognormal-sigma", "local-steps", "batch-size"):
+        del run[key]
+    (capture,) = capture_rounds(run, seed=4, rounds=(3,))
+    assert capture.client_probs is not None
+    assert capture.client_probs.sum() == pytest.approx(1.0)
+    # Eq. 28 moved them from uniform after two rounds.
+    assert np.ptp(capture.client_probs) > 0
+    assert capture.updates.shape[0] == 6 and capture.previous_updates is None
+    assert np.all(np.linalg.norm(capture.updates, axis=1) > 0)
 
 
 def test_a_tiny_benchmark_run_writes_well_formed_claim_rows(tmp_path: Path) -> None:
