@@ -65,6 +65,7 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -165,10 +166,10 @@ class Pooled:
     offsets: NDArray[np.int64]
     #: Each client's node seed (:func:`node_seeds`).
     node_seeds: tuple[int, ...]
-    #: Each client's FedSampling stream at its start
-    #: (:func:`~flwr_importance.clientapps.fedsampling.node_bit_generator`),
-    #: never drawn from: its state is copied into the generator that draws.
-    stream_starts: tuple[np.random.PCG64, ...]
+    #: The state (``PCG64.state``) of each client's FedSampling stream at its
+    #: start (:func:`~flwr_importance.clientapps.fedsampling.node_bit_generator`),
+    #: kept so that setting it is all a client's draws cost to position.
+    stream_starts: tuple[Any, ...]
 
 
 def node_seeds(seed: int, num_clients: int) -> tuple[int, ...]:
@@ -198,7 +199,7 @@ def pooled_data(setting: Setting, seed: int) -> Pooled:
         sizes,
         np.concatenate([[0], np.cumsum(sizes)[:-1]]),
         seeds,
-        tuple(node_bit_generator(node_seed) for node_seed in seeds),
+        tuple(node_bit_generator(node_seed).state for node_seed in seeds),
     )
 
 
@@ -241,7 +242,7 @@ def fedsampling_sample(
     generator = np.random.Generator(bit_generator)
 
     def client_stream(client: int, stream: int) -> np.random.Generator:
-        bit_generator.state = data.stream_starts[client].state
+        bit_generator.state = data.stream_starts[client]
         seek_round_stream(bit_generator, server_round, stream)
         return generator
 
