@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,9 +24,10 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import Strategy
 
 from flwr_importance.clientapps.isfedavg import SAMPLE_STATE_KEY
-from flwr_importance.launcher import flwr_run, processes_mentioning
+from flwr_importance.launcher import processes_mentioning
 from flwr_importance.registry import methods
 from flwr_importance.testing import InProcessGrid
+from tests.examples.example_runs import checked_run, run_methods
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 QUICKSTART_DIR = EXAMPLES_DIR / "quickstart-pytorch"
@@ -40,10 +40,6 @@ ExampleRun = Callable[[Path, dict[str, object], int], Any]
 #: The quickstart's run: 10 nodes, half of them trained per round.
 QUICKSTART_NODES = 10
 QUICKSTART_CLIENTS_PER_ROUND = 5
-#: Ray prints a line repeated by several actors once, with a count, unless
-#: told not to: the checks below count the example's log lines per node.
-UNDEDUPLICATED_LOGS = {"RAY_DEDUP_LOGS": "0"}
-
 #: Per method, the train metric (aggregated by the strategy, each round) that
 #: only the example's own train reply gives: its ``train_loss``, or for the
 #: methods whose mod turns the example's reply into an update (OCS, AOCS,
@@ -109,31 +105,6 @@ def run_example(tmp_path: Path) -> Iterator[ExampleRun]:
     assert processes_mentioning(str(flwr_home.resolve())) == []
 
 
-def checked_run(
-    app_dir: Path,
-    *,
-    num_supernodes: int,
-    run_config: dict[str, object],
-    flwr_home: Path,
-    extra_env: dict[str, str] | None = None,
-) -> subprocess.CompletedProcess[str]:
-    """``flwr run`` of an example, which must succeed and log no error."""
-    completed = flwr_run(
-        app_dir,
-        num_supernodes=num_supernodes,
-        run_config=run_config,
-        flwr_home=flwr_home,
-        capture=True,
-        timeout=600,
-        federation_config={"client-resources-num-cpus": 1},
-        extra_env=extra_env,
-    )
-    log = completed.stdout[-4000:] + completed.stderr[-4000:]
-    assert completed.returncode == 0, log
-    assert "ERROR" not in completed.stdout + completed.stderr, log
-    return completed
-
-
 @pytest.mark.slow
 def test_quickstart_example_runs_every_method_in_one_run(tmp_path: Path) -> None:
     """One ``flwr run`` of every method: each round evaluated, the example's train ran.
@@ -146,22 +117,17 @@ def test_quickstart_example_runs_every_method_in_one_run(tmp_path: Path) -> None
     ``train_isfedavg`` for ISFedAvg and FedSampling's gradient function.
     """
     methods = quickstart_strategies()
-    flwr_home = tmp_path / "flwr-home"
-    output_dir = tmp_path / "out"
-    completed = checked_run(
+    output, output_dir = run_methods(
         QUICKSTART_DIR,
+        tmp_path,
+        methods=methods,
         num_supernodes=QUICKSTART_NODES,
         run_config={
-            "strategy": ",".join(methods),
             "num-server-rounds": ROUNDS,
             "num-supernodes": QUICKSTART_NODES,
             "fraction-train": QUICKSTART_CLIENTS_PER_ROUND / QUICKSTART_NODES,
-            "output-dir": str(output_dir),
         },
-        flwr_home=flwr_home,
-        extra_env=UNDEDUPLICATED_LOGS,
     )
-    assert processes_mentioning(str(flwr_home.resolve())) == []
 
     rounds = [str(server_round) for server_round in range(ROUNDS + 1)]
     problems = []
@@ -181,7 +147,6 @@ def test_quickstart_example_runs_every_method_in_one_run(tmp_path: Path) -> None
             problems.append(f"{method}: no '{train_metric}' every round in {trained}")
     assert problems == []
 
-    output = completed.stdout + completed.stderr
     least = QUICKSTART_CLIENTS_PER_ROUND * ROUNDS
     assert output.count(TRAIN_LOG) >= least * len(TRAIN_METHODS), output[-4000:]
     assert output.count(ISFEDAVG_TRAIN_LOG) >= least, output[-4000:]

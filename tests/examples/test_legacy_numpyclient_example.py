@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from flwr_importance.launcher import flwr_run, processes_mentioning
+from tests.examples.example_runs import run_methods
 
 EXAMPLE_DIR = (
     Path(__file__).resolve().parents[2] / "examples" / "quickstart-pytorch-legacy"
@@ -39,29 +39,14 @@ KEPT_UPDATE_METHODS = {"ocs", "aocs"}
 def test_every_method_runs_the_numpyclient_example_under_flwr_run(
     tmp_path: Path,
 ) -> None:
-    flwr_home = tmp_path / "flwr-home"
-    output_dir = tmp_path / "out"
-    completed = flwr_run(
+    output, output_dir = run_methods(
         EXAMPLE_DIR,
+        tmp_path,
+        methods=METHODS,
         num_supernodes=NUM_SUPERNODES,
-        run_config={
-            "strategy": ",".join(METHODS),
-            "num-server-rounds": ROUNDS,
-            "num-supernodes": NUM_SUPERNODES,
-            "output-dir": str(output_dir),
-        },
-        flwr_home=flwr_home,
-        capture=True,
-        timeout=480,
-        federation_config={"client-resources-num-cpus": 1},
-        # Every ClientApp log line, not Ray's "[repeated 19x]" summaries.
-        extra_env={"RAY_DEDUP_LOGS": "0"},
+        run_config={"num-server-rounds": ROUNDS, "num-supernodes": NUM_SUPERNODES},
     )
-    output = completed.stdout + completed.stderr
-    tail = completed.stdout[-4000:] + completed.stderr[-4000:]
-    assert processes_mentioning(str(flwr_home.resolve())) == []
-    assert completed.returncode == 0, tail
-    assert "ERROR" not in output, tail
+    tail = output[-6000:]
 
     history = json.loads((output_dir / "history.json").read_text())
     assert list(history) == METHODS
@@ -73,7 +58,7 @@ def test_every_method_runs_the_numpyclient_example_under_flwr_run(
     # The example's fit trained exactly as often as the methods train: once
     # per fit call, except OCS's and AOCS's, which send the update kept from
     # their norm query, where every node trains once a round.
-    parts = METHOD_END.split(completed.stdout)
+    parts = METHOD_END.split(output)
     fit_calls = {
         method: sum(int(count) for count in FIT_ROUND.findall(segment))
         for segment, method in zip(parts[0::2], parts[1::2], strict=False)

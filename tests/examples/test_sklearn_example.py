@@ -24,8 +24,8 @@ import pytest
 from flwr.app import Context, RecordDict, UserConfig, UserConfigValue
 from flwr.common.logger import FLOWER_LOGGER
 
-from flwr_importance.launcher import flwr_run, processes_mentioning
 from flwr_importance.registry import methods
+from tests.examples.example_runs import run_methods
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -160,38 +160,22 @@ def test_method_trains_with_the_example_train_in_process(
 
 @pytest.mark.slow
 def test_one_flwr_run_runs_every_method(tmp_path: Path) -> None:
-    flwr_home = tmp_path / "flwr-home"
-    output_dir = tmp_path / "out"
-    completed = flwr_run(
+    output, output_dir = run_methods(
         EXAMPLE_DIR,
+        tmp_path,
+        methods=METHODS,
         num_supernodes=NUM_NODES,
-        run_config={
-            "strategy": ",".join(METHODS),
-            "num-server-rounds": ROUNDS,
-            "output-dir": str(output_dir),
-        },
-        flwr_home=flwr_home,
-        capture=True,
-        timeout=500,
-        # Every ClientApp log line, not Ray's deduplicated summary.
-        extra_env={"RAY_DEDUP_LOGS": "0"},
-        federation_config={"client-resources-num-cpus": 1},
+        run_config={"num-server-rounds": ROUNDS},
     )
-    output = completed.stdout + completed.stderr
-    try:
-        assert completed.returncode == 0, output[-6000:]
-        assert "ERROR" not in output, output[-6000:]
-        for method in METHODS:
-            history = json.loads((output_dir / f"{method}.json").read_text())
-            check_history(history)
-            if method in USER_METRIC_METHODS:
-                assert all(
-                    EXAMPLE_TRAIN_METRIC in row for row in history["train"].values()
-                ), method
-        # The example's own train ran on the nodes, at least once per round of
-        # every method (OCS, AOCS and MMFL train every node in their query).
-        partitions = [int(match) for match in TRAIN_LOG.findall(output)]
-        assert len(partitions) >= ROUNDS * len(METHODS), output[-6000:]
-        assert set(partitions) <= set(range(NUM_NODES))
-    finally:
-        assert processes_mentioning(str(flwr_home.resolve())) == []
+    for method in METHODS:
+        history = json.loads((output_dir / f"{method}.json").read_text())
+        check_history(history)
+        if method in USER_METRIC_METHODS:
+            assert all(
+                EXAMPLE_TRAIN_METRIC in row for row in history["train"].values()
+            ), method
+    # The example's own train ran on the nodes, at least once per round of
+    # every method (OCS, AOCS and MMFL train every node in their query).
+    partitions = [int(match) for match in TRAIN_LOG.findall(output)]
+    assert len(partitions) >= ROUNDS * len(METHODS), output[-6000:]
+    assert set(partitions) <= set(range(NUM_NODES))
