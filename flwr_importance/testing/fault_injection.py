@@ -24,7 +24,7 @@ from flwr.app import Context, Message, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.common.logger import log
 
-from flwr_importance.clientapps.common import server_round_of
+from flwr_importance.clientapps.messages import server_round_of
 
 #: The fault kinds: an exception, a reply after ``fault-delay``, an empty reply.
 FAULT_KINDS = ("raise", "timeout", "silent")
