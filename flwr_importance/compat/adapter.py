@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from logging import INFO, WARNING
 from typing import Any, ClassVar, cast
@@ -35,6 +36,7 @@ from flwr_importance.compat.transport import (
     record_of,
     reply_from_fit_res,
 )
+from flwr_importance.strategies.replies import ClientSide, ClientSideMissingError
 
 #: Flower's centralized evaluation function of the legacy API.
 EvaluateFn = Callable[[int, NDArrays, ScalarDict], tuple[float, ScalarDict] | None]
@@ -309,9 +311,10 @@ class LegacyStrategyAdapter(FedAvg):
             dict(self.on_fit_config_fn(server_round)) if self.on_fit_config_fn else {}
         )
         grid = ProxyGrid(client_manager, self.max_workers)
-        messages = self.strategy.configure_train(
-            server_round, record_of(parameters), config, grid
-        )
+        with legacy_client_hint():
+            messages = self.strategy.configure_train(
+                server_round, record_of(parameters), config, grid
+            )
         self._sent = {message.metadata.dst_node_id: message for message in messages}
         proxies = proxies_by_node(client_manager)
         instructions = []
@@ -350,7 +353,8 @@ class LegacyStrategyAdapter(FedAvg):
             for node_id, message in self._sent.items()
             if node_id in received
         ]
-        arrays, metrics = self.strategy.aggregate_train(server_round, replies)
+        with legacy_client_hint():
+            arrays, metrics = self.strategy.aggregate_train(server_round, replies)
         round_metrics = legacy_scalars(metrics or {}, "metric")
         if self.fit_metrics_aggregation_fn is not None:
             round_metrics.update(
@@ -362,6 +366,35 @@ class LegacyStrategyAdapter(FedAvg):
                 )
             )
         return parameters_of(arrays) if arrays is not None else None, round_metrics
+
+
+#: The legacy API's client lines, added to a missing client side's error.
+LEGACY_CLIENT_LINES = (
+    "on the legacy API, keep your NumPyClient and wrap its client_fn: "
+    "`ClientApp(client_fn=compat.importance_client_fn(client_fn))` (methods whose "
+    "client reports sizes, update norms or losses), or serve the method with "
+    "`compat.handler_client_fn(task, handlers)`"
+)
+
+
+@contextmanager
+def legacy_client_hint() -> Iterator[None]:
+    """Say a missing client side's fix in the legacy API's terms too.
+
+    A :class:`~flwr_importance.strategies.ClientSideMissingError` raised by
+    the Message-API strategy inside names Message-API client lines; a legacy
+    project's ClientApp is a ``client_fn``, so the error gains its lines.
+    """
+    try:
+        yield
+    except ClientSideMissingError as error:
+        client_side = ClientSide(
+            lines=f"{error.client_side.lines}; {LEGACY_CLIENT_LINES}",
+            docs=error.client_side.docs,
+        )
+        raise ClientSideMissingError(
+            error.method, error.message_type, error.missing, client_side
+        ) from error
 
 
 def _without_layout(metrics: ScalarDict) -> ScalarDict:

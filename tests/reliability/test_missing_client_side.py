@@ -171,6 +171,8 @@ def test_the_legacy_api_with_a_plain_numpy_client_fails_too(
     with pytest.raises(ClientSideMissingError) as raised:
         run_legacy(strategy, manager, num_rounds=2)
     assert raised.value.missing.startswith(missing)
+    # The fix in the legacy project's terms: its own client_fn, wrapped.
+    assert "compat.importance_client_fn(client_fn)" in str(raised.value)
 
 
 #: MD's size query: answered on even partitions, on odd ones the reply a
