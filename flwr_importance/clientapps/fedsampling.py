@@ -60,12 +60,14 @@ from flwr_importance.clientapps._device import (
     unpacked,
 )
 from flwr_importance.clientapps.common import (
-    ClientHandler,
     TaskFactory,
-    config_number,
     received_task,
-    server_round_of,
     task_batches,
+)
+from flwr_importance.clientapps.messages import (
+    ClientHandler,
+    config_number,
+    server_round_of,
 )
 from flwr_importance.clientapps.private_sizes import (
     add_private_size_query,

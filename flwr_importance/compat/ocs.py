@@ -24,7 +24,7 @@ class OptimalClientSampling(LegacyStrategyAdapter):
         Flower's legacy ``FedAvg`` arguments (:class:`LegacyStrategyAdapter`).
     **options
         The other parameters of the Message-API ``OptimalClientSampling``
-        (``approximate``, ``aocs_iterations``, ``server_lr``, ``seed``,
+        (``approximate``, ``uniform``, ``aocs_iterations``, ``server_lr``, ``seed``,
         ``min_available_nodes``, ``query_timeout``).
 
     Client contract
