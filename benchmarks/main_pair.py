@@ -16,6 +16,10 @@ rounds to target with paired bootstrap 95% intervals):
 - OCS against FedAvg (uniform), log-normal client sizes (sigma 1.8),
   logistic regression, 15 rounds.
 
+The pair ``make run`` shows is the one this measurement recommends, by
+:data:`RULE` (:func:`recommended_pair`); the report prints the rule and the
+pair it picked beside the tables.
+
 Usage: ``python -m benchmarks.main_pair [--output-dir DIR]`` (a few minutes
 on 2 cores).
 """
@@ -26,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks.evidence import (
+    ClaimRow,
     Comparison,
     Overrides,
     PaperComparison,
@@ -131,14 +136,60 @@ def descriptions() -> tuple[PaperComparison, PaperComparison]:
     )
 
 
+#: How the pair ``make run`` shows is chosen from the candidates' rows.
+RULE = (
+    "`make run` shows the candidate pair whose ratio of rounds to target has "
+    "its 95% interval furthest below 1 (the smallest upper end) among the "
+    "pairs whose verdict is *as the paper*; when no pair has that verdict, no "
+    "pair is recommended and `make run` keeps its pair, which this section "
+    "then says is not supported by the evidence."
+)
+
+
+def recommended_pair(rows: Sequence[ClaimRow]) -> ClaimRow | None:
+    """The candidate row :data:`RULE` picks, or None when none qualifies.
+
+    Examples
+    --------
+    >>> from benchmarks.evidence import RatioInterval
+    >>> def row(name, low, high):
+    ...     interval = RatioInterval(ratio=(low + high) / 2, low=low, high=high)
+    ...     return ClaimRow(paper="", claim="", comparison=name, method="m",
+    ...                     baseline="b", statistic="rounds to target",
+    ...                     direction="below", interval=interval, data="")
+    >>> recommended_pair([row("a", 0.6, 0.9), row("b", 0.5, 0.8)]).comparison
+    'b'
+    >>> recommended_pair([row("a", 0.6, 1.1)]) is None
+    True
+    """
+    supported = [row for row in rows if row.verdict == "as the paper"]
+    return min(supported, key=lambda row: row.interval.high, default=None)
+
+
+def recommendation(rows: Sequence[ClaimRow]) -> str:
+    """The rule and what it picks from ``rows``, as the report prints it."""
+    picked = recommended_pair(rows)
+    if picked is None:
+        outcome = "No candidate qualifies: `make run`'s pair is not supported here."
+    else:
+        outcome = (
+            f"It picks {picked.method} / {picked.baseline}, *{picked.comparison}*."
+        )
+    return f"{RULE} {outcome}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the candidates; print and write their tables."""
+    """Run the candidates; print and write their tables and the recommendation."""
     _, out = start_benchmark(benchmark_parser("main_pair", __doc__), argv)
     run = run_function(out)
     evaluations = [
         run_comparisons(description, run, full=False) for description in descriptions()
     ]
-    summary = "\n\n".join(evaluation.markdown(level=2) for evaluation in evaluations)
+    rows = [row for evaluation in evaluations for row in evaluation.claim_rows()]
+    summary = "\n\n".join(
+        [recommendation(rows)]
+        + [evaluation.markdown(level=2) for evaluation in evaluations]
+    )
     write_outputs(out, summary, evaluations, claims=False)
     return 0
 
