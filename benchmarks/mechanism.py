@@ -82,6 +82,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from benchmarks import clustered, isfedavg, optimal_sampling, poc
 from benchmarks.evidence import (
     CLAIMS_FILE,
     LEVEL,
@@ -121,7 +122,7 @@ from flwr_importance.sampling import (
 )
 from flwr_importance.strategies.clustered import RepresentativeGradients
 from flwr_importance.strategies.power_of_choice import draw_candidates, select_highest
-from simulations.inprocess import load_preset
+from simulations.inprocess import default_run_config, load_preset
 
 #: The section title of this benchmark in docs/results.md.
 TITLE = "The mechanism: each sampler's aggregate error against full participation"
@@ -618,8 +619,6 @@ class Setting:
 
 def settings(full: bool) -> list[Setting]:
     """The claim benchmarks' settings, quick or ``--full``, as they run them."""
-    from benchmarks import clustered, isfedavg, optimal_sampling, poc
-
     single, multi = optimal_sampling.descriptions(full)
     ocs_shared = dict(single.comparisons[0].shared)
     ocs_m = int(ocs_shared["clients-per-round"])
@@ -739,8 +738,6 @@ def _stages(rounds: int) -> tuple[int, int, int]:
 
 def _app_default(key: str) -> bool | int | float | str:
     """The app's default for run-config ``key``."""
-    from simulations.inprocess import default_run_config
-
     return default_run_config()[key]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +16,11 @@ from benchmarks.mechanism import (
     STATISTIC,
     AggregateError,
     Setting,
+    UnitResult,
+    claim_rows,
     clustered_by_similarity,
     clustered_by_size,
+    comparison_rows,
     error_ratio,
     evaluate_setting,
     full_participation,
@@ -279,6 +283,37 @@ def test_error_ratio_of_equal_errors_is_no_effect() -> None:
 def test_error_ratio_needs_paired_rounds() -> None:
     with pytest.raises(ValueError, match="one error per captured round"):
         error_ratio(errors([1.0]), errors([1.0, 2.0]))
+
+
+def test_rows_per_stage_and_pooled_and_claims_only_where_claimed() -> None:
+    units = [
+        UnitResult(seed, stage, server_round, {"a": errors([1.0]), "b": errors([2.0])})
+        for seed in (0, 1)
+        for stage, server_round in zip(STAGES, (2, 5, 9), strict=True)
+    ]
+    claimed = Setting(
+        name="S",
+        paper="p",
+        claim="c",
+        data="d",
+        overrides={},
+        run="r",
+        rounds=(2, 5, 9),
+        participation=1,
+        samplers={"a": md(1), "b": md(1)},
+        comparisons=(("a", "b"),),
+    )
+    rows = comparison_rows(claimed, units)
+    assert [row.stage for row in rows] == [*STAGES, POOLED]
+    assert [len(row.method_errors) for row in rows] == [2, 2, 2, 6]
+    assert rows[-1].rounds == (2, 5, 9)
+    assert {row.verdict for row in rows} == {"as the paper"}
+    (claim,) = claim_rows(claimed, rows, seeds=2)
+    assert claim.main and claim.seeds == 2 and claim.comparison.endswith("2, 5, 9")
+    unclaimed = replace(claimed, claimed=False)
+    rows = comparison_rows(unclaimed, units)
+    assert {row.verdict for row in rows} == {"lower"}
+    assert claim_rows(unclaimed, rows, seeds=2) == []
 
 
 def test_capture_returns_every_clients_update_at_the_requested_rounds() -> None:
