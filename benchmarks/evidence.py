@@ -440,6 +440,28 @@ POWER_STANDARD_ERRORS = 2.8
 POWER_TARGET = 0.2
 
 
+def seeds_for_power(
+    effect: float, seeds: int, target: float = POWER_TARGET
+) -> int | None:
+    """About how many seeds detect ``target`` where ``seeds`` detect ``effect``.
+
+    The standard error of the log ratio falls as ``1 / sqrt(seeds)``, so the
+    seeds grow by ``(log(1 + effect) / log(1 + target))^2``; None where the
+    effect is infinite (no standard error to scale).
+
+    Examples
+    --------
+    >>> seeds_for_power(0.59, 20)
+    130
+    >>> seeds_for_power(0.1, 20), seeds_for_power(float("inf"), 20)
+    (20, None)
+    """
+    if not np.isfinite(effect):
+        return None
+    factor = (np.log1p(effect) / np.log1p(target)) ** 2
+    return max(seeds, math.ceil(seeds * factor))
+
+
 def bootstrap_p_value(lowest: Any, highest: Any) -> float:
     """The smallest level whose paired bootstrap interval excludes 1, two-sided.
 
@@ -1682,12 +1704,26 @@ class Evaluation:
         baseline = next(
             item.baseline for item in description.comparisons if item.name == main[0]
         )
-        return (
+        text = (
             f"The main row ({main[1]} / {baseline}, *{main[0]}*) is powered: "
             f"{rule}; the other rows keep the {len(description.reported_seeds)} "
             "reported seeds, and `--full` powers them too. Each ratio pairs a "
             "method's seeds with the same seeds of the baseline."
         )
+        row = next(row for row in self.claim_rows() if row.main)
+        effect = row.detectable_effect
+        if row.seeds is not None and effect is not None and effect > POWER_TARGET:
+            needed = seeds_for_power(effect, row.seeds)
+            text += (
+                f" It stopped at {row.seeds} seeds with a detectable effect of "
+                f"{effect_text(effect)}; "
+                + (
+                    f"{target} would take about {needed} seeds."
+                    if needed is not None
+                    else "its resamples give no finite standard error to scale."
+                )
+            )
+        return text
 
     def markdown(self, level: int = 2) -> str:
         """The section: the claim, the data, one table per comparison, verdicts.

@@ -387,6 +387,8 @@ def test_quick_mode_powers_the_main_row_only_and_says_so() -> None:
     text = evaluation.markdown()
     assert "The main row (loud / base, *first*) is powered" in text
     assert "`--full` powers them too" in text
+    assert "It stopped at 11 seeds with a detectable effect of" in text
+    assert "20% would take about" in text
     assert "| seeds |" in text and "detectable effect" in text
 
 
