@@ -427,7 +427,7 @@ def paired_ratio_interval(
         low,
         high,
         bound,
-        p_value=bootstrap_p_value(lowest, highest),
+        p_value=bootstrap_p_value(lowest, highest, seeds=values.size),
         detectable_effect=detectable_effect(point),
     )
 
@@ -462,7 +462,7 @@ def seeds_for_power(
     return max(seeds, math.ceil(seeds * factor))
 
 
-def bootstrap_p_value(lowest: Any, highest: Any) -> float:
+def bootstrap_p_value(lowest: Any, highest: Any, *, seeds: int | None = None) -> float:
     """The smallest level whose paired bootstrap interval excludes 1, two-sided.
 
     The interval at level ``1 - a`` is the ``a/2`` quantile of ``lowest`` to
@@ -473,17 +473,23 @@ def bootstrap_p_value(lowest: Any, highest: Any) -> float:
     resamples never gives 0.
 
     This, rather than a sign-flip permutation test on per-seed log ratios,
-    because it is the test the interval shown inverts: a row's p-value is below
-    5% exactly when its 95% interval excludes 1, misses (the worst-case ends)
-    included, and the statistic is the ratio of medians the table prints. A
-    sign-flip test on 5 seeds cannot go below ``2 / 2^5 = 6.25%``, so no row of
-    quick mode could ever pass Holm's step.
+    because it is the test the interval shown inverts: misses enter through
+    the same worst-case ends, the statistic is the ratio of medians the table
+    prints, and a p-value below 5% means the 95% interval excludes 1. But few
+    seeds make the bootstrap's tails too thin (5 seeds all on one side give
+    no resample on the other), so the p-value is never below ``2^(1 - n)``
+    for ``n`` seeds: the smallest any test that treats the paired seeds' signs
+    as exchangeable can give (6.25% at 5 seeds, 0.78% at 8). A claim is then
+    decided by rows with the seeds to decide it: its powered main row, not 5
+    seeds whose every resample agrees.
 
     Parameters
     ----------
     lowest, highest : array_like
         Per resample, the ratio with misses at their most favourable and least
         favourable to the method (both equal when nothing missed).
+    seeds : int, optional
+        The number of paired seeds resampled; the floor above. None: no floor.
 
     Returns
     -------
@@ -495,6 +501,8 @@ def bootstrap_p_value(lowest: Any, highest: Any) -> float:
     >>> ratios = np.linspace(0.5, 0.99, 99)
     >>> round(bootstrap_p_value(ratios, ratios), 2)
     0.02
+    >>> bootstrap_p_value(ratios, ratios, seeds=5)
+    0.0625
     >>> bootstrap_p_value(np.linspace(0.5, 1.5, 99), np.linspace(0.5, 1.5, 99))
     1.0
     """
@@ -502,7 +510,8 @@ def bootstrap_p_value(lowest: Any, highest: Any) -> float:
     at_least_one = int(np.sum(~(high_side < 1)))
     at_most_one = int(np.sum(~(low_side > 1)))
     count = min(at_least_one, at_most_one)
-    return float(min(1.0, 2 * (count + 1) / (high_side.size + 1)))
+    floor = 0.0 if seeds is None else 2.0 ** (1 - seeds)
+    return float(min(1.0, max(floor, 2 * (count + 1) / (high_side.size + 1))))
 
 
 def detectable_effect(ratios: Any) -> float:

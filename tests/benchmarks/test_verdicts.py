@@ -86,7 +86,8 @@ def test_pairing_removes_the_spread_the_seeds_share() -> None:
     baseline = np.geomspace(1, 100, 8)
     paired = paired_ratio_interval(0.8 * baseline, baseline)
     assert paired.detectable_effect == pytest.approx(0.0, abs=1e-9)
-    assert paired.p_value == pytest.approx(SMALLEST_P)
+    # Every resample is below 1; 8 seeds floor the p-value at 2^-7.
+    assert paired.p_value == pytest.approx(2.0**-7)
     # The same per-seed noise of +-10% in the log ratio: the detectable effect
     # is about 2.8 bootstrap SEs of the median log ratio, and 4x the seeds
     # halve it (SE ~ 1 / sqrt(n)).
@@ -108,6 +109,17 @@ def test_the_p_value_counts_the_resamples_on_the_far_side_of_1() -> None:
     assert bootstrap_p_value(below, high) == pytest.approx(0.05)
     mixed = np.linspace(0.5, 1.5, 999)
     assert bootstrap_p_value(mixed, mixed) == 1.0
+
+
+def test_few_seeds_floor_the_p_value_at_the_sign_flip_minimum() -> None:
+    # 5 seeds all at 0.8x: no resample reaches 1, yet 5 signs cannot say more
+    # than 2 / 2^5.
+    five = paired_ratio_interval([8, 16, 24, 32, 40], [10, 20, 30, 40, 50])
+    assert five.high < 1 and five.p_value == 2 / 2**5
+    twenty = paired_ratio_interval(0.8 * np.arange(1, 21), np.arange(1, 21))
+    assert twenty.p_value == pytest.approx(SMALLEST_P)
+    # So a claim of 5-seed rows cannot pass Holm's step, however clear.
+    assert claim_verdict([row(0.8, 0.8, 0.8, five.p_value)]) != "as the paper"
 
 
 def test_a_p_value_below_5_percent_means_the_interval_excludes_1() -> None:
