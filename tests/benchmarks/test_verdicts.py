@@ -8,12 +8,15 @@ extension at an edge, the powered main row and seeds run in worker processes.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from benchmarks.evidence import (
+    CLAIMS_FILE,
     MAX_GRID_EXTENSIONS,
     POWER_STANDARD_ERRORS,
     POWER_TARGET,
@@ -32,9 +35,11 @@ from benchmarks.evidence import (
     final_value,
     holm_survivors,
     paired_ratio_interval,
+    read_claims,
     run_comparisons,
     tune_learning_rate,
     verdict,
+    write_claims,
 )
 
 SMALLEST_P = 2 / (RESAMPLES + 1)
@@ -432,3 +437,30 @@ def test_seeds_run_in_worker_processes_give_the_same_numbers() -> None:
     assert side_by_side.to_json() == alone.to_json()
     with pytest.raises(ValueError, match="workers"):
         run_comparisons(description, noisy_run, full=False, workers=3)
+
+
+# -- claims.json --------------------------------------------------------------------
+def test_claim_rows_keep_their_new_fields_through_claims_json(tmp_path: Path) -> None:
+    powered = dataclasses.replace(row(0.7, 0.5, 0.95, 0.004), main=True, seeds=14)
+    powered = dataclasses.replace(
+        powered,
+        interval=dataclasses.replace(powered.interval, detectable_effect=0.18),
+    )
+    path = tmp_path / CLAIMS_FILE
+    write_claims(path, [powered, row(1.0, 0.9, 1.1, None)])
+    assert read_claims(path) == [powered, row(1.0, 0.9, 1.1, None)]
+    # A file written before these fields existed still reads, with defaults.
+    old = {
+        key: value
+        for key, value in powered.to_json().items()
+        if key not in {"p_value", "detectable_effect", "main", "seeds"}
+    }
+    path.write_text(json.dumps([old]))
+    (read,) = read_claims(path)
+    assert (read.p_value, read.detectable_effect, read.main, read.seeds) == (
+        None,
+        None,
+        False,
+        None,
+    )
+    assert read.verdict == "as the paper"
