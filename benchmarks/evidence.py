@@ -438,6 +438,8 @@ POWER_STANDARD_ERRORS = 2.8
 #: The detectable effect a comparison should reach (rule 7 of the evidence
 #: rules): seeds rise until it is at most this share.
 POWER_TARGET = 0.2
+#: The family-wise error rate of a claim's rows (Holm's step-down).
+FAMILY_LEVEL = 0.05
 
 
 def seeds_for_power(
@@ -460,6 +462,20 @@ def seeds_for_power(
         return None
     factor = (np.log1p(effect) / np.log1p(target)) ** 2
     return max(seeds, math.ceil(seeds * factor))
+
+
+def decisive_seeds(rows: int, *, level: float = FAMILY_LEVEL) -> int:
+    """The fewest seeds whose p-value floor passes Holm's first step over ``rows``.
+
+    :func:`bootstrap_p_value` is never below ``2^(1 - n)`` for ``n`` seeds,
+    and Holm's first step needs ``p <= level / rows``.
+
+    Examples
+    --------
+    >>> decisive_seeds(1), decisive_seeds(3), decisive_seeds(6)
+    (6, 7, 8)
+    """
+    return 1 + math.ceil(math.log2(max(rows, 1) / level))
 
 
 def bootstrap_p_value(lowest: Any, highest: Any, *, seeds: int | None = None) -> float:
@@ -574,8 +590,6 @@ NO_EFFECT_MARGIN = 0.01
 #: The widest no-effect bound a verdict reports (rule 7): an interval that
 #: meets 1 but reaches further from it says nothing.
 NO_EFFECT_LIMIT = 0.2
-#: The family-wise error rate of a claim's rows (Holm's step-down).
-FAMILY_LEVEL = 0.05
 #: How a no-effect verdict begins (the bound follows).
 NO_EFFECT = "no effect larger than"
 
@@ -1408,11 +1422,19 @@ def _powered_seeds(
     target: float,
     runner: _Runner,
 ) -> tuple[int, ...]:
-    """The reported seeds, and more until the row detects a 20% effect or the cap."""
+    """The reported seeds, and more until the row can decide its claim, or the cap.
+
+    A row can decide once it detects a 20% effect (:data:`POWER_TARGET`) and
+    has the seeds (:func:`decisive_seeds`) for its p-value to pass Holm's
+    step over the claim's rows.
+    """
     seeds = list(description.reported_seeds)
     taken = {*seeds, *description.tuning_seeds}
     fresh = (seed for seed in itertools.count(max(seeds) + 1) if seed not in taken)
     statistic = 0 if description.statistic == "rounds to target" else 1
+    least = decisive_seeds(
+        sum(len(comparison.claimed) for comparison in description.comparisons)
+    )
     while len(seeds) < description.powered_seeds:
         interval = _ratios(
             description,
@@ -1421,7 +1443,7 @@ def _powered_seeds(
             target,
         )[statistic]
         effect = interval.detectable_effect
-        if effect is not None and effect <= POWER_TARGET:
+        if effect is not None and effect <= POWER_TARGET and len(seeds) >= least:
             break
         batch = [
             next(fresh)
@@ -1702,9 +1724,13 @@ class Evaluation:
                 f"No row adds seeds for power here; each row's detectable effect "
                 f"(80% power, two-sided 5%) is shown beside it ({target} is the aim)."
             )
+        rows = sum(len(item.claimed) for item in description.comparisons)
         rule = (
             f"seeds are added two at a time, up to {description.powered_seeds}, "
-            f"while its detectable effect (80% power, two-sided 5%) is above {target}"
+            f"while its detectable effect (80% power, two-sided 5%) is above "
+            f"{target} or it has fewer than {decisive_seeds(rows)} seeds (the "
+            f"fewest whose p-value can pass Holm's step over the claim's {rows} "
+            "rows)"
         )
         if self.full:
             return f"Every row is powered: {rule}."

@@ -616,7 +616,8 @@ CLAIMS_INTRO = (
     "holds and none on the other, *unlike the paper* in the mirror case, "
     "*mixed* if both, else its tightest no-effect bound or *inconclusive*. The "
     "main row of each claim is powered in quick mode (seeds added until it "
-    "detects a 20% effect, or its benchmark's cap); the other rows keep their "
+    "detects a 20% effect and has the seeds for its p-value to pass Holm's "
+    "step, or its benchmark's cap); the other rows keep their "
     "benchmark's reported seeds, which `--full` raises. A final value is the "
     "mean over the last 10% of rounds (at least 3). ≤/≥: seeds that missed the "
     "target (counted as one round past the last) make the ratio a bound."
@@ -663,7 +664,8 @@ def render_results(
         "for the same seeds; the timing section varies between runs and machines.",
         "",
         "Quick mode powers each claim's main row (seeds added until it detects "
-        "a 20% effect, up to its benchmark's cap) and keeps the other rows at "
+        "a 20% effect and can pass Holm's step, up to its benchmark's cap) and "
+        "keeps the other rows at "
         "their benchmark's reported seeds; `python -m benchmarks.report --full` "
         "runs the papers' rounds and local work and powers every row, in "
         f"{FULL_MODE_TIME}.",

@@ -31,6 +31,7 @@ from benchmarks.evidence import (
     TargetRule,
     bootstrap_p_value,
     claim_verdict,
+    decisive_seeds,
     detectable_effect,
     final_value,
     holm_survivors,
@@ -413,10 +414,12 @@ def test_a_row_stops_adding_seeds_once_it_detects_20_percent() -> None:
     description = power_description(powered_seeds=30, main_row=("first", "quiet"))
     quiet = run_comparisons(description, noisy_run, full=False).outcomes[0]
     outcome = quiet.methods["quiet"]
-    # The quiet row detects 20% with the reported seeds: nothing added.
+    # The quiet row detects 20% with the reported seeds, but 5 seeds floor its
+    # p-value at 2^-4, above Holm's 0.05 / 3: it stops at 7 seeds.
     assert outcome.rounds_ratio.detectable_effect is not None
     assert outcome.rounds_ratio.detectable_effect <= POWER_TARGET
-    assert outcome.seeds == REPORTED_SEEDS
+    assert decisive_seeds(3) == 7
+    assert outcome.seeds == (*REPORTED_SEEDS, 5, 6)
 
 
 def test_full_mode_powers_every_row() -> None:
