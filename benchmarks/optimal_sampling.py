@@ -119,9 +119,9 @@ def descriptions(full: bool) -> tuple[PaperComparison, PaperComparison]:
         "target": TargetRule(fraction=0.9),
         "tuning_seeds": TUNING_SEEDS,
         "reported_seeds": tuple(range(10 if full else 5)),
-        # A run takes about 3 s: the main rows (OCS, MMFL-gradnorm) may rise
-        # to 10 seeds in quick mode.
-        "powered_seeds": 20 if full else 10,
+        # A run takes about 4 s: the main rows (OCS, MMFL-gradnorm) may rise
+        # to 8 seeds in quick mode.
+        "powered_seeds": 20 if full else 8,
     }
     clients = 100 if full else 40
     single = PaperComparison(
