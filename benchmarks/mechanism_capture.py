@@ -19,7 +19,10 @@ Both steps run the library's real code on the in-process grid:
    (``clientapps.common.round_generators``), so each node computes the update
    it would compute in round ``t`` of the run; the evaluate reply's ``loss`` is
    the loss a ``query.loss`` would report (``loss_query_handler`` wraps the
-   same evaluate handler).
+   same evaluate handler). An ISFedAvg run's clients train with its own
+   ClientApp instead, from the messages a copy of its strategy builds when it
+   selects every node (each node's ``E_k``, ``B_k``, ``p_k = 1/K``); its
+   stored client probabilities at the round are kept too.
 
 A run training several models (``strategy = "mmfl"``) gives one capture per
 model, its task's run config serving the full-participation round (MMFL's
