@@ -296,7 +296,7 @@ class RatioInterval:
     detectable_effect: float | None = None
 
     def text(self) -> str:
-        """``0.82 [0.70, 0.95]``, with ``≥``/``≤`` for a bound, ``n/a`` for NaN.
+        """``<ratio> [<low>, <high>]``, with ``≥``/``≤`` for a bound, ``n/a`` for NaN.
 
         Examples
         --------

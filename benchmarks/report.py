@@ -593,7 +593,7 @@ def _row_name(row: ClaimRow) -> str:
 
 
 def _change_text(row: ClaimRow) -> str:
-    """A row and its change in per cent: ``..., 33% lower (0.67 [0.56, 0.75])``."""
+    """A row and its change, ``<n>% lower (<ratio> [<low>, <high>])``."""
     ratio = row.interval.ratio
     change = f"{abs(1 - ratio):.0%} {'lower' if ratio < 1 else 'higher'}"
     return f"{_row_name(row)}, {change} ({row.interval.text()})"
