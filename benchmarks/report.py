@@ -15,7 +15,10 @@ Steps:
 1. every module of ``benchmarks/`` with a ``main(argv)`` (this one, the harness
    and the package aside) runs in its own process as
    ``python -m benchmarks.<name> [--full] --output-dir outputs/benchmarks/<name>``;
-   its output goes to ``log.txt`` there, its ``summary.md`` into the report;
+   its output goes to ``log.txt`` there, its ``summary.md`` into the report.
+   The convergence benchmarks that run in one process go two at a time (their
+   numbers depend on seeds only); the timings, and the benchmarks that run
+   their seeds on both cores themselves, run alone;
 2. each method's headline preset runs once through a real ``flwr run``
    (:func:`flwr_importance.launcher.flwr_run`, a few rounds) and once in process
    with the same run config, side by side;
@@ -42,6 +45,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
@@ -79,6 +83,12 @@ TIMING_BENCHMARKS = (
     "import_time",
     "deployment_overhead",
 )
+#: Benchmarks that run seeds in worker processes of their own (both cores):
+#: they run alone, as the timings do.
+MULTIPROCESS_BENCHMARKS = ("isfedavg", "mechanism")
+#: The others (convergence in one process each) run two at a time on the two
+#: cores: their numbers depend on seeds only, never on timing.
+PAIRED_WORKERS = 2
 README_START = "<!-- results:start -->"
 README_END = "<!-- results:end -->"
 #: Any generated block in a hand-written file: ``<!-- NAME:start -->`` to
@@ -180,6 +190,34 @@ def run_benchmark(name: str, output_root: Path, full: bool) -> BenchmarkRun:
     run.returncode = completed.returncode
     print(f"{name}: {run.seconds:.0f} s, exit status {run.returncode}", flush=True)
     return run
+
+
+def paired(name: str) -> bool:
+    """Whether benchmark ``name`` may share the machine with another one.
+
+    Timings need the machine to themselves, and so do the benchmarks that
+    already run their seeds on both cores.
+    """
+    return name not in TIMING_BENCHMARKS and name not in MULTIPROCESS_BENCHMARKS
+
+
+def run_benchmarks(
+    names: Sequence[str], output_root: Path, full: bool
+) -> dict[str, BenchmarkRun]:
+    """Run ``names``: the :func:`paired` ones two at a time, then the rest alone."""
+    shared = [name for name in names if paired(name)]
+    with ThreadPoolExecutor(max_workers=PAIRED_WORKERS) as pool:
+        runs = dict(
+            zip(
+                shared,
+                pool.map(lambda name: run_benchmark(name, output_root, full), shared),
+                strict=True,
+            )
+        )
+    for name in names:
+        if name not in runs:
+            runs[name] = run_benchmark(name, output_root, full)
+    return runs
 
 
 def final_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
@@ -869,13 +907,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     replace_readme_section(args.readme.read_text(), "")
     started = time.perf_counter()
     output_root: Path = args.output_dir.resolve()
-    runs = [
-        run_benchmark(name, output_root, args.full)
-        if args.only is None or name in args.only
-        else BenchmarkRun(name, output_root / name)
+    names = [
+        name
         for name in discover_benchmarks()
         if args.full or name not in FULL_ONLY_BENCHMARKS
     ]
+    ran = run_benchmarks(
+        [name for name in names if args.only is None or name in args.only],
+        output_root,
+        args.full,
+    )
+    runs = [ran.get(name) or BenchmarkRun(name, output_root / name) for name in names]
     saved = output_root / CONFIRMATIONS_FILE
     if args.skip_flwr_run:
         confirmations = load_confirmations(saved)

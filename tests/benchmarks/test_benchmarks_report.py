@@ -383,3 +383,40 @@ def test_no_claims_say_so() -> None:
     assert claim_table([], results_link="") == (
         "No benchmark wrote claim rows (`claims.json`)."
     )
+
+
+def test_convergence_benchmarks_run_two_at_a_time_and_timings_alone(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import threading
+    import time
+
+    from benchmarks import report
+
+    running: set[str] = set()
+    overlaps: dict[str, set[str]] = {}
+    most_at_once = [0]
+    lock = threading.Lock()
+
+    def fake(name: str, output_root: Path, full: bool) -> BenchmarkRun:
+        with lock:
+            overlaps[name] = set(running)
+            running.add(name)
+            most_at_once[0] = max(most_at_once[0], len(running))
+            for other in running - {name}:
+                overlaps[other].add(name)
+        time.sleep(0.05)
+        with lock:
+            running.discard(name)
+        return BenchmarkRun(name, output_root / name, seconds=0.05)
+
+    monkeypatch.setattr(report, "run_benchmark", fake)
+    names = ["clustered", "folb", "poc", "isfedavg", "server_overhead"]
+    runs = report.run_benchmarks(names, tmp_path, full=False)
+    assert sorted(runs) == sorted(names)
+    assert not report.paired("server_overhead") and not report.paired("isfedavg")
+    # The timing and the multi-process benchmarks shared the machine with none.
+    assert overlaps["server_overhead"] == set() and overlaps["isfedavg"] == set()
+    # Convergence benchmarks did, never more than two at once.
+    assert any(overlaps[name] for name in ("clustered", "folb", "poc"))
+    assert most_at_once[0] == report.PAIRED_WORKERS
