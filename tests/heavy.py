@@ -3,8 +3,11 @@
 A deployment of SuperLink and SuperNodes, a two-node Ray cluster and 1,000
 virtual SuperNodes each start many processes at once; on two cores, two of
 them side by side took 300-320 s each and starved Ray's start-up in the tests
-beside them. Their tests hold :func:`heavy_run_slot` while they run (the
-``heavy_run`` fixture of ``tests/conftest.py``).
+beside them. The example apps' runs of every method in one ``flwr run`` load
+Ray for minutes: beside the deployment its SuperLink's database locked and
+the run failed, so they take turns too. Their tests hold
+:func:`heavy_run_slot` while they run (the ``heavy_run`` fixture of
+``tests/conftest.py``).
 (``--dist loadgroup`` would do it, but with pytest 9.2 xdist's groups no
 longer take effect: pytest-dev/pytest-xdist#1386.)
 """

@@ -106,6 +106,9 @@ def run_example(tmp_path: Path) -> Iterator[ExampleRun]:
 
 
 @pytest.mark.slow
+# Every method in one run: minutes of Ray load, which beside a deployment
+# starved the SuperLink (its database locked, the run failed): a heavy run.
+@pytest.mark.usefixtures("heavy_run")
 def test_quickstart_example_runs_every_method_in_one_run(tmp_path: Path) -> None:
     """One ``flwr run`` of every method: each round evaluated, the example's train ran.
 

@@ -36,6 +36,9 @@ KEPT_UPDATE_METHODS = {"ocs", "aocs"}
 
 
 @pytest.mark.slow
+# Every method in one run: minutes of Ray load, which beside a deployment
+# starved the SuperLink (its database locked, the run failed): a heavy run.
+@pytest.mark.usefixtures("heavy_run")
 def test_every_method_runs_the_numpyclient_example_under_flwr_run(
     tmp_path: Path,
 ) -> None:

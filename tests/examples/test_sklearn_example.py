@@ -159,6 +159,9 @@ def test_method_trains_with_the_example_train_in_process(
 
 
 @pytest.mark.slow
+# Every method in one run: minutes of Ray load, which beside a deployment
+# starved the SuperLink (its database locked, the run failed): a heavy run.
+@pytest.mark.usefixtures("heavy_run")
 def test_one_flwr_run_runs_every_method(tmp_path: Path) -> None:
     output, output_dir = run_methods(
         EXAMPLE_DIR,
