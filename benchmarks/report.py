@@ -17,11 +17,11 @@ Steps:
    ``python -m benchmarks.<name> [--full] --output-dir outputs/benchmarks/<name>``;
    its output goes to ``log.txt`` there, its ``summary.md`` into the report.
    The convergence benchmarks that run in one process go two at a time (their
-   numbers depend on seeds only); the timings, and the benchmarks that run
-   their seeds on both cores themselves, run alone;
+   numbers depend on seeds only), longest first; the timings, and the
+   benchmarks that run their seeds on both cores themselves, run alone;
 2. each method's headline preset runs once through a real ``flwr run``
    (:func:`flwr_importance.launcher.flwr_run`, a few rounds) and once in process
-   with the same run config, side by side;
+   with the same run config, side by side, two presets at a time;
 3. ``docs/results.md`` is written: a header (date, versions, machine), the
    claim table (every benchmark's ``claims.json`` rows, see
    :mod:`benchmarks.evidence`), the convergence results (the same for the
@@ -111,6 +111,8 @@ MECHANISM_STATISTIC = "aggregate"
 HEADLINE_PRESETS = {spec.strategy.__name__: spec.headline_preset for spec in methods()}
 FLWR_RUN_TIMEOUT = 300.0
 CONFIRMATIONS_FILE = "flwr_run_confirmations.json"
+#: Where a benchmark's run time is kept, to order the next report's runs.
+SECONDS_FILE = "seconds.txt"
 IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+\.png)\)")
 HEADING = re.compile(r"^(#+) ")
 
@@ -188,6 +190,7 @@ def run_benchmark(name: str, output_root: Path, full: bool) -> BenchmarkRun:
         )
     run.seconds = time.perf_counter() - start
     run.returncode = completed.returncode
+    (run.output_dir / SECONDS_FILE).write_text(f"{run.seconds:.1f}\n")
     print(f"{name}: {run.seconds:.0f} s, exit status {run.returncode}", flush=True)
     return run
 
@@ -201,11 +204,24 @@ def paired(name: str) -> bool:
     return name not in TIMING_BENCHMARKS and name not in MULTIPROCESS_BENCHMARKS
 
 
+def last_seconds(name: str, output_root: Path) -> float:
+    """How long benchmark ``name`` took when it last ran here (inf: unknown)."""
+    path = output_root / name / SECONDS_FILE
+    return float(path.read_text()) if path.is_file() else float("inf")
+
+
 def run_benchmarks(
     names: Sequence[str], output_root: Path, full: bool
 ) -> dict[str, BenchmarkRun]:
-    """Run ``names``: the :func:`paired` ones two at a time, then the rest alone."""
-    shared = [name for name in names if paired(name)]
+    """Run ``names``: the :func:`paired` ones two at a time, then the rest alone.
+
+    The paired ones start longest first (by their last run here), so that the
+    two workers finish close together.
+    """
+    shared = sorted(
+        (name for name in names if paired(name)),
+        key=lambda name: -last_seconds(name, output_root),
+    )
     with ThreadPoolExecutor(max_workers=PAIRED_WORKERS) as pool:
         runs = dict(
             zip(
@@ -903,11 +919,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         confirmations = load_confirmations(saved)
     else:
         rounds = 10 if args.full else 3
-        with tempfile.TemporaryDirectory(prefix="flwr-report-") as work_dir:
-            confirmations = [
-                confirm_headline(method, preset, rounds, Path(work_dir))
-                for method, preset in HEADLINE_PRESETS.items()
-            ]
+        # Two at a time: each run spends most of its time starting processes.
+        with (
+            tempfile.TemporaryDirectory(prefix="flwr-report-") as work_dir,
+            ThreadPoolExecutor(max_workers=PAIRED_WORKERS) as pool,
+        ):
+            confirmations = list(
+                pool.map(
+                    lambda method, preset: confirm_headline(
+                        method, preset, rounds, Path(work_dir)
+                    ),
+                    HEADLINE_PRESETS.keys(),
+                    HEADLINE_PRESETS.values(),
+                )
+            )
         saved.write_text(json.dumps([asdict(item) for item in confirmations]))
     reused = [run.name for run in runs if run.seconds is None]
     if args.skip_flwr_run:
