@@ -1,14 +1,16 @@
 """docs/methods.md is the catalogue of methods: every registry method is in it,
 and its "Use it" snippets run as written (both APIs).
 
-The README points there instead of listing the methods, so a new method's
-declaration (``flwr_importance/registry.py``) is checked against this page
-alone.
+The README's method table (one row per declaration of
+``flwr_importance/registry.py``) links each method's section here, and every
+relative link of the README, of ``CONTRIBUTING.md`` and of the ``docs/`` pages
+resolves, #anchors included (GitHub's anchor rules).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import itertools
 import re
 from pathlib import Path
@@ -158,10 +160,126 @@ def test_every_row_is_a_method() -> None:
     assert listed == declared
 
 
-def test_readme_links_the_catalogue_and_its_links_resolve() -> None:
+def test_readme_links_the_catalogue() -> None:
     readme = README.read_text()
     assert "(docs/methods.md)" in readme
     # The snippets live in docs/methods.md only.
     assert not re.search(rf"```python\n(?:{MESSAGE}|{LEGACY})", readme)
-    for target in re.findall(r"\]\((?!https?://|#)([^)#]+)", readme):
-        assert (ROOT / target).exists(), f"README links to a missing {target}"
+
+
+#: The pages whose relative links must resolve: the README, every docs page
+#: and the contributor guide.
+LINKED_PAGES = [README, ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCED = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
+INLINE_CODE = re.compile(r"`[^`\n]*`")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*$", re.M)
+HTML_ANCHOR = re.compile(r"<a\s+(?:id|name)=\"([^\"]+)\"")
+
+
+def prose(text: str) -> str:
+    """``text`` without fenced code blocks (their ``#`` lines are no headings)."""
+    return FENCED.sub("", text)
+
+
+@functools.cache
+def anchors(path: Path) -> frozenset[str]:
+    """Every anchor GitHub gives ``path``: its headings' and its HTML anchors.
+
+    A heading's link text counts, not its target; a repeated heading's anchor
+    gets ``-1``, ``-2``, ... as on GitHub.
+    """
+    text = prose(path.read_text())
+    found, seen = set(HTML_ANCHOR.findall(text)), dict[str, int]()
+    for match in HEADING.finditer(text):
+        base = anchor(re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", match.group(1)))
+        count = seen.get(base, 0)
+        seen[base] = count + 1
+        found.add(f"{base}-{count}" if count else base)
+    return frozenset(found)
+
+
+def relative_links(path: Path) -> list[str]:
+    """The links of ``path`` to files of the repository, outside any code."""
+    text = INLINE_CODE.sub("", prose(path.read_text()))
+    return [
+        target
+        for target in LINK.findall(text)
+        if not re.match(r"[a-z][a-z+.-]*:", target)  # https:, mailto: ...
+    ]
+
+
+def test_the_anchor_rules_are_githubs() -> None:
+    assert anchor("5. Optimal client sampling (OCS, AOCS)") == (
+        "5-optimal-client-sampling-ocs-aocs"
+    )
+    assert anchor("The mechanism: each sampler's error") == (
+        "the-mechanism-each-samplers-error"
+    )
+    assert anchor("`make run` and the launcher") == "make-run-and-the-launcher"
+
+
+@pytest.mark.parametrize("page", LINKED_PAGES, ids=lambda p: p.name)
+def test_relative_links_and_anchors_resolve(page: Path) -> None:
+    for target in relative_links(page):
+        path, _, fragment = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        assert linked.exists(), f"{page.name} links to a missing {target}"
+        if fragment and linked.suffix == ".md":
+            assert fragment in anchors(linked), (
+                f"{page.name} links to {target}: no such heading in {linked.name}"
+            )
+
+
+def test_every_docs_page_is_one_click_from_the_readme() -> None:
+    linked = {
+        (ROOT / target.partition("#")[0]).resolve() for target in relative_links(README)
+    }
+    unlinked = [
+        page.name for page in sorted((ROOT / "docs").glob("*.md")) if page not in linked
+    ]
+    assert unlinked == [], f"the README links no {unlinked}"
+
+
+def readme_table_rows() -> list[list[str]]:
+    """The cells of the rows of the README's method table (under ``## Methods``)."""
+    text = README.read_text().split("\n## Methods\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in text.splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows][2:]
+
+
+@pytest.mark.parametrize("spec", methods(), ids=lambda spec: spec.name)
+def test_the_readme_table_has_every_method(spec: MethodSpec) -> None:
+    name = spec.strategy.__name__
+    rows = [row for row in readme_table_rows() if f"`{name}`" in row[2]]
+    assert len(rows) == 1, f"the README's method table has no single row for {name}"
+    (row,) = rows
+    assert re.findall(r"`([\w-]+)`", row[3]) == list(spec.app_names)
+    links = re.findall(r"\]\(docs/methods\.md#([\w-]+)\)", row[-1])
+    assert len(links) == 1, row[-1]
+    assert name in sections().get(links[0], ""), f"{name}'s row: #{links[0]}"
+
+
+def test_every_readme_row_is_a_method() -> None:
+    declared = {spec.strategy.__name__ for spec in methods()}
+    listed = {re.findall(r"`(\w+)`", row[2])[0] for row in readme_table_rows()}
+    assert listed == declared
+
+
+def test_the_readme_snippet_imports_what_exists() -> None:
+    code = "\n".join(re.findall(r"^```\w*\n(.*?)^```", README.read_text(), re.M | re.S))
+    imports = re.findall(r"^[+ ]?from (flwr_importance[\w.]*) import (.+)$", code, re.M)
+    assert imports, "the README's snippet imports nothing from flwr_importance"
+    for module, names in imports:
+        for name in names.split(","):
+            assert hasattr(importlib.import_module(module), name.strip()), (
+                f"the README imports {name.strip()} from {module}, which has none"
+            )
+
+
+@pytest.mark.parametrize(
+    "page", [page for page in LINKED_PAGES if page != METHODS_DOC], ids=lambda p: p.name
+)
+def test_python_blocks_of_the_other_pages_compile(page: Path) -> None:
+    for code in PYTHON_BLOCK.findall(page.read_text()):
+        compile(code, str(page), "exec")
