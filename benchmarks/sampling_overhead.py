@@ -38,8 +38,8 @@ from benchmarks.harness import benchmark_parser, markdown_table
 from flwr_importance.sampling.clustered import (
     clustered_distributions_by_similarity,
     clustered_distributions_from_distances,
-    pairwise_distances,
 )
+from flwr_importance.sampling.distances import pairwise_distances
 from flwr_importance.sampling.optimal import optimal_client_probs
 from flwr_importance.sampling.pips import capped_inclusion_probs, systematic_sample
 

@@ -5,17 +5,18 @@ function rejects invalid input with a ``ValueError`` that says what is wrong.
 """
 
 from flwr_importance.sampling.clustered import (
-    DISTANCES,
-    Distance,
     aggregation_weight_variance,
     clustered_distributions_by_similarity,
     clustered_distributions_by_size,
     clustered_distributions_from_distances,
-    cross_distances,
     md_aggregation_weight_variance,
-    pairwise_distances,
-    project_gradients,
     sample_from_distributions,
+)
+from flwr_importance.sampling.distances import (
+    DISTANCES,
+    Distance,
+    cross_distances,
+    pairwise_distances,
 )
 from flwr_importance.sampling.fedsampling import bernoulli_keep, keep_probability
 from flwr_importance.sampling.importance import importance_batch, update_sample_probs
@@ -39,9 +40,11 @@ from flwr_importance.sampling.privacy import (
     size_reply_probabilities,
 )
 from flwr_importance.sampling.schedule import uniform_client_set
+from flwr_importance.sampling.sketch import CountSketch, project_gradients
 
 __all__ = [
     "DISTANCES",
+    "CountSketch",
     "Distance",
     "aggregation_weight_variance",
     "aocs_probs",

@@ -13,13 +13,13 @@ from numpy.typing import NDArray
 from flwr_importance import protocol
 from flwr_importance.registry import CannedVariant, MethodSpec, sampling_arguments
 from flwr_importance.sampling import (
+    CountSketch,
     Distance,
     clustered_distributions_by_size,
     clustered_distributions_from_distances,
     cross_distances,
     sample_from_distributions,
 )
-from flwr_importance.sampling.clustered import CountSketch
 from flwr_importance.strategies._multiset import DrawRound, MultisetSampling
 from flwr_importance.strategies.checks import check_choice, check_count
 
@@ -66,7 +66,7 @@ class ClusteredSampling(MultisetSampling):
     projection_dim : int or None
         Keep each representative gradient as a CountSketch to this many
         dimensions (a sparse random projection, see
-        :class:`~flwr_importance.sampling.clustered.CountSketch`) instead of
+        :class:`~flwr_importance.sampling.sketch.CountSketch`) instead of
         the full float32 update: ``N * projection_dim`` floats instead of
         ``N * d``.  The sketch is drawn once from ``seed`` and applies to every
         client and round, in ``O(d)`` time per update.  Expected distortion:
@@ -345,7 +345,7 @@ class RepresentativeGradients:
 
         ``O(k N d)`` for ``k`` stale rows: the inner products cover every
         stale row, zero ones included (see ``rows`` in
-        :func:`~flwr_importance.sampling.clustered.cross_distances`), since
+        :func:`~flwr_importance.sampling.distances.cross_distances`), since
         BLAS could round a product of another shape differently and a seeded
         run would then draw other clients.
         """

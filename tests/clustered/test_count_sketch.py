@@ -12,7 +12,7 @@ import pytest
 from numpy.typing import NDArray
 
 from flwr_importance.sampling import Distance
-from flwr_importance.sampling.clustered import CountSketch, project_gradients
+from flwr_importance.sampling.sketch import CountSketch, project_gradients
 from flwr_importance.strategies.clustered import (
     ClusteredSampling,
     RepresentativeGradients,

@@ -15,17 +15,15 @@ from hypothesis import strategies as st
 from numpy.typing import NDArray
 
 from flwr_importance.sampling.clustered import (
-    DISTANCES,
-    Distance,
     aggregation_weight_variance,
     clustered_distributions_by_similarity,
     clustered_distributions_by_size,
     clustered_distributions_from_distances,
     md_aggregation_weight_variance,
-    pairwise_distances,
-    project_gradients,
     sample_from_distributions,
 )
+from flwr_importance.sampling.distances import DISTANCES, Distance, pairwise_distances
+from flwr_importance.sampling.sketch import project_gradients
 
 EXACT = 1e-12
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import flwr_importance.sampling.clustered as clustered_module
+import flwr_importance.sampling.distances as distances_module
 from flwr_importance.sampling import (
     DISTANCES,
     Distance,
     clustered_distributions_from_distances,
     pairwise_distances,
 )
-from flwr_importance.sampling.clustered import cross_distances
+from flwr_importance.sampling.distances import cross_distances
 
 
 def gradients(dtype: type[np.floating]) -> np.ndarray:
@@ -83,7 +83,7 @@ def test_l1_blocks_give_the_same_result(monkeypatch: pytest.MonkeyPatch) -> None
     grads = gradients(np.float64)
     expected = cross_distances(grads[:3], grads, "l1")
     # One row of 50 float64 entries per block: twelve blocks.
-    monkeypatch.setattr(clustered_module, "_L1_BLOCK_BYTES", 8 * 50)
+    monkeypatch.setattr(distances_module, "_L1_BLOCK_BYTES", 8 * 50)
     np.testing.assert_array_equal(cross_distances(grads[:3], grads, "l1"), expected)
 
 
