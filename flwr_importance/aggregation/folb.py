@@ -40,66 +40,51 @@ non-finite gradients) fall back to the sample-weighted mean of the valid
 updates, with the reason returned for the caller to log.
 
 The gradients are read in place, chunk by chunk, never stacked into a K x d
-matrix: per chunk, the float64 copy of every device's slice (one small block)
-gives that chunk of ``gS`` and, while still in cache, each device's share of
-``<g_k, gS>``, ``||g_k||^2`` and ``||gS||^2``. Each gradient is read from
-memory once, in its own dtype, and every sum is accumulated in float64.
+matrix (:mod:`._streaming`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import pairwise
-from typing import TYPE_CHECKING, Literal, TypedDict
+from typing import TYPE_CHECKING, Literal, TypedDict, get_args
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from flwr_importance.aggregation._streaming import (
+    Chunks,
+    Sums,
+    Vector,
+    common_size,
+    device_weights,
+    finite_rows,
+    streamed_sums,
+    vector_pieces,
+)
+from flwr_importance.aggregation._streaming import (
+    SplitVector as SplitVector,  # the type of the gradients, re-exported
+)
+from flwr_importance.sampling._checks import check_choice
+
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+#: Where ``gS`` is estimated: on the aggregated devices themselves (eq. 13) or
+#: on a second, independent set (eqs. 9-10).
+Mode = Literal["single-set", "two-set"]
 NegativeRule = Literal["flip", "drop"]
 Denominator = Literal["abs", "signed"]
 Penalty = Literal["norm-product", "global-norm"]
 
-NEGATIVE_RULES: tuple[NegativeRule, ...] = ("flip", "drop")
-DENOMINATORS: tuple[Denominator, ...] = ("abs", "signed")
-PENALTIES: tuple[Penalty, ...] = ("norm-product", "global-norm")
+NEGATIVE_RULES: tuple[NegativeRule, ...] = get_args(NegativeRule)
+DENOMINATORS: tuple[Denominator, ...] = get_args(Denominator)
+PENALTIES: tuple[Penalty, ...] = get_args(Penalty)
 
 # A denominator below this fraction of its scale (sum of m_k |g_k| |gS|, the
 # largest it can be) is numerically zero: all gradients are orthogonal to the
 # estimate, or the estimate itself vanishes.
 RELATIVE_ZERO = 1e-12
-
-#: Entries per chunk of the streamed sums. The float64 block of one chunk
-#: (every device's slice of it) is read three times: at K = 100 it stays in a
-#: core's L2 cache (1.6 MB), and BLAS takes dot products of this length on one
-#: thread (OpenBLAS splits those above 10,000 entries, which only slows down a
-#: busy machine). Longer chunks cost less Python per entry.
-CHUNK_SIZE = 2048
-
-
-@dataclass(frozen=True)
-class SplitVector:
-    """A vector given as the consecutive arrays it is made of, read in place.
-
-    A model's gradient arrives as one array per layer (views of the reply's
-    bytes); concatenating them copies every device's gradient into a new
-    d-sized vector, and holding K such copies costs more than the maths.
-
-    Attributes
-    ----------
-    pieces : tuple[NDArray, ...]
-        The vector's entries in order: each piece raveled in C order (as
-        ``np.ravel`` does), then the pieces one after the other.
-    """
-
-    pieces: tuple[NDArray[np.floating], ...]
-
-
-#: One gradient: a 1-D vector, or the arrays it is made of.
-Vector = NDArray[np.floating] | SplitVector
 
 
 @dataclass(frozen=True)
@@ -129,8 +114,8 @@ class FolbOptions(TypedDict, total=False):
 
     :func:`single_set_weights`, :func:`two_set_weights` and
     :func:`heterogeneity_aware_weights` are :func:`folb_weights` with the
-    arguments of one equation; these keywords, documented and defaulted there,
-    go through unchanged.
+    mode and arguments of one equation; these keywords, documented and
+    defaulted there, go through unchanged.
     """
 
     sample_counts: ArrayLike | None
@@ -168,13 +153,13 @@ def estimated_global_gradient(
     >>> estimated_global_gradient(gradients, [1, 3]).tolist()
     [0.25, 0.75]
     """
-    counts = _device_weights(multiplicities, sample_counts, len(gradients))
+    counts = device_weights(multiplicities, sample_counts, len(gradients))
     if not gradients:
         raise ValueError("need at least one gradient to estimate the global one")
-    pieces = [_pieces(gradient, "gradients") for gradient in gradients]
-    size = _common_size(pieces, "gradients")
+    pieces = [vector_pieces(gradient, "gradients") for gradient in gradients]
+    size = common_size(pieces, "gradients")
     mean = np.empty(size)
-    for start, block in _Chunks(pieces, size):
+    for start, block in Chunks(pieces, size):
         chunk_mean = mean[start : start + block.shape[1]]
         np.einsum("k,kb->b", counts, block, out=chunk_mean)
         chunk_mean /= counts.sum()
@@ -185,6 +170,7 @@ def folb_weights(
     gradients: Sequence[Vector],
     multiplicities: ArrayLike | None = None,
     *,
+    mode: Mode,
     sample_counts: ArrayLike | None = None,
     reference_gradients: Sequence[Vector] | None = None,
     reference_multiplicities: ArrayLike | None = None,
@@ -195,7 +181,7 @@ def folb_weights(
     negative: NegativeRule = "flip",
     denominator: Denominator = "abs",
 ) -> FolbWeights:
-    """FOLB aggregation weights: eq. 13, eqs. 9-10 or eq. 18 by the arguments.
+    """FOLB aggregation weights: eq. 13 or eqs. 9-10 by ``mode``, eq. 18 if ``psi > 0``.
 
     Parameters
     ----------
@@ -205,15 +191,19 @@ def folb_weights(
         in any real dtype (every sum is taken in float64).
     multiplicities : ArrayLike, optional
         Times each of those devices was drawn (default one each).
+    mode : {"single-set", "two-set"}
+        Where the global gradient is estimated: ``"single-set"`` (eq. 13) on
+        ``gradients`` themselves, no ``reference_*`` argument given;
+        ``"two-set"`` (eqs. 9-10) on the second set ``S2`` of
+        ``reference_gradients``, which must be given.
     sample_counts : ArrayLike, optional
         ``n_k`` per device (>= 0), the weight of device ``k`` in ``gS`` and in
         the weights (the paper's ``n_k / n`` objective); ``None`` weighs every
         device the same (the ``1/N`` objective).
     reference_gradients : Sequence[NDArray or SplitVector], optional
-        Gradients of the second set ``S2`` (eq. 10); ``None`` estimates the
-        global gradient on ``gradients`` themselves (eq. 13). Non-finite ones
-        are left out of the estimate; an empty sequence (the second set did
-        not answer) falls back to the mean.
+        Gradients of the second set ``S2`` (eq. 10; ``mode="two-set"`` only).
+        Non-finite ones are left out of the estimate; an empty sequence (the
+        second set did not answer) falls back to the mean.
     reference_multiplicities : ArrayLike, optional
         Times each ``S2`` device was drawn (default one each).
     reference_sample_counts : ArrayLike, optional
@@ -221,7 +211,8 @@ def folb_weights(
     inexactness : ArrayLike, optional
         ``gamma_k`` in ``[0, 1]`` per device (eq. 18); required when ``psi > 0``.
     psi : float
-        Weight of the inexactness penalty (eq. 18, ``>= 0``); 0 is eq. 13/9.
+        Weight of the inexactness penalty (eq. 18, ``>= 0``), in either mode;
+        0 is eq. 13 or eq. 9.
     penalty : {"norm-product", "global-norm"}
         ``psi gamma_k ||g_k|| ||gS||`` or ``psi gamma_k ||gS||^2``.
     negative : {"flip", "drop"}
@@ -239,116 +230,59 @@ def folb_weights(
     Raises
     ------
     ValueError
-        For inconsistent lengths or shapes, negative multiplicities, sample
-        counts or ``psi``, sample counts for one set only, ``gamma_k`` outside
-        ``[0, 1]``, or an unknown option.
+        For an unknown mode or option, ``reference_*`` arguments that do not
+        fit ``mode``, inconsistent lengths or shapes, negative multiplicities,
+        sample counts or ``psi``, sample counts for one set only, or
+        ``gamma_k`` outside ``[0, 1]``.
 
     Examples
     --------
     Identical gradients: FedProx's sample-weighted mean.
 
     >>> same = [np.array([1.0, 2.0])] * 3
-    >>> folb_weights(same, sample_counts=[1, 2, 5]).weights.tolist()
+    >>> folb_weights(same, mode="single-set", sample_counts=[1, 2, 5]).weights.tolist()
     [0.125, 0.25, 0.625]
     """
     check_options(penalty, negative, denominator, psi)
-    if reference_gradients is not None and (sample_counts is None) != (
-        reference_sample_counts is None
-    ):
-        raise ValueError(
-            "give sample counts for both sets (samples weighting) or for neither"
-        )
-    counts = _device_weights(multiplicities, sample_counts, len(gradients))
+    _check_mode_arguments(
+        mode,
+        sample_counts,
+        reference_gradients,
+        reference_multiplicities,
+        reference_sample_counts,
+    )
+    counts = device_weights(multiplicities, sample_counts, len(gradients))
     if not gradients:
         raise ValueError("need at least one device")
-    gradient_pieces = [_pieces(gradient, "gradients") for gradient in gradients]
-    size = _common_size(gradient_pieces, "gradients")
+    gradient_pieces = [vector_pieces(gradient, "gradients") for gradient in gradients]
+    size = common_size(gradient_pieces, "gradients")
     gammas = _inexactness(inexactness, len(gradients), psi)
-    if reference_gradients is None:
-        # All the gradients, until one of them turns out not finite.
-        reference_pieces, reference_counts = gradient_pieces, counts
-    elif len(reference_gradients) == 0:
-        # The whole second set failed to answer: nothing to estimate gS2 with.
-        reference_pieces, reference_counts = [], counts[:0]
+    if mode == "single-set":
+        estimate = _single_set_estimate(gradient_pieces, counts, size)
     else:
-        reference_pieces = [
-            _pieces(gradient, "reference_gradients") for gradient in reference_gradients
-        ]
-        reference_size = _common_size(reference_pieces, "reference_gradients")
-        if reference_size != size:
-            raise ValueError(
-                f"reference gradients have length {reference_size}, "
-                f"the gradients {size}"
-            )
-        reference_counts = _device_weights(
-            reference_multiplicities, reference_sample_counts, len(reference_pieces)
-        )
-
-    sums = _streamed_sums(gradient_pieces, reference_pieces, reference_counts, size)
-    finite = _finite(sums.squares, gradient_pieces)
-    if reference_gradients is None:
-        reference_finite = finite
-    elif np.isfinite(sums.global_square):
-        # A NaN or inf entry of a reference gradient, even of one drawn 0
-        # times, makes its chunk of gS, and so ||gS||^2, NaN or inf.
-        reference_finite = np.ones(len(reference_pieces), dtype=bool)
-    else:
-        reference_finite = _finite(
-            np.full(len(reference_pieces), np.inf), reference_pieces
-        )
-
-    scores = np.full(len(counts), np.nan)
-    if not finite.any():
-        return _mean_fallback(
-            finite, counts, scores, "no device sent a finite gradient"
-        )
-    if reference_counts[reference_finite].sum() == 0:
-        return _mean_fallback(
-            finite,
-            counts,
-            scores,
-            "no finite gradient of positive weight to estimate the global one",
-        )
-    if not reference_finite.all():
-        # The sums above took the non-finite references into gS: again without.
-        sums = _streamed_sums(
+        assert reference_gradients is not None  # by _check_mode_arguments
+        estimate = _two_set_estimate(
             gradient_pieces,
-            [
-                pieces
-                for pieces, is_finite in zip(
-                    reference_pieces, reference_finite, strict=True
-                )
-                if is_finite
-            ],
-            reference_counts[reference_finite],
             size,
+            reference_gradients,
+            reference_multiplicities,
+            reference_sample_counts,
         )
-    global_norm = float(np.sqrt(sums.global_square))
-    gradient_norms = np.sqrt(sums.squares[finite])
-    inner_products = sums.inner_products[finite]
-    if penalty == "norm-product":
-        penalties = psi * gammas[finite] * gradient_norms * global_norm
-    else:
-        penalties = psi * gammas[finite] * global_norm**2
-    scores[finite] = inner_products - penalties
-
+    finite = estimate.finite
+    scores = np.full(len(counts), np.nan)
+    if estimate.fallback_reason is not None:
+        return _mean_fallback(finite, counts, scores, estimate.fallback_reason)
+    finite_scores, bounds = _penalized_scores(
+        estimate.sums, finite, gammas, psi, penalty
+    )
+    scores[finite] = finite_scores
     if not finite.all():
         return _mean_fallback(
             finite, counts, scores, "a device sent a NaN/inf gradient"
         )
     if len(counts) == 1:
         return _mean_fallback(finite, counts, scores, "a single device")
-    kept = scores if negative == "flip" else np.where(scores > 0, scores, 0.0)
-    total = float(counts @ (np.abs(kept) if denominator == "abs" else kept))
-    scale = float(counts @ (gradient_norms * global_norm + penalties))
-    if not total > RELATIVE_ZERO * scale:
-        return _mean_fallback(
-            finite,
-            counts,
-            scores,
-            _zero_denominator_reason(scores, scale, total, negative),
-        )
-    return FolbWeights(weights=counts * kept / total, scores=scores)
+    return _normalized_weights(counts, scores, bounds, finite, negative, denominator)
 
 
 def single_set_weights(
@@ -371,7 +305,7 @@ def single_set_weights(
     >>> single_set_weights(grads, negative="drop").weights.tolist()
     [0.5, 0.5, 0.0]
     """
-    return folb_weights(gradients, multiplicities, **options)
+    return folb_weights(gradients, multiplicities, mode="single-set", **options)
 
 
 def two_set_weights(
@@ -397,6 +331,7 @@ def two_set_weights(
     return folb_weights(
         gradients,
         multiplicities,
+        mode="two-set",
         reference_gradients=reference_gradients,
         reference_multiplicities=reference_multiplicities,
         reference_sample_counts=reference_sample_counts,
@@ -430,11 +365,184 @@ def heterogeneity_aware_weights(
     return folb_weights(
         gradients,
         multiplicities,
+        mode="single-set",
         inexactness=inexactness,
         psi=psi,
         penalty=penalty,
         **options,
     )
+
+
+def _check_mode_arguments(
+    mode: Mode,
+    sample_counts: ArrayLike | None,
+    reference_gradients: Sequence[Vector] | None,
+    reference_multiplicities: ArrayLike | None,
+    reference_sample_counts: ArrayLike | None,
+) -> None:
+    """Raise ``ValueError`` unless the ``reference_*`` arguments fit ``mode``."""
+    check_choice("mode", mode, Mode)
+    references = {
+        "reference_gradients": reference_gradients,
+        "reference_multiplicities": reference_multiplicities,
+        "reference_sample_counts": reference_sample_counts,
+    }
+    given = [name for name, value in references.items() if value is not None]
+    if mode == "single-set" and given:
+        raise ValueError(
+            "mode='single-set' estimates gS on the gradients themselves: "
+            f"{', '.join(given)} belong to mode='two-set'"
+        )
+    if mode == "single-set":
+        return
+    if reference_gradients is None:
+        raise ValueError(
+            "mode='two-set' needs reference_gradients, the second set's "
+            "gradients (an empty sequence when none of it answered)"
+        )
+    if (sample_counts is None) != (reference_sample_counts is None):
+        raise ValueError(
+            "give sample counts for both sets (samples weighting) or for neither"
+        )
+
+
+@dataclass(frozen=True)
+class _Estimate:
+    """A rule's sums, ``gS`` over the finite references, or why none serve."""
+
+    sums: Sums
+    finite: NDArray[np.bool_]  # which aggregated devices sent a finite gradient
+    fallback_reason: str | None = None  # then the weights are the mean
+
+
+def _single_set_estimate(
+    gradients: list[list[NDArray[np.floating]]],
+    counts: NDArray[np.float64],
+    size: int,
+) -> _Estimate:
+    """Eq. 13: ``gS`` estimated on the aggregated devices' own gradients."""
+    # All the gradients, until one of them turns out not finite.
+    sums = streamed_sums(gradients, gradients, counts, size)
+    finite = finite_rows(sums.squares, gradients)
+    return _without_non_finite_references(
+        gradients, size, sums, finite, gradients, counts, finite
+    )
+
+
+def _two_set_estimate(
+    gradients: list[list[NDArray[np.floating]]],
+    size: int,
+    reference_gradients: Sequence[Vector],
+    reference_multiplicities: ArrayLike | None,
+    reference_sample_counts: ArrayLike | None,
+) -> _Estimate:
+    """Eqs. 9-10: ``gS2`` estimated on the second set ``S2``'s gradients."""
+    if len(reference_gradients) == 0:
+        # The whole second set failed to answer: nothing to estimate gS2 with.
+        references: list[list[NDArray[np.floating]]] = []
+        reference_counts = np.ones(0)
+    else:
+        references = [
+            vector_pieces(gradient, "reference_gradients")
+            for gradient in reference_gradients
+        ]
+        reference_size = common_size(references, "reference_gradients")
+        if reference_size != size:
+            raise ValueError(
+                f"reference gradients have length {reference_size}, "
+                f"the gradients {size}"
+            )
+        reference_counts = device_weights(
+            reference_multiplicities, reference_sample_counts, len(references)
+        )
+    sums = streamed_sums(gradients, references, reference_counts, size)
+    if np.isfinite(sums.global_square):
+        reference_finite = np.ones(len(references), dtype=bool)
+    else:
+        # A NaN or inf entry of a reference gradient, even of one drawn 0
+        # times, makes its chunk of gS, and so ||gS||^2, NaN or inf.
+        reference_finite = finite_rows(np.full(len(references), np.inf), references)
+    finite = finite_rows(sums.squares, gradients)
+    return _without_non_finite_references(
+        gradients, size, sums, finite, references, reference_counts, reference_finite
+    )
+
+
+def _without_non_finite_references(
+    gradients: list[list[NDArray[np.floating]]],
+    size: int,
+    sums: Sums,
+    finite: NDArray[np.bool_],
+    references: list[list[NDArray[np.floating]]],
+    reference_counts: NDArray[np.float64],
+    reference_finite: NDArray[np.bool_],
+) -> _Estimate:
+    """The estimate over the finite references: ``sums`` again without the others."""
+    if not finite.any():
+        return _Estimate(sums, finite, "no device sent a finite gradient")
+    if reference_counts[reference_finite].sum() == 0:
+        return _Estimate(
+            sums,
+            finite,
+            "no finite gradient of positive weight to estimate the global one",
+        )
+    if not reference_finite.all():
+        # The sums above took the non-finite references into gS: again without.
+        sums = streamed_sums(
+            gradients,
+            [
+                pieces
+                for pieces, is_finite in zip(references, reference_finite, strict=True)
+                if is_finite
+            ],
+            reference_counts[reference_finite],
+            size,
+        )
+    return _Estimate(sums, finite)
+
+
+def _penalized_scores(
+    sums: Sums,
+    finite: NDArray[np.bool_],
+    gammas: NDArray[np.float64],
+    psi: float,
+    penalty: Penalty,
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Eq. 18's ``d_k`` of the finite devices (``c_k`` at ``psi = 0``), and bounds.
+
+    A score's bound, ``||g_k|| ||gS|| + penalty_k``, is the most its magnitude
+    can be: the scale against which a denominator is numerically zero.
+    """
+    global_norm = float(np.sqrt(sums.global_square))
+    gradient_norms = np.sqrt(sums.squares[finite])
+    inner_products = sums.inner_products[finite]
+    if penalty == "norm-product":
+        penalties = psi * gammas[finite] * gradient_norms * global_norm
+    else:
+        penalties = psi * gammas[finite] * global_norm**2
+    return inner_products - penalties, gradient_norms * global_norm + penalties
+
+
+def _normalized_weights(
+    counts: NDArray[np.float64],
+    scores: NDArray[np.float64],
+    bounds: NDArray[np.float64],
+    finite: NDArray[np.bool_],
+    negative: NegativeRule,
+    denominator: Denominator,
+) -> FolbWeights:
+    """Eqs. 9 and 13: ``a_k = n_k c_k / sum_i n_i |c_i|`` (or as the options say)."""
+    kept = scores if negative == "flip" else np.where(scores > 0, scores, 0.0)
+    total = float(counts @ (np.abs(kept) if denominator == "abs" else kept))
+    scale = float(counts @ bounds)
+    if not total > RELATIVE_ZERO * scale:
+        return _mean_fallback(
+            finite,
+            counts,
+            scores,
+            _zero_denominator_reason(scores, scale, total, negative),
+        )
+    return FolbWeights(weights=counts * kept / total, scores=scores)
 
 
 def _zero_denominator_reason(
@@ -466,185 +574,6 @@ def _mean_fallback(
     return FolbWeights(valid_counts / valid_counts.sum(), scores, reason)
 
 
-@dataclass(frozen=True)
-class _Sums:
-    """What the scores take from the gradients (eqs. 9-10, 13, 18)."""
-
-    squares: NDArray[np.float64]  # ||g_k||^2
-    inner_products: NDArray[np.float64]  # <g_k, gS>
-    global_square: float  # ||gS||^2
-
-
-def _streamed_sums(
-    gradients: list[list[NDArray[np.floating]]],
-    references: list[list[NDArray[np.floating]]],
-    reference_counts: NDArray[np.float64],
-    size: int,
-) -> _Sums:
-    """``||g_k||^2``, ``<g_k, gS>`` and ``||gS||^2``, one chunk at a time.
-
-    ``gS``, the weighted mean of ``references`` (eqs. 10, 13), is never held
-    whole: each chunk of it is complete once the references' slices are
-    summed, and its share of the inner products is taken at once. Without
-    reference weight (an empty ``S2``) only the squares are summed.
-    """
-    # The single-set rule estimates gS on the gradients themselves: one block.
-    shared = references is gradients
-    with_mean = len(references) > 0 and reference_counts.sum() > 0
-    rows = gradients if shared or not with_mean else gradients + references
-    chunks = _Chunks(rows, size)
-    squares = np.zeros(len(gradients))
-    inner_products = np.zeros(len(gradients))
-    global_square = 0.0
-    mean_buffer = np.empty(chunks.chunk_size)
-    for _, block in chunks:
-        gradient_block = block[: len(gradients)]
-        squares += _row_dots(gradient_block, gradient_block)
-        if not with_mean:
-            continue
-        reference_block = gradient_block if shared else block[len(gradients) :]
-        chunk_mean = mean_buffer[: block.shape[1]]
-        np.einsum("k,kb->b", reference_counts, reference_block, out=chunk_mean)
-        chunk_mean /= reference_counts.sum()
-        global_square += float(chunk_mean @ chunk_mean)
-        inner_products += _row_dots(gradient_block, chunk_mean)
-    return _Sums(squares, inner_products, global_square)
-
-
-def _row_dots(
-    block: NDArray[np.float64], other: NDArray[np.float64]
-) -> NDArray[np.float64]:
-    """``<block[k], other[k]>`` per row (``other`` 1-D: the same for every row).
-
-    A stack of 1 x b by b x 1 products: NumPy takes each with BLAS's dot, about
-    twice as fast as ``einsum`` on a cached block (``np.vecdot`` needs NumPy 2).
-    """
-    columns = other[:, :, None] if other.ndim == 2 else other[:, None]
-    return np.matmul(block[:, None, :], columns).reshape(len(block))
-
-
-class _Chunks:
-    """Equal-length vectors, each given as pieces, read as float64 blocks.
-
-    Iterating gives ``(start, block)`` per chunk of entries: ``block[k]`` is
-    vector ``k`` on ``start : start + block.shape[1]``, copied (and cast) into
-    one reusable buffer of ``len(vectors) x chunk_size`` float64s. Chunks end at
-    every piece boundary, so each row comes from one slice of one piece.
-    """
-
-    def __init__(
-        self, vectors: Sequence[Sequence[NDArray[np.floating]]], size: int
-    ) -> None:
-        ends = {size}
-        for layout in {tuple(piece.size for piece in pieces) for pieces in vectors}:
-            ends.update(int(end) for end in np.cumsum(layout))
-        # Stretches between piece boundaries (of any vector), cut into chunks.
-        segments = [
-            (start, stop)
-            for start, stop in pairwise([0, *sorted(ends)])
-            if stop > start
-        ]
-        spans = [
-            (start, min(start + CHUNK_SIZE, stop))
-            for first, stop in segments
-            for start in range(first, stop, CHUNK_SIZE)
-        ]
-        self.chunk_size = max((stop - start for start, stop in spans), default=0)
-        # Every vector's slice of every chunk, made once (K views per chunk).
-        self._chunks = list(
-            zip(
-                spans,
-                zip(*(_slices(pieces, segments) for pieces in vectors), strict=True),
-                strict=True,
-            )
-        )
-        self._buffer = np.empty(len(vectors) * self.chunk_size)
-
-    def __iter__(self) -> Iterator[tuple[int, NDArray[np.float64]]]:
-        for (start, stop), slices in self._chunks:
-            flat = self._buffer[: len(slices) * (stop - start)]
-            np.concatenate(slices, out=flat, casting="same_kind")
-            yield start, flat.reshape(len(slices), stop - start)
-
-
-def _slices(
-    pieces: Sequence[NDArray[np.floating]], segments: Sequence[tuple[int, int]]
-) -> list[NDArray[np.floating]]:
-    """Views of the concatenation of ``pieces``, chunk by chunk of ``segments``.
-
-    No segment straddles two pieces; each is cut into chunks of
-    :data:`CHUNK_SIZE` entries (the last one shorter) by one reshape, not a
-    slice per chunk (K slices per chunk cost as much as the copy into the block).
-    """
-    views: list[NDArray[np.floating]] = []
-    remaining = iter(pieces)
-    piece: NDArray[np.floating] = np.empty(0)
-    offset = 0
-    for start, stop in segments:
-        while start >= offset + piece.size:
-            offset += piece.size
-            piece = next(remaining)
-        segment = piece[start - offset : stop - offset]
-        whole = segment.size - segment.size % CHUNK_SIZE
-        views.extend(segment[:whole].reshape(-1, CHUNK_SIZE))
-        if whole < segment.size:
-            views.append(segment[whole:])
-    return views
-
-
-def _pieces(vector: Vector, name: str) -> list[NDArray[np.floating]]:
-    """The 1-D arrays ``vector`` is made of: itself, or its raveled pieces."""
-    if isinstance(vector, SplitVector):
-        return [np.ravel(piece) for piece in vector.pieces]
-    array = np.asarray(vector)
-    if array.ndim != 1:
-        raise ValueError(f"{name} must be equal-length 1-D vectors")
-    return [array]
-
-
-def _common_size(vectors: Sequence[Sequence[NDArray[np.floating]]], name: str) -> int:
-    """The vectors' common length; ``ValueError`` if they differ."""
-    sizes = {sum(piece.size for piece in pieces) for pieces in vectors}
-    if len(sizes) != 1:
-        raise ValueError(f"{name} must be equal-length 1-D vectors")
-    return sizes.pop()
-
-
-def _finite(
-    squares: NDArray[np.float64], vectors: Sequence[Sequence[NDArray[np.floating]]]
-) -> NDArray[np.bool_]:
-    """Which vectors hold no NaN or inf, given their squared norms.
-
-    A NaN or inf entry makes the squared norm NaN or inf, and so do finite
-    entries too large to square (beyond 1e154): for those the entries decide.
-    """
-    finite = np.isfinite(squares)
-    for index in np.flatnonzero(~finite):
-        finite[index] = all(np.isfinite(piece).all() for piece in vectors[int(index)])
-    return finite
-
-
-def _device_weights(
-    multiplicities: ArrayLike | None, sample_counts: ArrayLike | None, size: int
-) -> NDArray[np.float64]:
-    """Each device's weight in every sum: times drawn, times ``n_k`` if given."""
-    return _per_device("multiplicities", multiplicities, size) * _per_device(
-        "sample_counts", sample_counts, size
-    )
-
-
-def _per_device(name: str, values: ArrayLike | None, size: int) -> NDArray[np.float64]:
-    """``values`` as finite, nonnegative floats, one per device (ones if None)."""
-    if values is None:
-        return np.ones(size)
-    array = np.asarray(values, dtype=np.float64)
-    if array.shape != (size,):
-        raise ValueError(f"{size} devices but {name} of shape {array.shape}")
-    if not np.all(np.isfinite(array)) or np.any(array < 0):
-        raise ValueError(f"{name} must be finite and >= 0")
-    return array
-
-
 def _inexactness(
     values: ArrayLike | None, size: int, psi: float
 ) -> NDArray[np.float64]:
@@ -662,13 +591,8 @@ def _inexactness(
 
 def check_options(penalty: str, negative: str, denominator: str, psi: float) -> None:
     """Raise ``ValueError`` for an unknown option or a negative/non-finite ``psi``."""
-    if penalty not in PENALTIES:
-        raise ValueError(f"penalty must be one of {PENALTIES}, got {penalty!r}")
-    if negative not in NEGATIVE_RULES:
-        raise ValueError(f"negative must be one of {NEGATIVE_RULES}, got {negative!r}")
-    if denominator not in DENOMINATORS:
-        raise ValueError(
-            f"denominator must be one of {DENOMINATORS}, got {denominator!r}"
-        )
+    check_choice("penalty", penalty, Penalty)
+    check_choice("negative", negative, NegativeRule)
+    check_choice("denominator", denominator, Denominator)
     if not (np.isfinite(psi) and psi >= 0):
         raise ValueError(f"psi must be finite and >= 0, got {psi}")

@@ -21,6 +21,7 @@ from flwr_importance.aggregation import weighted_sum
 from flwr_importance.aggregation.folb import (
     Denominator,
     FolbWeights,
+    Mode,
     NegativeRule,
     Penalty,
     SplitVector,
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
 
     from flwr_importance.strategies.base import MetricsAggregation, StrategyOptions
 
-Mode = Literal["single-set", "two-set"]
 Weighting = Literal["samples", "uniform"]
 
 #: ``uniform_client_set`` streams: ``S`` (``S1``), shared with the baselines of a
@@ -193,7 +193,6 @@ class FOLB(ImportanceStrategy[FolbPlan]):
         "docs/methods.md#2-folb-gradient-aligned-reweighting-of-fedprox-updates",
     )
 
-    # pylint: disable=too-many-arguments
     def __init__(
         self,
         *,
@@ -445,6 +444,7 @@ class FOLB(ImportanceStrategy[FolbPlan]):
         return folb_weights(
             [_split_gradient(record) for record, _ in gradients.values()],
             [draws.train_draws[reply.node_id] for reply in usable],
+            mode=self.mode,
             sample_counts=[samples for _, samples in gradients.values()],
             reference_gradients=reference_gradients,
             reference_multiplicities=reference_counts,

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from flwr_importance.aggregation import folb
+from flwr_importance.aggregation import _streaming, folb
 from flwr_importance.aggregation.folb import (
     SplitVector,
     estimated_global_gradient,
@@ -92,8 +92,8 @@ def test_a_device_drawn_m_times_weighs_as_m_copies(
 ) -> None:
     gradients = list(vectors)
     expanded = [g for g, m in zip(gradients, counts, strict=True) for _ in range(m)]
-    grouped = folb_weights(gradients, counts, negative=negative)  # type: ignore[arg-type]
-    copies = folb_weights(expanded, negative=negative)  # type: ignore[arg-type]
+    grouped = folb_weights(gradients, counts, mode="single-set", negative=negative)  # type: ignore[arg-type]
+    copies = folb_weights(expanded, mode="single-set", negative=negative)  # type: ignore[arg-type]
     summed = np.add.reduceat(copies.weights, np.cumsum([0, *counts[:-1]]))
     assert (grouped.fallback_reason is None) == (copies.fallback_reason is None)
     np.testing.assert_allclose(grouped.weights, summed, atol=1e-12)
@@ -163,17 +163,21 @@ def test_all_gradients_nan_gives_zero_weights() -> None:
         ({"penalty": "square"}, "penalty"),
         ({"multiplicities": [1, -1, 1]}, "multiplicities"),
         ({"multiplicities": [1, 1]}, "multiplicities"),
-        ({"reference_gradients": [np.ones(3)]}, "length"),
+        ({"mode": "two-set", "reference_gradients": [np.ones(3)]}, "length"),
+        ({"mode": "eq13"}, "mode must be one of"),
+        ({"reference_gradients": [np.ones(2)]}, "reference_gradients belong to"),
+        ({"reference_sample_counts": [1.0]}, "reference_sample_counts belong to"),
+        ({"mode": "two-set"}, "two-set' needs reference_gradients"),
     ],
 )
 def test_bad_arguments_raise(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        folb_weights(GRADIENTS, **kwargs)
+        folb_weights(GRADIENTS, **{"mode": "single-set", **kwargs})
 
 
 def test_no_device_raises() -> None:
     with pytest.raises(ValueError, match="at least one"):
-        folb_weights([])
+        folb_weights([], mode="single-set")
 
 
 def dense_scores(
@@ -217,7 +221,7 @@ def test_streamed_float32_gradients_match_the_dense_formulas(
     monkeypatch: pytest.MonkeyPatch, two_set: bool, psi: float, penalty: str
 ) -> None:
     # Chunks of 7 entries: every chunk, piece and layout boundary case at d = 50.
-    monkeypatch.setattr(folb, "CHUNK_SIZE", 7)
+    monkeypatch.setattr(_streaming, "CHUNK_SIZE", 7)
     rng = np.random.default_rng(3)
     dimension, k = 50, 6
     gradients = read_only_float32(rng.normal(0.2, 1.0, size=(k, dimension)))
@@ -245,6 +249,7 @@ def test_streamed_float32_gradients_match_the_dense_formulas(
         result = folb_weights(
             vectors,
             counts,
+            mode="two-set" if two_set else "single-set",
             reference_gradients=(
                 [split(g, [20, 30]) for g in reference] if two_set else None
             ),
@@ -317,6 +322,7 @@ def test_identical_gradients_give_fedprox_sample_weighted_mean(mode: str) -> Non
     result = folb_weights(
         same,
         multiplicities,
+        mode="two-set" if mode == "two-set" else "single-set",
         sample_counts=counts,
         reference_gradients=same[:2] if mode == "two-set" else None,
         reference_sample_counts=counts[:2] if mode == "two-set" else None,
@@ -341,8 +347,8 @@ def test_identical_gradients_give_fedprox_sample_weighted_mean(mode: str) -> Non
 def test_a_device_with_n_samples_weighs_as_n_draws(
     vectors: np.ndarray, counts: list[int]
 ) -> None:
-    by_samples = folb_weights(list(vectors), sample_counts=counts)
-    by_draws = folb_weights(list(vectors), counts)
+    by_samples = folb_weights(list(vectors), mode="single-set", sample_counts=counts)
+    by_draws = folb_weights(list(vectors), counts, mode="single-set")
     assert by_samples.fallback_reason == by_draws.fallback_reason
     np.testing.assert_allclose(by_samples.weights, by_draws.weights, atol=1e-12)
 
@@ -383,6 +389,7 @@ def test_the_scale_of_the_global_estimate_cancels_in_the_weights(psi: float) -> 
     def weights(references: list[np.ndarray]) -> folb.FolbWeights:
         return folb_weights(
             gradients,
+            mode="two-set",
             sample_counts=np.arange(1, 6),
             reference_gradients=references,
             reference_sample_counts=[2, 5, 1],
