@@ -156,13 +156,14 @@ def test_quickstart_example_runs_every_method_in_one_run(tmp_path: Path) -> None
     assert output.count(FEDSAMPLING_TRAIN_LOG) >= ROUNDS, output[-4000:]
 
 
-#: Under ``flwr run``: the example's own FedSampling settings, and a generated
-#: legacy class whose query carries the model (``ClientProxy.fit``). Every
-#: method on the legacy API runs the example in process, through Flower's
-#: legacy server loop (tests/compat/test_legacy_example.py), and OCS also under
-#: ``flwr run`` (tests/compat/test_compat_e2e_legacy.py): a Ray start per
-#: method here would only repeat them.
-LEGACY_STRATEGIES = ["fedsampling", "poc"]
+#: Under ``flwr run``: the example's own FedSampling settings. Every method on
+#: the legacy API runs the example in process, through Flower's legacy server
+#: loop (tests/compat/test_legacy_example.py), and those whose query carries
+#: the model (``ClientProxy.fit``: OCS, AOCS, Power-of-Choice) run under ``flwr
+#: run`` in the NumPyClient quickstart
+#: (tests/examples/test_legacy_numpyclient_example.py): a Ray start per method
+#: here would only repeat them.
+LEGACY_STRATEGIES = ["fedsampling"]
 
 
 @pytest.mark.slow

@@ -234,9 +234,9 @@ def load_app_dir(destination: Path) -> Path:
 
 
 def run_load_flwr(
-    work: Path, strategies: tuple[str, ...], timeout: float
+    work: Path, strategies: tuple[str, ...], timeout: float, rounds: int = ROUNDS
 ) -> dict[str, Any]:
-    """One ``flwr run`` of the load app on 1,000 virtual SuperNodes."""
+    """One ``flwr run`` of the load app on 1,000 virtual SuperNodes, ``rounds`` each."""
     output_dir = work / "out"
     flwr_home = work / "flwr-home"
     completed = flwr_run(
@@ -245,6 +245,7 @@ def run_load_flwr(
         run_config={
             **LOAD_RUN_CONFIG,
             "strategy": ",".join(strategies),
+            "num-server-rounds": rounds,
             "output-dir": str(output_dir),
         },
         flwr_home=flwr_home,
