@@ -1,6 +1,7 @@
 """Every interval a reader sees is generated (rule 9 of the project's evidence).
 
-The presets' comments, the README outside its generated blocks and every
+The presets' comments, the README and the docs pages (the report aside)
+outside their generated blocks and every
 docstring of the package, the benchmarks and the app quote no confidence
 interval and no "xN.NN" ratio by hand: such numbers come from the report's
 generated files (``python -m benchmarks.report``), which mark their blocks in
@@ -71,8 +72,21 @@ def test_presets_quote_no_numbers(path: Path) -> None:
     assert quoted_numbers(comments) == []
 
 
-def test_readme_quotes_numbers_only_in_generated_blocks() -> None:
-    assert quoted_numbers(hand_written((ROOT / "README.md").read_text())) == []
+#: The pages a reader follows: the README and every docs page but the report.
+HAND_WRITTEN_PAGES = [
+    ROOT / "README.md",
+    ROOT / "CONTRIBUTING.md",
+    *(
+        path
+        for path in sorted((ROOT / "docs").glob("*.md"))
+        if path.name != "results.md"
+    ),
+]
+
+
+@pytest.mark.parametrize("path", HAND_WRITTEN_PAGES, ids=lambda path: path.name)
+def test_pages_quote_numbers_only_in_generated_blocks(path: Path) -> None:
+    assert quoted_numbers(hand_written(path.read_text())) == []
 
 
 def test_docstrings_quote_no_numbers() -> None:
