@@ -45,7 +45,7 @@ from benchmarks.harness import (
     save_figure,
 )
 from flwr_importance.registry import LocalWork, RunConfigValue, methods
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 from simulations.client_app import app as simulation_client_app
 from simulations.config import ExperimentConfig
 from simulations.inprocess import resolve_run_config

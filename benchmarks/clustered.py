@@ -51,7 +51,7 @@ from benchmarks.harness import benchmark_parser, markdown_table, start_benchmark
 from flwr_importance.strategies._multiset import MultisetSampling
 from flwr_importance.strategies.clustered import RepresentativeGradients
 from flwr_importance.tasks import Objective, evaluate
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 from simulations.client_app import app as client_app
 from simulations.config import ExperimentConfig
 from simulations.inprocess import load_preset, resolve_run_config

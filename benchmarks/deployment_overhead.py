@@ -1,6 +1,6 @@
 """Deployment seconds per message and per round: our ClientApp against a plain one.
 
-A loopback deployment (:func:`flwr_importance.launcher.deployment`: one
+A loopback deployment (:func:`flwr_importance.tooling.launcher.deployment`: one
 SuperLink, ``NUM_SUPERNODES`` SuperNodes, Flower's default ``subprocess``
 isolation) runs, one after the other, a plain FedAvg app written as a user's
 quickstart would be (``benchmarks/plain_fedavg_app``: its own MLP, a DataLoader
@@ -60,7 +60,7 @@ import numpy as np
 
 from benchmarks.client_overhead import BATCH_SIZE, LOCAL_STEPS, METHODS
 from benchmarks.harness import benchmark_parser, format_ratio, markdown_table
-from flwr_importance.launcher import Deployment, deployment
+from flwr_importance.tooling.launcher import Deployment, deployment
 from simulations.config import ExperimentConfig
 from simulations.inprocess import resolve_run_config
 from simulations.methods import LIBRARY_METHODS

@@ -1,7 +1,7 @@
 """Every strategy at 0, 10 and 30% failed replies: rounds completed, final accuracy.
 
 Runs the real strategies and ClientApps of the simulation app on the in-process
-grid with :func:`~flwr_importance.testing.fault_injection.fault_injection_mod`
+grid with :func:`~flwr_importance.tooling.testing.fault_injection.fault_injection_mod`
 failing the given fraction of replies (each failed reply raises, times out or
 comes back empty, chosen per node and round from ``fault-seed``). Time-outs
 lose their reply at once (``fault-delay = 0``), so no run waits. Same data,

@@ -80,7 +80,7 @@ from flwr_importance.sampling import update_sample_probs
 from flwr_importance.strategies.isfedavg import ISFedAvg
 from flwr_importance.strategies.messages import node_messages
 from flwr_importance.tasks import FederatedSplit, Objective, evaluate
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 from simulations.config import ExperimentConfig
 from simulations.inprocess import load_preset, resolve_run_config
 from simulations.methods import load_method, uniform_sampling

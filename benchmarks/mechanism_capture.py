@@ -10,7 +10,7 @@ Both steps run the library's real code on the in-process grid:
 
 1. the run itself: the app's strategy for the run config
    (:func:`simulations.methods.load_method`), its ClientApp, each message
-   through :class:`~flwr_importance.testing.InProcessGrid`, up to round
+   through :class:`~flwr_importance.tooling.testing.InProcessGrid`, up to round
    ``t - 1``, keeping the global models the rounds start from;
 2. full participation: Flower's ``FedAvg`` configures a train (and an
    evaluate) message for every node with ``w^t`` and round ``t``, on a fresh
@@ -45,7 +45,7 @@ from numpy.typing import NDArray
 from flwr_importance.strategies.arrays import flatten
 from flwr_importance.strategies.isfedavg import ISFedAvg
 from flwr_importance.strategies.mmfl import pack_models, unpack_models
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 from simulations.client_app import app as client_app
 from simulations.config import ExperimentConfig
 from simulations.inprocess import resolve_run_config

@@ -49,7 +49,7 @@ from benchmarks.evidence import (
 )
 from benchmarks.harness import benchmark_parser, start_benchmark
 from flwr_importance.tasks import Objective, evaluate
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 from simulations.client_app import app as client_app
 from simulations.config import ExperimentConfig
 from simulations.inprocess import load_preset, resolve_run_config

@@ -2,10 +2,10 @@
 
 Times ``configure_train`` + ``aggregate_train`` of each strategy of the library
 at 100, 1,000 and 10,000 nodes with a 1M-parameter model, without clients: a
-fake grid (:class:`~flwr_importance.testing.CannedReplyGrid`) answers every
+fake grid (:class:`~flwr_importance.tooling.testing.CannedReplyGrid`) answers every
 message at once with a pre-built reply of the shape the strategy's client
 contract asks for (the model-shaped arrays, the metrics, the query answers,
-:func:`~flwr_importance.testing.canned_responders`), so only server work is
+:func:`~flwr_importance.tooling.testing.canned_responders`), so only server work is
 timed. The grid's own time (building reply messages) is measured and
 subtracted.
 
@@ -69,7 +69,7 @@ from flwr_importance.registry import canned_variants
 from flwr_importance.strategies.arrays import all_finite, array_values, combine_arrays
 from flwr_importance.strategies.clustered import ClusteredSampling
 from flwr_importance.strategies.mmfl import pack_models
-from flwr_importance.testing.canned import (
+from flwr_importance.tooling.testing.canned import (
     CannedReplyGrid,
     Fleet,
     canned_responders,

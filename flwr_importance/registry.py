@@ -100,7 +100,7 @@ class CannedVariant:
     The server-only runs (bad-input, overhead and load tests and benchmarks)
     build the strategy as ``spec.strategy(**variant.arguments(setup))`` and
     answer each message type with the canned reply of the kind named in
-    ``replies`` (:func:`flwr_importance.testing.canned_responders` defines the
+    ``replies`` (:func:`flwr_importance.tooling.testing.canned_responders` defines the
     kinds).
 
     Attributes

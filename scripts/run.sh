@@ -11,4 +11,4 @@ bash scripts/setup-env.sh
 if [ "$#" -eq 0 ]; then
     set -- --compare md,clustered --run-config simulations/presets/main.toml
 fi
-exec .venv/bin/python -m flwr_importance.launcher "$@"
+exec .venv/bin/python -m flwr_importance.tooling.launcher "$@"

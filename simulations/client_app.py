@@ -5,7 +5,7 @@ from __future__ import annotations
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from flwr_importance.testing.fault_injection import fault_injection_mod
+from flwr_importance.tooling.testing.fault_injection import fault_injection_mod
 from simulations.methods import QUERY_ACTIONS, load_method
 from simulations.task import local_task
 

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 from simulations.client_app import app as client_app
 from simulations.config import ExperimentConfig, RunConfig
 from simulations.report import HistoryRow

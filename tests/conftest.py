@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flwr_importance.launcher import flwr_run, processes_mentioning
+from flwr_importance.tooling.launcher import flwr_run, processes_mentioning
 from tests.heavy import heavy_run_slot
 
 APP_DIR = Path(__file__).resolve().parent.parent

@@ -52,7 +52,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
-from flwr_importance.testing import InProcessGrid, partition_node_config
+from flwr_importance.tooling.testing import InProcessGrid, partition_node_config
 from simulations.client_app import app
 from simulations.config import ExperimentConfig
 from simulations.task import global_model, node_data

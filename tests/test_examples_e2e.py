@@ -24,9 +24,9 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import Strategy
 
 from flwr_importance.clientapps.isfedavg import SAMPLE_STATE_KEY
-from flwr_importance.launcher import processes_mentioning
 from flwr_importance.registry import methods
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.launcher import processes_mentioning
+from flwr_importance.tooling.testing import InProcessGrid
 from tests.examples.example_runs import checked_run, run_methods
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"

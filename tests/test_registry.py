@@ -28,8 +28,8 @@ from flwr_importance.registry import (
     method,
     methods,
 )
-from flwr_importance.testing import Fleet
-from flwr_importance.testing.canned import reply_kinds
+from flwr_importance.tooling.testing import Fleet
+from flwr_importance.tooling.testing.canned import reply_kinds
 from simulations.methods import LIBRARY_METHODS, available_methods, method_modules
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -29,7 +29,7 @@ from flwr_importance.clientapps import LocalTask, register_handlers
 from flwr_importance.clientapps.fedsampling import make_fedsampling_handlers
 from flwr_importance.strategies import FedSampling
 from flwr_importance.tasks import Objective, build_model
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 
 #: The product's run: few clients, a few rounds (its cost is per message).
 PRODUCT_SETTING = dataclasses.replace(

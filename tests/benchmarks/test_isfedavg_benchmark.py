@@ -21,7 +21,7 @@ from benchmarks.isfedavg import (
 )
 from flwr_importance.protocol import ISFEDAVG_BATCH_SIZE, ISFEDAVG_LOCAL_STEPS
 from flwr_importance.strategies.isfedavg import ISFedAvg
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 
 NUM_NODES = 12
 SEED = 7

@@ -38,7 +38,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from flwr_importance.clientapps import LocalTask
 from flwr_importance.strategies.arrays import flatten
 from flwr_importance.tasks import Objective
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 
 NUM_CLASSES = 4
 BATCH_SIZE = 8

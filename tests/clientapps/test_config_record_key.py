@@ -25,7 +25,7 @@ from flwr_importance.protocol import (
 )
 from flwr_importance.strategies import FOLB, ISFedAvg, OptimalClientSampling
 from flwr_importance.strategies.arrays import flatten
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 from tests.clientapps.quickstart_user import (
     LR,
     TRAIN_CALLS,

@@ -40,7 +40,7 @@ from flwr_importance.sampling import bernoulli_keep
 from flwr_importance.strategies.arrays import flatten
 from flwr_importance.strategies.fedsampling import FedSampling
 from flwr_importance.tasks import Objective
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 from tests.clientapps.quickstart_user import (
     BATCH_SIZE,
     CUDA,

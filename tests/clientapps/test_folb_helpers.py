@@ -33,7 +33,7 @@ from flwr_importance.protocol import (
     PROXIMAL_MU,
 )
 from flwr_importance.strategies.folb import FOLB
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 from tests.clientapps.quickstart_user import (
     BATCH_SIZE,
     CUDA,

@@ -41,7 +41,7 @@ from flwr_importance.protocol import (
 )
 from flwr_importance.strategies.isfedavg import ISFedAvg
 from flwr_importance.tasks import Objective
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 from tests.clientapps.quickstart_user import (
     CUDA,
     DEVICES,

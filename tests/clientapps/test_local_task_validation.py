@@ -18,7 +18,7 @@ from flwr_importance.clientapps import (
     register_handlers,
 )
 from flwr_importance.tasks import Objective, evaluate
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 
 NUM_FEATURES = 5
 NUM_CLASSES = 3

@@ -31,7 +31,7 @@ from flwr_importance.strategies.mmfl import (
 )
 from flwr_importance.strategies.ocs import OptimalClientSampling
 from flwr_importance.tasks import Objective
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 from tests.clientapps import quickstart_user
 from tests.clientapps.quickstart_user import (
     BATCH_SIZE,

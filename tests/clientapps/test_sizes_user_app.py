@@ -19,8 +19,8 @@ from flwr_importance.clientapps.sizes import (
     sample_count_source,
 )
 from flwr_importance.registry import CannedSetup, MethodSpec, methods
-from flwr_importance.testing import InProcessGrid
-from flwr_importance.testing.grid import partition_node_config
+from flwr_importance.tooling.testing import InProcessGrid
+from flwr_importance.tooling.testing.grid import partition_node_config
 from tests.clientapps.quickstart_user import (
     CUDA,
     LR,

@@ -36,7 +36,7 @@ from flwr_importance.strategies.clustered import (
 )
 from flwr_importance.strategies.md import MDSampling
 from flwr_importance.tasks import Objective, build_model, load_dataset
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 
 NUM_NODES = 100
 DRAWS = 10

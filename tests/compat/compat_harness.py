@@ -1,7 +1,7 @@
 """Run a legacy strategy and its Message-API twin on the same seeded federation.
 
 The Message-API strategy runs through ``strategy.start`` on an
-:class:`~flwr_importance.testing.InProcessGrid` with the simulation's ClientApp;
+:class:`~flwr_importance.tooling.testing.InProcessGrid` with the simulation's ClientApp;
 the legacy one through Flower's own legacy server loop (``flwr.server.Server``
 with a ``SimpleClientManager``) over in-process ``ClientProxy`` objects that
 call the ``NumPyClient`` of :func:`flwr_importance.compat.handler_client_fn`.
@@ -38,8 +38,8 @@ from flwr.serverapp.strategy import Strategy
 
 from flwr_importance.clientapps import ClientHandler, TaskFactory
 from flwr_importance.compat import LegacyOptions, handler_client_fn
-from flwr_importance.testing import InProcessGrid
-from flwr_importance.testing.grid import partition_node_config
+from flwr_importance.tooling.testing import InProcessGrid
+from flwr_importance.tooling.testing.grid import partition_node_config
 from simulations.client_app import app as client_app
 from simulations.config import ExperimentConfig
 from simulations.inprocess import resolve_run_config

@@ -26,7 +26,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from flwr_importance import compat
 from flwr_importance.registry import methods
-from flwr_importance.testing.grid import partition_node_config
+from flwr_importance.tooling.testing.grid import partition_node_config
 from tests.compat.compat_harness import InProcessClientProxy, run_legacy
 
 EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples" / "legacy"

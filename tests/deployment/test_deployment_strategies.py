@@ -30,11 +30,11 @@ from typing import Any
 
 import pytest
 
-from flwr_importance.launcher import deployment
 from flwr_importance.protocol import (
     FEDSAMPLING_SIZE_RESPONSE,
 )
 from flwr_importance.registry import RunConfigValue, methods
+from flwr_importance.tooling.launcher import deployment
 from simulations.config import ExperimentConfig
 from simulations.inprocess import load_preset, resolve_run_config
 from simulations.task import federated_data

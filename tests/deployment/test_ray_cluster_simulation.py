@@ -49,15 +49,14 @@ from pathlib import Path
 import pytest
 import ray
 
-from flwr_importance.launcher import (
+from flwr_importance.tooling.launcher import (
     ONE_CPU_PER_CLIENTAPP,
-    _descendants,
-    _terminate,
     flower_environment,
     flwr_run,
     free_port,
     processes_mentioning,
 )
+from flwr_importance.tooling.launcher.processes import descendants, terminate
 
 # Room for both nodes' NODE_TIMEOUT and the RUN_TIMEOUT within pytest's limit,
 # so that a slow start fails here, with the logs, rather than by pytest-timeout.
@@ -156,11 +155,11 @@ def ray_cluster(root: Path) -> Iterator[tuple[str, list[Path]]]:
         yield f"127.0.0.1:{head_port}", temp_dirs
     finally:
         started = [process.pid for process in processes]
-        _terminate([pid for pid in started for pid in _descendants(pid)])
-        _terminate(started)
+        terminate([pid for pid in started for pid in descendants(pid)])
+        terminate(started)
         for process in processes:
             process.wait(timeout=10)
-        _terminate(processes_mentioning(str(root)))
+        terminate(processes_mentioning(str(root)))
 
 
 def wait_for_nodes(

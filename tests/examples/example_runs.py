@@ -11,7 +11,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from flwr_importance.launcher import flwr_run, processes_mentioning
+from flwr_importance.tooling.launcher import flwr_run, processes_mentioning
 
 #: Ray prints a line repeated by several actors once, with a count, unless
 #: told not to: the tests count the examples' own log lines per node.

@@ -132,7 +132,7 @@ def test_method_trains_with_the_example_train_in_process(
     method: str, example: dict[str, ModuleType], tmp_path: Path
 ) -> None:
     """Each sampled node's train reply follows the example's own training."""
-    from flwr_importance.testing import InProcessGrid
+    from flwr_importance.tooling.testing import InProcessGrid
 
     config = example_config(
         {"strategy": method, "num-server-rounds": ROUNDS, "output-dir": str(tmp_path)}

@@ -25,7 +25,7 @@ from flwr_importance.protocol import (
 from flwr_importance.strategies import SizeWeightedSampling
 from flwr_importance.strategies.arrays import flatten
 from flwr_importance.strategies.fedsampling import FedSampling
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 from simulations.client_app import app as simulation_client_app
 from simulations.config import ExperimentConfig
 from simulations.inprocess import resolve_run_config

@@ -42,7 +42,7 @@ from flwr_importance.strategies.fedsampling import (
     size_estimate_noise,
 )
 from flwr_importance.tasks import Objective
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 from simulations.client_app import app as simulation_client_app
 from simulations.config import ExperimentConfig
 from simulations.inprocess import resolve_run_config

@@ -17,7 +17,7 @@ from flwr_importance.clientapps.folb import (
 )
 from flwr_importance.strategies.arrays import flatten
 from flwr_importance.tasks import Objective, build_model, full_gradient, load_dataset
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 from simulations.inprocess import load_preset, run_inprocess
 
 DATA = load_dataset("synthetic-1-1", 4, seed=0)

@@ -20,7 +20,7 @@ from flwr.clientapp import ClientApp
 from benchmarks import folb as benchmark
 from flwr_importance.strategies.arrays import flatten
 from flwr_importance.strategies.folb import FOLB
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 from simulations.config import ExperimentConfig
 from simulations.inprocess import load_preset, resolve_run_config
 from simulations.methods.fedprox import ScheduledFedProx

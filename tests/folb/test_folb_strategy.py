@@ -16,7 +16,7 @@ from flwr.clientapp import ClientApp
 
 from flwr_importance.strategies.arrays import flatten
 from flwr_importance.strategies.folb import FOLB
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 
 NUM_NODES = 6
 DIMENSION = 3

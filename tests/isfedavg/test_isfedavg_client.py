@@ -35,7 +35,7 @@ from flwr_importance.protocol import (
     ISFEDAVG_SIGMA2,
 )
 from flwr_importance.tasks import Objective, full_gradient, train_local
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 
 #: Standard errors allowed between an empirical frequency and its target.
 Z = 4.5

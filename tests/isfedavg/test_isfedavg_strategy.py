@@ -33,7 +33,7 @@ from flwr_importance.protocol import (
     ISFEDAVG_SIGMA2,
 )
 from flwr_importance.strategies.isfedavg import ISFedAvg
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 from simulations.inprocess import load_preset, run_inprocess
 from tests.isfedavg.test_isfedavg_client import app as isfedavg_app
 from tests.isfedavg.test_isfedavg_client import regression_task

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flwr_importance.launcher import (
+from flwr_importance.tooling.launcher import (
     COMPARISON_JSON,
     COMPARISON_PLOT,
     processes_mentioning,
@@ -64,11 +64,11 @@ def simulation_running(flwr_home: Path) -> bool:
 
 
 def launcher_command(preset: Path, output_dir: Path, flwr_home: Path) -> list[str]:
-    """``python -m flwr_importance.launcher --compare md,clustered ...``."""
+    """``python -m flwr_importance.tooling.launcher --compare md,clustered ...``."""
     return [
         sys.executable,
         "-m",
-        "flwr_importance.launcher",
+        "flwr_importance.tooling.launcher",
         "--compare",
         "md,clustered",
         "--run-config",

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from flwr_importance import launcher
-from flwr_importance.launcher import RunFailedError, compare_strategies
+from flwr_importance.tooling import launcher
+from flwr_importance.tooling.launcher import RunFailedError, compare, compare_strategies
 
 APP_DIR = Path(__file__).resolve().parents[2]
 #: Accuracy per round each fake run reports, by strategy.
@@ -51,7 +51,7 @@ def test_every_run_gets_the_same_config_but_strategy_and_output_dir(
     tmp_path: Path, preset: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake = FakeFlwrRun()
-    monkeypatch.setattr(launcher, "flwr_run", fake)
+    monkeypatch.setattr(compare, "flwr_run", fake)
     out = tmp_path / "out"
     result = compare_strategies(
         APP_DIR, ["md", "clustered"], run_config=preset, output_dir=out
@@ -85,7 +85,7 @@ def test_a_run_without_history_fails_even_if_an_old_history_is_there(
     (out / "md").mkdir(parents=True)
     (out / "md" / "history.json").write_text("[]")  # from an earlier run
     fake = FakeFlwrRun(write_history=False)
-    monkeypatch.setattr(launcher, "flwr_run", fake)
+    monkeypatch.setattr(compare, "flwr_run", fake)
     with pytest.raises(RunFailedError, match="strategy=md wrote no"):
         compare_strategies(
             APP_DIR, ["md", "clustered"], run_config=preset, output_dir=out
@@ -97,7 +97,7 @@ def test_a_failed_run_stops_the_comparison_with_its_log(
     tmp_path: Path, preset: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake = FakeFlwrRun(returncode=1)
-    monkeypatch.setattr(launcher, "flwr_run", fake)
+    monkeypatch.setattr(compare, "flwr_run", fake)
     with pytest.raises(RunFailedError, match="exited with 1\nlog tail"):
         compare_strategies(
             APP_DIR, ["md", "clustered"], run_config=preset, output_dir=tmp_path
@@ -115,7 +115,7 @@ def test_cli_reports_a_bad_strategy_list_without_running(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fake = FakeFlwrRun()
-    monkeypatch.setattr(launcher, "flwr_run", fake)
+    monkeypatch.setattr(compare, "flwr_run", fake)
     assert launcher.main(["--compare", "md"]) == 1
     assert "two or more distinct" in capsys.readouterr().err
     assert fake.calls == []

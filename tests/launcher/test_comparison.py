@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from flwr_importance import comparison
-from flwr_importance.comparison import (
+from flwr_importance.tooling import comparison
+from flwr_importance.tooling.comparison import (
     compare_histories,
     format_table,
     plot_comparison,

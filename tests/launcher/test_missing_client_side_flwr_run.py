@@ -1,7 +1,7 @@
 """A run whose ServerApp fails makes the launcher fail, with the error's message.
 
 ``flwr run --stream`` exits with 0 when the ServerApp raises (Flower logs the
-traceback and "Exit Code: 700"); :func:`flwr_importance.launcher.flwr_run`
+traceback and "Exit Code: 700"); :func:`flwr_importance.tooling.launcher.flwr_run`
 reads the run's output and returns :data:`FAILED_RUN_RETURNCODE`, and the
 command line prints the error. The slow test runs MD sampling on a plain
 FedAvg ClientApp (``tests/reliability/plain_fedavg_app.py``) through the
@@ -17,8 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from flwr_importance import launcher
-from flwr_importance.launcher import FAILED_RUN_RETURNCODE, server_app_error
+from flwr_importance.tooling import launcher
+from flwr_importance.tooling.launcher import (
+    FAILED_RUN_RETURNCODE,
+    server_app_error,
+    simulation,
+)
 from tests.app_variant import REPO_ROOT, app_variant
 from tests.launcher.test_compare_flwr_run import processes_under, write_preset
 
@@ -57,7 +61,7 @@ def test_a_captured_run_that_failed_returns_non_zero(
     def failed_run(command: list[str], *args: object) -> subprocess.CompletedProcess:
         return subprocess.CompletedProcess(command, 0, FAILED_RUN_TAIL, "")
 
-    monkeypatch.setattr(launcher, "_flwr_run_once", failed_run)
+    monkeypatch.setattr(simulation, "_flwr_run_once", failed_run)
     completed = launcher.flwr_run(
         REPO_ROOT, num_supernodes=2, flwr_home=tmp_path, capture=True
     )
@@ -88,7 +92,7 @@ def test_the_launcher_exits_non_zero_with_the_missing_client_side_error(
         [
             sys.executable,
             "-m",
-            "flwr_importance.launcher",
+            "flwr_importance.tooling.launcher",
             "--app",
             str(app_dir),
             "--run-config",

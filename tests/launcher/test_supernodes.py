@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from flwr.supercore.constant import DEFAULT_SIMULATION_CONFIG
 
-from flwr_importance import launcher
-from flwr_importance.launcher import supernodes_for_run
+from flwr_importance.tooling import launcher
+from flwr_importance.tooling.launcher import simulation, supernodes_for_run
 
 FLOWER_EXAMPLE_PYPROJECT = """\
 [tool.flwr.app]
@@ -81,8 +81,8 @@ def test_launcher_app_without_num_supernodes_runs_flwr_with_the_default(
         return subprocess.CompletedProcess(command, 0, "", "")
 
     # Everything up to starting processes is real: config reading, the command.
-    monkeypatch.setattr(launcher, "_start_managed_superlink", lambda *args: None)
-    monkeypatch.setattr(launcher, "run_command", fake_flwr_run)
+    monkeypatch.setattr(simulation, "start_managed_superlink", lambda *args: None)
+    monkeypatch.setattr(simulation, "run_command", fake_flwr_run)
     argv = ["--app", str(flower_example), "--flwr-home", str(tmp_path / "home")]
     default = DEFAULT_SIMULATION_CONFIG.num_supernodes
     with pytest.warns(UserWarning, match=f"Flower's default of {default} virtual"):
@@ -125,8 +125,8 @@ def test_a_run_whose_ray_node_did_not_start_runs_once_more(
         commands.append(command)
         return subprocess.CompletedProcess(command, 0, outputs[len(commands) - 1], "")
 
-    monkeypatch.setattr(launcher, "_start_managed_superlink", lambda *args: None)
-    monkeypatch.setattr(launcher, "run_command", fake_flwr_run)
+    monkeypatch.setattr(simulation, "start_managed_superlink", lambda *args: None)
+    monkeypatch.setattr(simulation, "run_command", fake_flwr_run)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         completed = launcher.flwr_run(

@@ -18,7 +18,7 @@ from numpy.typing import NDArray
 from flwr_importance.aggregation.optimal import size_fractions
 from flwr_importance.sampling import estimator_variance, optimal_client_probs
 from flwr_importance.strategies.ocs import OptimalClientSampling, SamplePlan
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 from simulations.config import ExperimentConfig
 from simulations.inprocess import resolve_run_config
 from simulations.methods import load_method

@@ -17,7 +17,7 @@ from flwr_importance.protocol import (
 from flwr_importance.strategies.arrays import flatten
 from flwr_importance.strategies.mmfl import MultiModelSampling
 from flwr_importance.strategies.ocs import OptimalClientSampling
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 from simulations.client_app import app as client_app
 from simulations.config import ExperimentConfig
 from simulations.inprocess import (

@@ -37,7 +37,7 @@ from flwr_importance.strategies.mmfl import (
     unpack_models,
 )
 from flwr_importance.strategies.ocs import OptimalClientSampling
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 
 Z = 5.0
 NUM_CLIENTS = 12

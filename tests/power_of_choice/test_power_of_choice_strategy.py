@@ -26,8 +26,8 @@ from flwr.common.constant import ErrorCode
 
 from flwr_importance.registry import method
 from flwr_importance.strategies import PowerOfChoice
-from flwr_importance.testing import CannedReplyGrid, Fleet, canned_responders
-from flwr_importance.testing import canned_strategy as build_canned
+from flwr_importance.tooling.testing import CannedReplyGrid, Fleet, canned_responders
+from flwr_importance.tooling.testing import canned_strategy as build_canned
 
 NUM_NODES = 12
 SIZES = np.array([30, 5, 20, 0, 12, 40, 8, 25, 15, 10, 35, 18])

@@ -49,8 +49,8 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Strategy
 
-from flwr_importance.launcher import ONE_CPU_PER_CLIENTAPP, flwr_run
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.launcher import ONE_CPU_PER_CLIENTAPP, flwr_run
+from flwr_importance.tooling.testing import InProcessGrid
 from simulations.client_app import dispatch
 from simulations.config import ExperimentConfig
 from simulations.inprocess import resolve_run_config

@@ -31,7 +31,7 @@ from flwr_importance.strategies import (
     pack_models,
 )
 from flwr_importance.strategies.replies import NO_HANDLER, error_problem
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 from tests.compat.compat_harness import InProcessClientProxy, run_legacy
 from tests.reliability import plain_fedavg_app
 from tests.reliability.plain_fedavg_app import app as plain_app

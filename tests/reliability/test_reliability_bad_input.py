@@ -6,7 +6,7 @@ spoil that reply: an error reply, NaN or infinite arrays, a wrong shape,
 missing arrays, a missing, NaN, negative or huge (``1e300``) metric, or a
 second reply from the same node (a duplicated node id). The replies are real
 ``flwr.app.Message``s answering the strategy's own messages, built by the
-canned-reply grid of :mod:`flwr_importance.testing.canned` (each strategy's
+canned-reply grid of :mod:`flwr_importance.tooling.testing.canned` (each strategy's
 client contract) on a small model.
 
 Checked: no exception, a finite global model, a WARNING naming the node, and
@@ -47,7 +47,7 @@ from numpy.typing import NDArray
 from flwr_importance.registry import canned_variants
 from flwr_importance.strategies.arrays import flatten
 from flwr_importance.strategies.mmfl import pack_models
-from flwr_importance.testing import (
+from flwr_importance.tooling.testing import (
     CannedReplyGrid,
     Fleet,
     canned_responders,

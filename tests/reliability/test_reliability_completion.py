@@ -1,7 +1,7 @@
 """Every strategy survives nodes that raise, time out or reply empty.
 
 The real strategies and ClientApps run in process with
-:func:`~flwr_importance.testing.fault_injection.fault_injection_mod` failing 30%
+:func:`~flwr_importance.tooling.testing.fault_injection.fault_injection_mod` failing 30%
 of the replies. Flower's own ``FedAvg`` (the ``fedavg``/``fedprox`` baselines)
 raises ``InconsistentMessageReplies`` on an empty reply, so the baselines are
 tested with the kinds Flower handles (``raise``, ``timeout``).
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flwr_importance.testing.fault_injection import FaultPlan
+from flwr_importance.tooling.testing.fault_injection import FaultPlan
 from simulations.inprocess import run_inprocess
 from simulations.methods import LIBRARY_METHODS
 

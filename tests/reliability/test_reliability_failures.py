@@ -2,7 +2,7 @@
 
 Complements ``test_reliability_completion.py`` (every strategy completes its
 rounds, names the failed nodes and improves the model under
-:func:`~flwr_importance.testing.fault_injection.fault_injection_mod`):
+:func:`~flwr_importance.tooling.testing.fault_injection.fault_injection_mod`):
 
 * **State**: after a faulty run of the real app, each strategy's per-node
   tables hold exactly the nodes the wire log shows answering (a node whose
@@ -61,8 +61,8 @@ from flwr_importance.strategies.arrays import flatten
 from flwr_importance.strategies.isfedavg import ISFedAvg
 from flwr_importance.strategies.md import MDSampling
 from flwr_importance.strategies.ocs import OptimalClientSampling
-from flwr_importance.testing import InProcessGrid
-from flwr_importance.testing.fault_injection import fault_injection_mod
+from flwr_importance.tooling.testing import InProcessGrid
+from flwr_importance.tooling.testing.fault_injection import fault_injection_mod
 from simulations import methods
 from simulations.inprocess import run_inprocess
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from flwr_importance.launcher import processes_mentioning
+from flwr_importance.tooling.launcher import processes_mentioning
 from tests.reliability.load_app import (
     NUM_NODES,
     ROUNDS,

@@ -29,7 +29,7 @@ from flwr_importance.strategies import (
     pack_models,
 )
 from flwr_importance.strategies.base import ImportanceStrategy
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 from tests.strategies.test_plumbing import reply
 from tests.strategies.test_server_warnings import MODEL
 from tests.strategies.test_server_warnings import app as query_app

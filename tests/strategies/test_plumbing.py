@@ -27,7 +27,7 @@ from flwr_importance.strategies.arrays import (
 )
 from flwr_importance.strategies.messages import node_messages
 from flwr_importance.strategies.replies import check_replies
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 from tests.testing.test_grid import app as echo_app
 
 MODEL = ArrayRecord([np.zeros((2, 3), np.float32), np.zeros(3, np.float32)])

@@ -39,7 +39,7 @@ from flwr_importance.protocol import (
 )
 from flwr_importance.strategies import FOLB, ISFedAvg, MultiModelSampling, pack_models
 from flwr_importance.strategies.arrays import flatten
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 from tests.strategies.test_base import RecordingGrid
 from tests.strategies.test_server_warnings import MODEL
 from tests.strategies.test_server_warnings import app as query_app

@@ -33,7 +33,7 @@ from flwr_importance.protocol import (
 )
 from flwr_importance.registry import CannedSetup, MethodSpec, methods
 from flwr_importance.strategies import MDSampling, pack_models
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 
 MODEL = ArrayRecord([np.zeros(3, np.float32)])
 

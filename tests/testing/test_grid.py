@@ -16,7 +16,7 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.serverapp.strategy import FedAvg
 
-from flwr_importance.testing import InProcessGrid
+from flwr_importance.tooling.testing import InProcessGrid
 
 app = ClientApp()
 

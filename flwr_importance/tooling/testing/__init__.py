@@ -1,13 +1,13 @@
 """Test doubles for running strategies and ClientApps without a SuperLink."""
 
-from flwr_importance.testing.canned import (
+from flwr_importance.tooling.testing.canned import (
     CannedReplyGrid,
     Fleet,
     Responder,
     canned_responders,
     canned_strategy,
 )
-from flwr_importance.testing.grid import (
+from flwr_importance.tooling.testing.grid import (
     InProcessGrid,
     WireRecord,
     partition_node_config,

@@ -37,7 +37,7 @@ class InjectedFaultError(RuntimeError):
 class LostReplyError(Exception):
     """A ``timeout`` fault with ``delay == 0``: the reply is lost at once.
 
-    :class:`~flwr_importance.testing.grid.InProcessGrid` delivers no reply for
+    :class:`~flwr_importance.tooling.testing.grid.InProcessGrid` delivers no reply for
     it, exactly as for a node that never answers, so in-process tests meet
     time-outs without waiting for one.
     """

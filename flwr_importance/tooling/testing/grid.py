@@ -25,7 +25,7 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 from flwr_importance.local_grid import LocalGrid
-from flwr_importance.testing.fault_injection import LostReplyError
+from flwr_importance.tooling.testing.fault_injection import LostReplyError
 
 NodeConfigFactory = Callable[[int, int], UserConfig]
 
