@@ -44,7 +44,8 @@ from benchmarks.harness import (
     prepare_run,
     save_figure,
 )
-from flwr_importance.registry import LocalWork, RunConfigValue, methods
+from flwr_importance.registry import RunConfigValue, methods
+from flwr_importance.tooling.declarations import LocalWork, declaration
 from flwr_importance.tooling.testing import InProcessGrid
 from simulations.client_app import app as simulation_client_app
 from simulations.config import ExperimentConfig
@@ -77,7 +78,9 @@ METHODS: dict[str, Mapping[str, RunConfigValue]] = {
     **{
         spec.name: {
             "strategy": spec.name,
-            **spec.equal_work(LocalWork(LOCAL_STEPS, BATCH_SIZE, CLIENTS_PER_ROUND)),
+            **declaration(spec.name).equal_work(
+                LocalWork(LOCAL_STEPS, BATCH_SIZE, CLIENTS_PER_ROUND)
+            ),
         }
         for spec in methods()
     },

@@ -65,6 +65,7 @@ from benchmarks.evidence import (
 )
 from benchmarks.harness import benchmark_parser, markdown_table
 from flwr_importance.registry import methods
+from flwr_importance.tooling.declarations import declaration
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS_DIR = REPO_ROOT / "benchmarks"
@@ -108,7 +109,9 @@ MECHANISM_BENCHMARK = "mechanism"
 MECHANISM_STATISTIC = "aggregate"
 #: Per method (its strategy class name), the preset of its paper's headline
 #: experiment (``flwr run`` check).
-HEADLINE_PRESETS = {spec.strategy.__name__: spec.headline_preset for spec in methods()}
+HEADLINE_PRESETS = {
+    spec.strategy.__name__: declaration(spec.name).headline_preset for spec in methods()
+}
 FLWR_RUN_TIMEOUT = 300.0
 CONFIRMATIONS_FILE = "flwr_run_confirmations.json"
 #: Where a benchmark's run time is kept, to order the next report's runs.

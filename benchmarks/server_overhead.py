@@ -65,10 +65,10 @@ from benchmarks.harness import (
     save_figure,
 )
 from flwr_importance.aggregation import weighted_sum
-from flwr_importance.registry import canned_variants
 from flwr_importance.strategies.arrays import all_finite, array_values, combine_arrays
 from flwr_importance.strategies.clustered import ClusteredSampling
 from flwr_importance.strategies.mmfl import pack_models
+from flwr_importance.tooling.declarations import canned_variants
 from flwr_importance.tooling.testing.canned import (
     CannedReplyGrid,
     Fleet,

@@ -22,6 +22,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from flwr_importance.compat import LegacyStrategyAdapter
 from flwr_importance.registry import MethodSpec, methods
+from flwr_importance.tooling.declarations import declaration
 
 ROOT = Path(__file__).resolve().parent.parent
 METHODS_DOC = ROOT / "docs" / "methods.md"
@@ -144,8 +145,9 @@ def test_every_method_has_a_row_and_a_section(spec: MethodSpec) -> None:
     assert len(rows) == 1, f"docs/methods.md's table has no single row for {name}"
     (row,) = rows
     assert re.findall(r"`([\w-]+)`", row[3]) == list(spec.app_names)
-    if spec.benchmark:
-        assert row[4] == f"`{spec.benchmark}`"
+    benchmark = declaration(spec.name).benchmark
+    if benchmark:
+        assert row[4] == f"`{benchmark}`"
     links = re.findall(r"\]\(#([\w-]+)\)", row[-1])
     assert len(links) == 1, row[-1]
     section = sections().get(links[0])

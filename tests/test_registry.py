@@ -24,9 +24,13 @@ from flwr_importance.compat import LegacyStrategyAdapter, legacy_class
 from flwr_importance.registry import (
     DECLARATION,
     app_method_names,
-    canned_variants,
     method,
     methods,
+)
+from flwr_importance.tooling.declarations import (
+    DECLARATIONS,
+    canned_variants,
+    declaration,
 )
 from flwr_importance.tooling.testing import Fleet
 from flwr_importance.tooling.testing.canned import reply_kinds
@@ -79,6 +83,13 @@ def test_app_methods_are_the_registry_methods_and_flowers_baselines() -> None:
         assert spec.name in method_modules() or spec.app_options, spec.name
 
 
+def test_every_method_has_its_tooling_declaration_and_no_other() -> None:
+    """The tests and benchmarks run each registry method, and only those."""
+    assert set(DECLARATIONS) == set(SPECS)
+    with pytest.raises(KeyError, match="DECLARATIONS"):
+        declaration("no-such-method")
+
+
 def test_aliases_resolve_to_their_method() -> None:
     assert method("sizeweighted") is SPECS["md"]
     with pytest.raises(KeyError, match="known: "):
@@ -99,19 +110,19 @@ def test_every_preset_runs_a_known_method() -> None:
 
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_declared_presets_run_the_method(name: str) -> None:
-    spec = SPECS[name]
-    smoke_preset, _ = spec.smoke_run
-    for preset in (spec.headline_preset, smoke_preset):
+    spec, tooling = SPECS[name], declaration(name)
+    smoke_preset, _ = tooling.smoke_run
+    for preset in (tooling.headline_preset, smoke_preset):
         assert preset_strategy(preset) in spec.app_names, preset
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_declared_benchmark_exists_and_has_a_title(name: str) -> None:
-    spec = SPECS[name]
-    if spec.benchmark is not None:
-        assert (ROOT / "benchmarks" / f"{spec.benchmark}.py").is_file()
+    benchmark = declaration(name).benchmark
+    if benchmark is not None:
+        assert (ROOT / "benchmarks" / f"{benchmark}.py").is_file()
         # The report titles its section by the module's TITLE, not its path.
-        assert not section_title(spec.benchmark).startswith("`benchmarks/")
+        assert not section_title(benchmark).startswith("`benchmarks/")
 
 
 def test_every_legacy_class_belongs_to_a_method() -> None:
@@ -149,7 +160,7 @@ def client_handlers(spec_name: str) -> dict[str, object]:
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_canned_replies_are_what_the_real_client_side_serves(name: str) -> None:
     served = set(client_handlers(name))
-    for variant in SPECS[name].canned:
+    for variant in declaration(name).canned:
         assert set(variant.replies) <= served, (variant.name, served)
 
 

@@ -11,7 +11,7 @@ from flwr.common.logger import log
 from numpy.typing import NDArray
 
 from flwr_importance import protocol
-from flwr_importance.registry import CannedVariant, MethodSpec, sampling_arguments
+from flwr_importance.method_spec import MethodSpec
 from flwr_importance.sampling import (
     CountSketch,
     Distance,
@@ -367,26 +367,5 @@ class RepresentativeGradients:
 METHOD = MethodSpec(
     name="clustered",
     strategy=ClusteredSampling,
-    headline_preset="clustered-digits",
     client_queries=(protocol.SIZES_QUERY,),
-    canned=(
-        CannedVariant(
-            name="clustered-size",
-            label="ClusteredSampling (size, Alg. 1)",
-            arguments=sampling_arguments(method="size"),
-            replies={"query.sizes": "sizes", "train": "model"},
-        ),
-        CannedVariant(
-            name="clustered-similarity",
-            label="ClusteredSampling (similarity, Alg. 2)",
-            arguments=lambda setup: {
-                **sampling_arguments(method="similarity")(setup),
-                "projection_dim": setup.projection_dim,
-            },
-            replies={"query.sizes": "sizes", "train": "model"},
-        ),
-    ),
-    equal_work=lambda work: {"clustered-method": "similarity"},
-    smoke={"partitioning": "iid"},
-    benchmark="clustered",
 )

@@ -14,7 +14,7 @@ from flwr.serverapp import Grid
 
 from flwr_importance import protocol
 from flwr_importance.aggregation.fedsampling import server_update
-from flwr_importance.registry import CannedVariant, MethodSpec
+from flwr_importance.method_spec import MethodSpec
 from flwr_importance.sampling import estimate_total_size, ldp_alpha
 from flwr_importance.strategies.arrays import combine_arrays
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
@@ -438,26 +438,7 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
 METHOD = MethodSpec(
     name="fedsampling",
     strategy=FedSampling,
-    headline_preset="fedsampling-lognormal-sigma2",
     client_handlers="flwr_importance.clientapps.fedsampling:make_fedsampling_handlers",
-    canned=(
-        CannedVariant(
-            arguments=lambda setup: {
-                "samples_per_round": setup.total_size // 10,
-                "max_size": setup.max_size,
-                "fraction_evaluate": 0.0,
-            },
-            replies={"query.sizes": "size-response", "train": "gradient-sum"},
-            # Every node answers the size query and trains on its kept samples.
-            baseline="fedavg-all",
-        ),
-    ),
-    equal_work=lambda work: {
-        "fedsampling-local-steps": work.local_steps,
-        "fedsampling-samples-per-round": work.clients_per_round * work.batch_size,
-    },
-    smoke_preset="fedsampling-lognormal-sigma1",
     legacy="flwr_importance.compat.fedsampling:FedSampling",
-    benchmark="fedsampling",
     clients_per_round=False,
 )

@@ -28,7 +28,7 @@ from flwr_importance.aggregation.folb import (
     check_options,
     folb_weights,
 )
-from flwr_importance.registry import CannedVariant, MethodSpec, sampling_arguments
+from flwr_importance.method_spec import MethodSpec
 from flwr_importance.sampling import uniform_client_set
 from flwr_importance.strategies.arrays import array_values, combine_arrays
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
@@ -478,20 +478,6 @@ def _clipped_gamma(reply: CheckedReply) -> float:
 METHOD = MethodSpec(
     name="folb",
     strategy=FOLB,
-    headline_preset="folb-synthetic-1-1",
     client_handlers="flwr_importance.clientapps.folb:make_folb_handlers",
-    canned=(
-        # Two-set FOLB's gradient set costs about m more nodes' work.
-        CannedVariant(
-            arguments=sampling_arguments(proximal_mu=0.01),
-            replies={"train": "folb-train"},
-            baseline="fedavg-2m",
-        ),
-    ),
-    equal_work=lambda work: {"proximal-mu": 0.01},
-    # The digits run is the short one; IID so that two rounds improve.
-    smoke_preset="folb-digits",
-    smoke={"partitioning": "iid", "local-lr": 0.2},
     legacy="flwr_importance.compat.folb:FOLB",
-    benchmark="folb",
 )

@@ -19,7 +19,7 @@ from flwr_importance.aggregation.isfedavg import (
     realized_normalized_probs,
     update_client_probs,
 )
-from flwr_importance.registry import CannedVariant, MethodSpec
+from flwr_importance.method_spec import MethodSpec
 from flwr_importance.sampling import systematic_sample
 from flwr_importance.strategies.arrays import combine_arrays
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
@@ -341,16 +341,6 @@ class ISFedAvg(ImportanceStrategy[RoundPlan]):
 METHOD = MethodSpec(
     name="isfedavg",
     strategy=ISFedAvg,
-    headline_preset="isfedavg-logistic",
     client_handlers="flwr_importance.clientapps.isfedavg:make_isfedavg_handlers",
-    canned=(CannedVariant(replies={"train": "isfedavg-train"}),),
-    # Fixed E_k and B_k: the same steps and batch as a FedAvg client.
-    equal_work=lambda work: {
-        "isfedavg-min-local-steps": work.local_steps,
-        "isfedavg-max-local-steps": work.local_steps,
-        "isfedavg-min-batch-size": work.batch_size,
-        "isfedavg-max-batch-size": work.batch_size,
-    },
     legacy="flwr_importance.compat.isfedavg:ISFedAvg",
-    benchmark="isfedavg",
 )

@@ -13,7 +13,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from flwr_importance import protocol
-from flwr_importance.registry import CannedVariant, MethodSpec
+from flwr_importance.method_spec import MethodSpec
 from flwr_importance.sampling import md_sample
 from flwr_importance.strategies._multiset import DrawRound, MultisetSampling
 
@@ -87,10 +87,7 @@ SizeWeightedSampling = MDSampling
 METHOD = MethodSpec(
     name="md",
     strategy=MDSampling,
-    headline_preset="clustered-digits-md",
     client_queries=(protocol.SIZES_QUERY,),
-    canned=(CannedVariant(replies={"query.sizes": "sizes", "train": "model"}),),
-    smoke={"partitioning": "iid"},
     # FedSampling's comparisons call it size-weighted client sampling.
     app_aliases=("sizeweighted",),
 )

@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 
 from flwr_importance import protocol
 from flwr_importance.aggregation.optimal import size_fractions, uniform_assignment_prob
-from flwr_importance.registry import CannedVariant, MethodSpec, sampling_arguments
+from flwr_importance.method_spec import MethodSpec
 from flwr_importance.sampling import assign_models, estimator_variance, mmfl_probs
 from flwr_importance.strategies.base import log_settings
 from flwr_importance.strategies.checks import check_choice, check_count
@@ -346,19 +346,7 @@ class MultiModelSampling(UnbiasedSampling):
 METHOD = MethodSpec(
     name="mmfl",
     strategy=MultiModelSampling,
-    headline_preset="mmfl-digits",
     client_handlers="flwr_importance.clientapps.optimal:make_mmfl_handlers",
-    canned=(
-        CannedVariant(
-            label="MultiModelSampling (S=1, gradnorm)",
-            arguments=sampling_arguments(num_models=1, variant="gradnorm"),
-            replies={"query.norm": "norm", "train": "kept-update"},
-            packed_models=True,
-        ),
-    ),
-    equal_work=lambda work: {"mmfl-tasks": "digits", "mmfl-variant": "gradnorm"},
-    smoke={"mmfl-tasks": "digits:iid,digits:iid", "clients-per-round": 4},
     # Several models in one round trip: the legacy API carries one Parameters.
     legacy_api=False,
-    benchmark="optimal_sampling",
 )

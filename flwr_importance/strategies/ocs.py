@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 
 from flwr_importance import protocol
 from flwr_importance.aggregation.optimal import size_fractions, unbiased_update
-from flwr_importance.registry import CannedVariant, MethodSpec
+from flwr_importance.method_spec import MethodSpec
 from flwr_importance.sampling import (
     aocs_probs,
     estimator_variance,
@@ -530,9 +530,6 @@ class OptimalClientSampling(UnbiasedSampling):
 METHOD = MethodSpec(
     name="ocs",
     strategy=OptimalClientSampling,
-    headline_preset="ocs-digits-lognormal",
     client_handlers="flwr_importance.clientapps.optimal:make_ocs_handlers",
-    canned=(CannedVariant(replies={"query.norm": "norm", "train": "kept-update"}),),
     legacy="flwr_importance.compat.ocs:OptimalClientSampling",
-    benchmark="optimal_sampling",
 )

@@ -28,7 +28,7 @@ from flwr.serverapp import Grid
 from numpy.typing import ArrayLike, NDArray
 
 from flwr_importance import protocol
-from flwr_importance.registry import CannedVariant, MethodSpec
+from flwr_importance.method_spec import MethodSpec
 from flwr_importance.strategies._multiset import (
     DrawRound,
     MultisetSampling,
@@ -440,17 +440,6 @@ class PowerOfChoice(MultisetSampling):
 METHOD = MethodSpec(
     name="poc",
     strategy=PowerOfChoice,
-    headline_preset="poc-digits-dirichlet",
     client_queries=(protocol.SIZES_QUERY, protocol.LOSS_QUERY),
-    canned=(
-        CannedVariant(
-            label="PowerOfChoice (pow-d, d = 2m)",
-            replies={"query.sizes": "sizes", "query.loss": "loss", "train": "model"},
-        ),
-    ),
-    # The deployment check's 4 nodes and m = 2: IID data (two rounds of the
-    # preset's label skew may not improve the model), d = 2m (0) = 4.
-    smoke={"partitioning": "iid", "poc-candidates": 0},
-    benchmark="poc",
     app_options={"poc-candidates": "candidates", "poc-variant": "variant"},
 )

@@ -18,7 +18,8 @@ from flwr_importance.clientapps.sizes import (
     checked_sample_count,
     sample_count_source,
 )
-from flwr_importance.registry import CannedSetup, MethodSpec, methods
+from flwr_importance.registry import MethodSpec, methods
+from flwr_importance.tooling.declarations import CannedSetup, declaration
 from flwr_importance.tooling.testing import InProcessGrid
 from flwr_importance.tooling.testing.grid import partition_node_config
 from tests.clientapps.quickstart_user import (
@@ -40,14 +41,14 @@ SETUP = CannedSetup(clients_per_round=3, total_size=600, max_size=100, projectio
 
 def size_only(spec: MethodSpec) -> bool:
     """Whether the method's clients train as FedAvg's and answer ``query.sizes``."""
-    replies = spec.canned[0].replies
+    replies = declaration(spec.name).canned[0].replies
     return set(replies) == {"query.sizes", "train"} and replies["train"] == "model"
 
 
 def evaluating(spec: MethodSpec) -> Callable[[], Strategy]:
     """The method's first canned configuration, evaluating on every node."""
     arguments = {
-        **spec.canned[0].arguments(SETUP),
+        **declaration(spec.name).canned[0].arguments(SETUP),
         "fraction_evaluate": 1.0,
         "min_evaluate_nodes": 1,
     }

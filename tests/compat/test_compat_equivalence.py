@@ -20,12 +20,11 @@ import pytest
 from flwr_importance.clientapps import ClientHandler, TaskFactory
 from flwr_importance.clientapps.standard import method_handlers
 from flwr_importance.compat import legacy_class
-from flwr_importance.registry import (
+from flwr_importance.registry import MethodSpec, method, methods
+from flwr_importance.tooling.declarations import (
     CannedSetup,
-    MethodSpec,
+    canned,
     canned_variants,
-    method,
-    methods,
 )
 from tests.compat.compat_harness import TwinFederation, max_difference, run_legacy
 
@@ -61,7 +60,7 @@ CASES = [
     Case(variant.name, spec, dict(variant.arguments(SETUP)))
     for spec in methods()
     if spec.legacy_api
-    for variant in spec.canned
+    for variant in canned(spec)
 ] + [
     # FOLB's two-set mode adds a gradient query: a legacy round trip of its own.
     Case(

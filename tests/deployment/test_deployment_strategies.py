@@ -34,6 +34,7 @@ from flwr_importance.protocol import (
     FEDSAMPLING_SIZE_RESPONSE,
 )
 from flwr_importance.registry import RunConfigValue, methods
+from flwr_importance.tooling.declarations import declaration
 from flwr_importance.tooling.launcher import deployment
 from simulations.config import ExperimentConfig
 from simulations.inprocess import load_preset, resolve_run_config
@@ -63,7 +64,7 @@ SMALL = {
 # registry method's short end-to-end check.
 RUNS: dict[str, tuple[str | None, Mapping[str, RunConfigValue]]] = {
     "fedavg": (None, {"strategy": "fedavg", "partitioning": "iid"}),
-    **{spec.name: spec.smoke_run for spec in methods()},
+    **{spec.name: declaration(spec.name).smoke_run for spec in methods()},
 }
 CAPTURED = "fedsampling"
 

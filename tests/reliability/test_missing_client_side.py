@@ -24,13 +24,14 @@ from flwr.clientapp import ClientApp
 from flwr.common import NDArrays, Scalar
 
 from flwr_importance import compat, protocol, registry
-from flwr_importance.registry import CannedSetup, MethodSpec
+from flwr_importance.registry import MethodSpec
 from flwr_importance.strategies import (
     ClientSideMissingError,
     MDSampling,
     pack_models,
 )
 from flwr_importance.strategies.replies import NO_HANDLER, error_problem
+from flwr_importance.tooling.declarations import CannedSetup, declaration
 from flwr_importance.tooling.testing import InProcessGrid
 from tests.compat.compat_harness import InProcessClientProxy, run_legacy
 from tests.reliability import plain_fedavg_app
@@ -60,14 +61,18 @@ def methods_doc_anchors() -> set[str]:
 
 
 def initial_model(spec: MethodSpec) -> ArrayRecord:
-    return pack_models([MODEL]) if spec.canned[0].packed_models else MODEL
+    return (
+        pack_models([MODEL])
+        if declaration(spec.name).canned[0].packed_models
+        else MODEL
+    )
 
 
 @pytest.mark.parametrize("spec", registry.methods(), ids=lambda spec: spec.name)
 def test_a_plain_fedavg_client_fails_the_run_naming_the_missing_lines(
     spec: MethodSpec, caplog: pytest.LogCaptureFixture
 ) -> None:
-    strategy = spec.build(**spec.canned[0].arguments(SETUP))
+    strategy = spec.build(**declaration(spec.name).canned[0].arguments(SETUP))
     grid = InProcessGrid(plain_app, NUM_NODES)
     with (
         caplog.at_level(logging.WARNING),
@@ -98,7 +103,7 @@ def test_the_error_names_a_missing_handler_and_a_missing_key() -> None:
         ("isfedavg", "train", f"metric '{protocol.ISFEDAVG_SIGMA2}' missing"),
     ]:
         spec = registry.method(name)
-        strategy = spec.build(**spec.canned[0].arguments(SETUP))
+        strategy = spec.build(**declaration(spec.name).canned[0].arguments(SETUP))
         with pytest.raises(ClientSideMissingError) as raised:
             strategy.start(
                 grid=InProcessGrid(plain_app, NUM_NODES),

@@ -44,9 +44,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
-from flwr_importance.registry import canned_variants
 from flwr_importance.strategies.arrays import flatten
 from flwr_importance.strategies.mmfl import pack_models
+from flwr_importance.tooling.declarations import canned_variants
 from flwr_importance.tooling.testing import (
     CannedReplyGrid,
     Fleet,

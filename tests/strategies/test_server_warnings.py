@@ -31,8 +31,9 @@ from flwr_importance.protocol import (
     UPDATE_NORM,
     per_model_key,
 )
-from flwr_importance.registry import CannedSetup, MethodSpec, methods
+from flwr_importance.registry import MethodSpec, methods
 from flwr_importance.strategies import MDSampling, pack_models
+from flwr_importance.tooling.declarations import CannedSetup, declaration
 from flwr_importance.tooling.testing import InProcessGrid
 
 MODEL = ArrayRecord([np.zeros(3, np.float32)])
@@ -66,7 +67,7 @@ SETUP = CannedSetup(
 
 def sampling_strategy(spec: MethodSpec) -> Callable[[], Strategy]:
     """The method's first canned configuration (FOLB: without replacement)."""
-    arguments = spec.canned[0].arguments(SETUP)
+    arguments = declaration(spec.name).canned[0].arguments(SETUP)
     return lambda: spec.build(**arguments)
 
 
@@ -74,7 +75,9 @@ def sampling_strategy(spec: MethodSpec) -> Callable[[], Strategy]:
 STRATEGIES: dict[str, tuple[Callable[[], Strategy], ArrayRecord]] = {
     spec.name: (
         sampling_strategy(spec),
-        pack_models([MODEL]) if spec.canned[0].packed_models else MODEL,
+        pack_models([MODEL])
+        if declaration(spec.name).canned[0].packed_models
+        else MODEL,
     )
     for spec in methods()
     if spec.clients_per_round

@@ -26,10 +26,10 @@ from flwr.supercore.task_identity import TaskIdentity
 from numpy.typing import NDArray
 
 from flwr_importance.local_grid import SynchronousGrid
-from flwr_importance.registry import (
+from flwr_importance.method_spec import MethodSpec
+from flwr_importance.tooling.declarations import (
     CannedSetup,
     CannedVariant,
-    MethodSpec,
     canned_variants,
 )
 
@@ -160,7 +160,7 @@ def canned_responders(
     ----------
     method : str
         ``fedavg`` (Flower's ``FedAvg``) or the name of a canned variant of a
-        registry method (:func:`flwr_importance.registry.canned_variants`).
+        registry method (:func:`flwr_importance.tooling.declarations.canned_variants`).
     fleet : Fleet
         The per-node values the replies carry.
     node_index : Callable[[int], int]
@@ -271,7 +271,8 @@ def canned_strategy(
     Parameters
     ----------
     method : str
-        A canned variant's name (:func:`flwr_importance.registry.canned_variants`).
+        A canned variant's name
+        (:func:`flwr_importance.tooling.declarations.canned_variants`).
     clients_per_round : int
         ``m``.
     fleet : Fleet

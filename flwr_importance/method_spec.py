@@ -1,0 +1,80 @@
+"""What a method declares about itself: :class:`MethodSpec`.
+
+Every strategy module of :mod:`flwr_importance.strategies` that holds a method
+ends with a module-level ``METHOD = MethodSpec(...)``; :mod:`.registry`
+collects them. This module imports nothing of the library, so the strategies
+can declare themselves without importing the registry that imports them.
+
+Only what the library and its app need is declared here; how the tests and
+benchmarks exercise a method (canned replies, smoke runs, its benchmark) is in
+:mod:`flwr_importance.tooling.declarations`, keyed by the method's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from flwr.serverapp.strategy import Strategy
+
+#: A run-config value (``[tool.flwr.app.config]``).
+RunConfigValue = bool | int | float | str
+
+
+@dataclass(frozen=True, kw_only=True)
+class MethodSpec:
+    """A method of the library, as the library and its app know it.
+
+    Attributes
+    ----------
+    name : str
+        Its ``strategy`` name in the simulation app (``simulations/methods/``)
+        and its key everywhere else.
+    strategy : type[Strategy]
+        The Message-API strategy.
+    client_handlers : str
+        ``"module:function"``: the ready-made ClientApp handlers, built from a
+        :class:`~flwr_importance.clientapps.LocalTask` factory; empty: FedAvg's
+        train and evaluate plus the standard handlers of ``client_queries``
+        (:func:`flwr_importance.clientapps.standard.standard_handlers`).
+    legacy : str or None
+        ``"module:class"`` of its hand-written legacy-API class; None: the
+        generic adapter (:func:`flwr_importance.compat.legacy_class`).
+    legacy_api : bool
+        Whether the method runs on Flower's legacy Strategy API at all.
+    app_aliases : tuple[str, ...]
+        Other app ``strategy`` names of the same method.
+    clients_per_round : bool
+        Whether the constructor takes ``clients_per_round`` (FedSampling
+        samples data, not clients).
+    client_queries : tuple[str, ...]
+        The standard queries (``"sizes"``, ``"loss"``) the strategy sends,
+        answered by the ready-made client side when ``client_handlers`` is
+        empty.
+    app_options : Mapping[str, str]
+        For a method without its own module in ``simulations/methods/``: per
+        run-config key (declared in ``pyproject.toml``), the constructor
+        argument it sets; the app passes ``clients_per_round`` and ``seed``
+        itself.
+    """
+
+    name: str
+    strategy: type[Strategy]
+    client_handlers: str = ""
+    legacy: str | None = None
+    legacy_api: bool = True
+    app_aliases: tuple[str, ...] = ()
+    clients_per_round: bool = True
+    client_queries: tuple[str, ...] = ()
+    app_options: Mapping[str, str] = field(default_factory=dict)
+
+    def build(self, **arguments: Any) -> Strategy:
+        """A new instance of the strategy with these keyword arguments."""
+        factory: Callable[..., Strategy] = self.strategy
+        return factory(**arguments)
+
+    @property
+    def app_names(self) -> tuple[str, ...]:
+        """Every current app ``strategy`` name of the method, its own first."""
+        return (self.name, *self.app_aliases)
