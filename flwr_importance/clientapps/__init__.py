@@ -21,7 +21,9 @@ on the same pieces for a ``TaskFactory`` (``Context -> LocalTask``):
 - :mod:`.clustered`: clustered and MD sampling's handler set;
 - :mod:`.optimal`: OCS/AOCS/MMFL: :class:`~.optimal.KeptUpdateMod` on your
   train function and the norm, loss and size queries run on your functions;
-- :mod:`.standard`: the ready-made client side of any registry method.
+- :mod:`.standard`: the ready-made client side of any registry method;
+- :mod:`.legacy`: those handlers in a legacy-API ``NumPyClient``
+  (``compat.handler_client_fn``).
 
 Model-agnostic helpers import no torch, so a scikit-learn, JAX or TensorFlow
 ClientApp can use them without it: :mod:`.messages`, :mod:`.sizes`,

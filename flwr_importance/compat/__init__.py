@@ -37,10 +37,11 @@ wraps any registry strategy, the legacy transport carrying its queries.
 
 The server side imports no ML framework, and neither does
 :func:`importance_client_fn` (your client brings its own); the ready-made
-client side (:mod:`.clients`, torch) loads only when :class:`HandlerClient` or
-:func:`handler_client_fn` is first used, so a TensorFlow, JAX or scikit-learn
-project can run these strategies without torch. Both client modules load on
-first use, keeping a ServerApp's import light.
+client side (:mod:`flwr_importance.clientapps.legacy`, torch) loads only when
+:class:`HandlerClient` or :func:`handler_client_fn` is first used, so a
+TensorFlow, JAX or scikit-learn project can run these strategies without
+torch. Both client modules load on first use, keeping a ServerApp's import
+light.
 """
 
 from __future__ import annotations
@@ -60,18 +61,19 @@ from flwr_importance.compat.ocs import OptimalClientSampling
 from flwr_importance.registry import methods
 
 if TYPE_CHECKING:
-    from flwr_importance.compat.clients import HandlerClient, handler_client_fn
+    from flwr_importance.clientapps.legacy import HandlerClient, handler_client_fn
     from flwr_importance.compat.numpy_client import (
         ImportanceClient,
         importance_client_fn,
     )
 
-#: Client-side names by module, imported on first use (``clients`` needs torch).
+#: Client-side names by module, imported on first use (``clientapps.legacy``
+#: needs torch).
 _CLIENT_SIDE = {
-    "HandlerClient": "clients",
-    "handler_client_fn": "clients",
-    "ImportanceClient": "numpy_client",
-    "importance_client_fn": "numpy_client",
+    "HandlerClient": "flwr_importance.clientapps.legacy",
+    "handler_client_fn": "flwr_importance.clientapps.legacy",
+    "ImportanceClient": "flwr_importance.compat.numpy_client",
+    "importance_client_fn": "flwr_importance.compat.numpy_client",
 }
 
 
@@ -82,7 +84,7 @@ def __getattr__(name: str) -> Any:
     module) or a registry method's strategy class name (its legacy class).
     """
     if name in _CLIENT_SIDE:
-        module = importlib.import_module(f"{__name__}.{_CLIENT_SIDE[name]}")
+        module = importlib.import_module(_CLIENT_SIDE[name])
         return getattr(module, name)
     for spec in methods():
         if spec.strategy.__name__ == name and spec.legacy_api:

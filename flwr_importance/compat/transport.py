@@ -21,7 +21,7 @@ over the legacy ``ClientProxy`` objects (what lets a Message-API strategy send
 its extra queries from inside ``configure_fit``), the conversions of
 instructions and replies, and their inverses used by the client side
 (:func:`message_from_call`, :func:`reply_scalars`, :func:`fit_reply`: the
-handler clients of :mod:`flwr_importance.compat.clients` and the user-client
+handler clients of :mod:`flwr_importance.clientapps.legacy` and the user-client
 wrapper of :mod:`flwr_importance.compat.numpy_client`).
 """
 

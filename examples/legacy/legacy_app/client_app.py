@@ -7,9 +7,9 @@ import functools
 from flwr.app import Context
 from flwr.client import Client, ClientApp
 
+from flwr_importance.clientapps.legacy import HandlersFactory
 from flwr_importance.clientapps.standard import method_handlers
 from flwr_importance.compat import handler_client_fn
-from flwr_importance.compat.clients import HandlersFactory
 from flwr_importance.registry import methods
 from legacy_app.task import local_task
 

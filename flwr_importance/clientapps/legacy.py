@@ -1,4 +1,4 @@
-"""The client side of the legacy API: the library's ClientApp handlers in a NumPyClient.
+"""The legacy API's ready-made client side: the library's handlers in a NumPyClient.
 
 A :class:`HandlerClient` serves the legacy calls with the very handlers a
 Message-API ClientApp registers (:mod:`flwr_importance.clientapps`): it
@@ -16,6 +16,10 @@ Per method, the handler sets are the ``make_<method>_handlers`` functions of
 :mod:`flwr_importance.clientapps`; ``context.state`` (ISFedAvg's sample
 probabilities, OCS's kept update) persists across rounds as it does for a
 Message-API ClientApp.
+
+This is client-side code (torch, through :mod:`.common`), so it lives here,
+not in :mod:`flwr_importance.compat`, whose server side loads no ML framework;
+``compat.HandlerClient`` and ``compat.handler_client_fn`` load it on first use.
 """
 
 from __future__ import annotations
