@@ -82,7 +82,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from benchmarks import clustered, isfedavg, optimal_sampling, poc
+from benchmarks import clustered, isfedavg, optimal_sampling
+from benchmarks import power_of_choice as power_of_choice_benchmark
 from benchmarks.evidence import (
     CLAIMS_FILE,
     LEVEL,
@@ -636,9 +637,9 @@ def settings(full: bool) -> list[Setting]:
     isfedavg_shared = load_preset("isfedavg-logistic")
     isfedavg_l = int(isfedavg_shared["clients-per-round"])
     isfedavg_rounds = int(isfedavg_shared["num-server-rounds"]) if full else 40
-    poc_shared = load_preset(poc.PRESET)
-    poc_m = int(poc_shared["clients-per-round"])
-    poc_rounds = 60 if full else 30
+    power_of_choice_shared = load_preset(power_of_choice_benchmark.PRESET)
+    power_of_choice_m = int(power_of_choice_shared["clients-per-round"])
+    power_of_choice_rounds = 60 if full else 30
     return [
         Setting(
             name="OCS",
@@ -716,18 +717,21 @@ def settings(full: bool) -> list[Setting]:
         ),
         Setting(
             name="Power-of-Choice",
-            paper=poc.PAPER,
+            paper=power_of_choice_benchmark.PAPER,
             claim="Power-of-Choice biases the aggregate towards high-loss clients",
             data="digits split over 100 clients by Dirichlet(0.3) labels, "
             "logistic regression (the Power-of-Choice benchmark's)",
-            overrides={**poc_shared, "strategy": "fedavg"},
+            overrides={**power_of_choice_shared, "strategy": "fedavg"},
             run="uniform FedAvg",
-            rounds=_stages(poc_rounds),
-            participation=poc_m,
+            rounds=_stages(power_of_choice_rounds),
+            participation=power_of_choice_m,
             samplers={
-                "pow-d": power_of_choice(poc_m, int(poc_shared["poc-candidates"])),
-                "uniform": uniform_fedavg(poc_m),
-                "md": md(poc_m),
+                "pow-d": power_of_choice(
+                    power_of_choice_m,
+                    int(power_of_choice_shared["power-of-choice-candidates"]),
+                ),
+                "uniform": uniform_fedavg(power_of_choice_m),
+                "md": md(power_of_choice_m),
             },
             comparisons=(("pow-d", "uniform"), ("pow-d", "md")),
             claimed=False,

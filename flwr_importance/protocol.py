@@ -305,8 +305,8 @@ model, never scaled by ``d_i`` or ``1/p_i``.
 - ``evaluate``: OCS as in the shared conventions; MMFL has none (evaluate
   each model on the server).
 
-Power-of-Choice, pow-d and rpow-d (``poc``)
--------------------------------------------
+Power-of-Choice, pow-d and rpow-d (``power-of-choice``)
+-------------------------------------------------------
 Cho et al., AISTATS 2022: ``d`` candidates drawn without replacement with
 probability proportional to their sizes, the ``m`` with the highest local
 loss train; biased on purpose.

@@ -44,7 +44,11 @@ SHAPES = {
     "quickstart-sklearn": "scikit-learn, Message API (`examples/quickstart-sklearn`)",
 }
 
-REGION_MARKER = re.compile(r"^\s*# --8<-- \[(start|end):([\w,-]+)\]\s*$")
+#: A marker line may end in ruff's line-length exemption (E501) when its
+#: names make it long.
+REGION_MARKER = re.compile(
+    r"^\s*# --8<-- \[(start|end):([\w,-]+)\](?:\s+# noqa: E501)?\s*$"
+)
 SNIPPET_MARKER = re.compile(
     r"^<!-- snippet: (?P<example>[\w-]+)#(?P<region>[\w-]+) -->\n"
     r"(?:```python\n.*?```\n)?",

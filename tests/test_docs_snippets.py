@@ -58,14 +58,18 @@ def test_regions_are_read_with_their_parts_and_checked(tmp_path: Path) -> None:
     )
     assert docs_snippets.file_regions(source) == {"ocs-client": ["    a = 2", "b = 3"]}
     source.write_text(
-        "# --8<-- [start:md-client,poc-client]\n"
+        "# --8<-- [start:md-client,power-of-choice-client]\n"
         "n = 1\n"
-        "# --8<-- [end:md-client,poc-client]\n"
+        "# --8<-- [end:md-client,power-of-choice-client]\n"
     )
     assert docs_snippets.file_regions(source) == {
         "md-client": ["n = 1"],
-        "poc-client": ["n = 1"],
+        "power-of-choice-client": ["n = 1"],
     }
+    source.write_text(
+        "# --8<-- [start:md-client]  # noqa: E501\nm = 1\n# --8<-- [end:md-client]\n"
+    )
+    assert docs_snippets.file_regions(source) == {"md-client": ["m = 1"]}
     source.write_text("# --8<-- [start:md-client]\nx = 1\n")
     with pytest.raises(ValueError, match="never closed"):
         docs_snippets.file_regions(source)

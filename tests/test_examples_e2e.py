@@ -50,7 +50,7 @@ EXAMPLE_TRAIN_METRIC = {
     "md": "train_loss",
     "clustered": "train_loss",
     "clustered-size": "train_loss",
-    "poc": "train_loss",
+    "power-of-choice": "train_loss",
     "ocs": "train-loss",
     "aocs": "train-loss",
     "mmfl": "train-loss",

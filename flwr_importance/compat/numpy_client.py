@@ -17,8 +17,8 @@ What each method asks, and what answers it (your client's ``fit`` and
 
 ============================= ================================================
 size query (``md``,           ``num-examples``: the count your ``fit``
-``clustered``, ``poc``)       reported last in this run; before any ``fit``,
-                              ``num_examples(context)``; without it, your
+``clustered``,                reported last in this run; before any ``fit``,
+``power-of-choice``)          ``num_examples(context)``; without it, your
                               ``fit`` run once on your client's own initial
                               parameters (``get_parameters``), logged: one
                               extra local training per node per run
@@ -29,10 +29,11 @@ norm query (``ocs``,          your ``fit`` on the received model; the update
                               a sampled node's train call then sends the kept
                               update without training again
                               (:class:`~flwr_importance.clientapps.optimal.KeptUpdateMod`)
-loss query (``poc``)          your ``evaluate`` on the received model
-                              (:func:`~flwr_importance.clientapps.optimal.loss_query_handler`)
+loss query                    your ``evaluate`` on the received model (the
+(``power-of-choice``)         Message-API
+                              :func:`~flwr_importance.clientapps.optimal.loss_query_handler`)
 train (``md``, ``clustered``, your ``fit``, its example count as
-``poc``)                      ``num-examples`` and its train loss as
+``power-of-choice``)          ``num-examples`` and its train loss as
                               ``train-loss``
 ============================= ================================================
 
@@ -347,7 +348,7 @@ def importance_client_fn(
 
     ``ClientApp(client_fn=importance_client_fn(client_fn))`` runs every
     method whose client needs only sizes, update norms and losses (``md``,
-    ``clustered``, ``ocs``, ``aocs``, ``poc``) on your own client, and plain
+    ``clustered``, ``ocs``, ``aocs``, ``power-of-choice``) on your own client, and plain
     FedAvg unchanged (:class:`ImportanceClient`).
 
     Parameters

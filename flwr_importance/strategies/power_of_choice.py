@@ -438,8 +438,12 @@ class PowerOfChoice(MultisetSampling):
 
 
 METHOD = MethodSpec(
-    name="poc",
+    name="power-of-choice",
     strategy=PowerOfChoice,
     client_queries=(protocol.SIZES_QUERY, protocol.LOSS_QUERY),
-    app_options={"poc-candidates": "candidates", "poc-variant": "variant"},
+    app_options={
+        "power-of-choice-candidates": "candidates",
+        "power-of-choice-variant": "variant",
+    },
+    deprecated_names=("poc",),
 )

@@ -262,8 +262,8 @@ DECLARATIONS: Mapping[str, MethodTooling] = {
         canned=(CannedVariant(replies={"query.norm": "norm", "train": "kept-update"}),),
         benchmark="optimal_sampling",
     ),
-    "poc": MethodTooling(
-        headline_preset="poc-digits-dirichlet",
+    "power-of-choice": MethodTooling(
+        headline_preset="power-of-choice-digits-dirichlet",
         canned=(
             CannedVariant(
                 label="PowerOfChoice (pow-d, d = 2m)",
@@ -276,8 +276,8 @@ DECLARATIONS: Mapping[str, MethodTooling] = {
         ),
         # The deployment check's 4 nodes and m = 2: IID data (two rounds of the
         # preset's label skew may not improve the model), d = 2m (0) = 4.
-        smoke={"partitioning": "iid", "poc-candidates": 0},
-        benchmark="poc",
+        smoke={"partitioning": "iid", "power-of-choice-candidates": 0},
+        benchmark="power_of_choice",
     ),
 }
 

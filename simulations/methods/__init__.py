@@ -30,7 +30,12 @@ from flwr.serverapp.strategy import Strategy
 
 from flwr_importance.clientapps import ClientHandler, TaskFactory
 from flwr_importance.clientapps.standard import method_handlers
-from flwr_importance.registry import MethodSpec, app_method_names, methods
+from flwr_importance.registry import (
+    MethodSpec,
+    app_method_names,
+    deprecated_app_names,
+    methods,
+)
 from flwr_importance.registry import method as registry_method
 from simulations.config import ExperimentConfig
 
@@ -102,8 +107,12 @@ class RegistryMethod:
 
 @functools.cache
 def load_method(name: str) -> Method:
-    """The method for ``strategy = name``: its module here, or the registry's."""
-    if name not in available_methods():
+    """The method for ``strategy = name``: its module here, or the registry's.
+
+    A deprecated name (``poc``) loads its method with a ``FutureWarning``
+    (:func:`flwr_importance.registry.method`).
+    """
+    if name not in available_methods() and name not in deprecated_app_names():
         raise ValueError(
             f"unknown strategy '{name}'; available: {', '.join(available_methods())}"
         )

@@ -390,12 +390,12 @@ def test_convergence_benchmarks_run_two_at_a_time_and_timings_alone(
         return BenchmarkRun(name, output_root / name, seconds=0.05)
 
     monkeypatch.setattr(report, "run_benchmark", fake)
-    names = ["clustered", "folb", "poc", "isfedavg", "server_overhead"]
+    names = ["clustered", "folb", "power_of_choice", "isfedavg", "server_overhead"]
     runs = report.run_benchmarks(names, tmp_path, full=False)
     assert sorted(runs) == sorted(names)
     assert not report.paired("server_overhead") and not report.paired("isfedavg")
     # The timing and the multi-process benchmarks shared the machine with none.
     assert overlaps["server_overhead"] == set() and overlaps["isfedavg"] == set()
     # Convergence benchmarks did, never more than two at once.
-    assert any(overlaps[name] for name in ("clustered", "folb", "poc"))
+    assert any(overlaps[name] for name in ("clustered", "folb", "power_of_choice"))
     assert most_at_once[0] == report.PAIRED_WORKERS

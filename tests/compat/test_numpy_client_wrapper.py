@@ -360,7 +360,7 @@ def test_ocs_trains_each_node_once_per_round_through_the_legacy_loop() -> None:
     assert any(not np.allclose(a, b) for a, b in zip(final, START, strict=True))
 
 
-@pytest.mark.parametrize("method", ["md", "poc"])
+@pytest.mark.parametrize("method", ["md", "power-of-choice"])
 def test_size_and_loss_methods_train_through_the_legacy_loop(method: str) -> None:
     calls: Counter[str] = Counter()
     strategy = compat.legacy_class(method)(
@@ -381,7 +381,7 @@ EXAMPLE_METHODS = [
     "clustered-similarity",
     "ocs",
     "aocs",
-    "poc",
+    "power-of-choice",
 ]
 
 

@@ -21,7 +21,15 @@ from tests.examples.example_runs import run_methods
 EXAMPLE_DIR = (
     Path(__file__).resolve().parents[2] / "examples" / "quickstart-pytorch-legacy"
 )
-METHODS = ["fedavg", "md", "clustered", "clustered-similarity", "ocs", "aocs", "poc"]
+METHODS = [
+    "fedavg",
+    "md",
+    "clustered",
+    "clustered-similarity",
+    "ocs",
+    "aocs",
+    "power-of-choice",
+]
 ROUNDS = 2
 NUM_SUPERNODES = 10
 #: The line the example's FlowerClient.fit logs, with its partition.

@@ -36,7 +36,16 @@ EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples" / "quickstart-skl
 
 #: The example's methods: FedAvg, both algorithms of clustered sampling and
 #: every registry method whose client needs no gradient.
-METHODS = ("fedavg", "md", "clustered", "clustered-size", "ocs", "aocs", "poc", "mmfl")
+METHODS = (
+    "fedavg",
+    "md",
+    "clustered",
+    "clustered-size",
+    "ocs",
+    "aocs",
+    "power-of-choice",
+    "mmfl",
+)
 
 #: Registry methods whose clients need gradients or per-sample quantities,
 #: which a scikit-learn ``LogisticRegression`` does not give.
@@ -44,7 +53,7 @@ NOT_APPLICABLE = {"fedsampling", "isfedavg", "folb"}
 
 #: Methods whose train metrics are Flower's weighted mean of the sampled
 #: nodes' replies, so they hold the key only the example's train writes.
-USER_METRIC_METHODS = ("fedavg", "md", "clustered", "clustered-size", "poc")
+USER_METRIC_METHODS = ("fedavg", "md", "clustered", "clustered-size", "power-of-choice")
 EXAMPLE_TRAIN_METRIC = "train_accuracy"
 
 ROUNDS = 2

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from benchmarks.evidence import MIN_REPORTED_SEEDS, MIN_REPORTED_SEEDS_FULL
-from benchmarks.poc import description
+from benchmarks.power_of_choice import description
 
 
 def test_quick_and_full_comparisons_share_seeds_and_claim_every_variant() -> None:
@@ -17,11 +17,12 @@ def test_quick_and_full_comparisons_share_seeds_and_claim_every_variant() -> Non
             assert comparison.methods[comparison.baseline]["strategy"] in {
                 "fedavg",
                 "md",
-                "poc",
+                "power-of-choice",
             }
             claimed = set(comparison.claimed)
             assert {"pow-d (d = 6)", "rpow-d (d = 6)"} <= claimed
             assert all(
-                comparison.methods[name]["strategy"] == "poc" for name in claimed
+                comparison.methods[name]["strategy"] == "power-of-choice"
+                for name in claimed
             )
     assert "rand (d = m)" in [c.baseline for c in description(True).comparisons]

@@ -325,15 +325,20 @@ def test_bad_settings_fail_at_construction(
 
 
 def test_the_declared_canned_variant_runs_a_round() -> None:
-    spec = method("poc")
+    spec = method("power-of-choice")
     assert spec.strategy is PowerOfChoice
     fleet = Fleet.skewed(
         num_nodes=20, model=MODEL, reply_models=[constant_model(1.0)], seed=0
     )
     grid = CannedReplyGrid(
-        20, canned_responders("poc", fleet=fleet, node_index=lambda node: node - 2)
+        20,
+        canned_responders(
+            "power-of-choice", fleet=fleet, node_index=lambda node: node - 2
+        ),
     )
-    strategy = build_canned("poc", clients_per_round=3, fleet=fleet, projection_dim=8)
+    strategy = build_canned(
+        "power-of-choice", clients_per_round=3, fleet=fleet, projection_dim=8
+    )
     assert isinstance(strategy, PowerOfChoice)
     messages = list(strategy.configure_train(1, MODEL, ConfigRecord(), grid))
     assert len(messages) == 3

@@ -43,7 +43,7 @@ BUILDERS: dict[str, Callable[..., ImportanceStrategy[Any]]] = {
     "clustered": lambda **kw: ClusteredSampling(clients_per_round=3, **kw),
     "ocs": lambda **kw: OptimalClientSampling(clients_per_round=3, **kw),
     "mmfl": lambda **kw: MultiModelSampling(num_models=1, clients_per_round=3, **kw),
-    "poc": lambda **kw: PowerOfChoice(clients_per_round=3, **kw),
+    "power-of-choice": lambda **kw: PowerOfChoice(clients_per_round=3, **kw),
 }
 
 #: The first required argument of each class, given positionally.
@@ -55,7 +55,7 @@ POSITIONAL: dict[str, Callable[[], object]] = {
     "clustered": lambda: ClusteredSampling(3),  # type: ignore[misc]
     "ocs": lambda: OptimalClientSampling(3),  # type: ignore[misc]
     "mmfl": lambda: MultiModelSampling(1, 3),  # type: ignore[misc]
-    "poc": lambda: PowerOfChoice(3),  # type: ignore[misc]
+    "power-of-choice": lambda: PowerOfChoice(3),  # type: ignore[misc]
 }
 
 #: The defaults a class states as its own, with the reason in its docstring.
@@ -205,7 +205,9 @@ class RecordingGrid(InProcessGrid):
         return super().push_messages(messages)
 
 
-@pytest.mark.parametrize("name", ["md", "ocs", "mmfl", "poc", "fedsampling"])
+@pytest.mark.parametrize(
+    "name", ["md", "ocs", "mmfl", "power-of-choice", "fedsampling"]
+)
 def test_every_message_honours_the_record_keys(name: str) -> None:
     strategy = BUILDERS[name](configrecord_key="cfg", arrayrecord_key="model")
     arrays = pack_models([MODEL]) if name == "mmfl" else MODEL

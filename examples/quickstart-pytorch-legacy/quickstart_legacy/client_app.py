@@ -90,7 +90,7 @@ def client_fn(context: Context) -> Client:
 
 
 # The size-sampling methods ask each node its sample count before any fit.
-# --8<-- [start:md-client,clustered-client,poc-client]
+# --8<-- [start:md-client,clustered-client,power-of-choice-client]
 def train_size(context: Context) -> int:
     """The partition's number of training images, asked before any ``fit``."""
     partition_id = int(context.node_config["partition-id"])
@@ -98,14 +98,14 @@ def train_size(context: Context) -> int:
     return len(trainloader.dataset)  # type: ignore[arg-type]
 
 
-# --8<-- [end:md-client,clustered-client,poc-client]
+# --8<-- [end:md-client,clustered-client,power-of-choice-client]
 
 
 # Every method's calls reach FlowerClient through this one line (FedAvg's
 # pass through unchanged). Without num_examples the wrapper would learn a
 # node's size by one more fit, from get_parameters, which this client lacks.
-# --8<-- [start:md-client,clustered-client,ocs-client,aocs-client,poc-client]
+# --8<-- [start:md-client,clustered-client,ocs-client,aocs-client,power-of-choice-client]  # noqa: E501
 app = ClientApp(
     client_fn=compat.importance_client_fn(client_fn, num_examples=train_size)
 )
-# --8<-- [end:md-client,clustered-client,ocs-client,aocs-client,poc-client]
+# --8<-- [end:md-client,clustered-client,ocs-client,aocs-client,power-of-choice-client]

@@ -74,13 +74,13 @@ def strategy_for(method: str, context: Context) -> Strategy:
             clients_per_round=m, approximate=True, **fedavg_arguments
         )
     # --8<-- [end:aocs-server]
-    # --8<-- [start:poc-server]
-    if method == "poc":
+    # --8<-- [start:power-of-choice-server]
+    if method == "power-of-choice":
         return compat.PowerOfChoice(clients_per_round=m, **fedavg_arguments)
-    # --8<-- [end:poc-server]
+    # --8<-- [end:power-of-choice-server]
     raise ValueError(
         f"unknown strategy '{method}': fedavg, md, clustered, "
-        "clustered-similarity, ocs, aocs or poc"
+        "clustered-similarity, ocs, aocs or power-of-choice"
     )
 
 

@@ -144,18 +144,18 @@ def fedavg_app() -> ClientApp:
 def sizes_app() -> ClientApp:
     """MD and clustered sampling (both algorithms): Flower's app and the size query."""
     app = fedavg_app()
-    # --8<-- [start:md-client,clustered-client,poc-client]
+    # --8<-- [start:md-client,clustered-client,power-of-choice-client]
     add_size_query(app, num_examples=num_train_examples)
-    # --8<-- [end:md-client,clustered-client,poc-client]
+    # --8<-- [end:md-client,clustered-client,power-of-choice-client]
     return app
 
 
-def poc_app() -> ClientApp:
+def power_of_choice_app() -> ClientApp:
     """Power-of-Choice: the size query and the loss query on Flower's ``evaluate``."""
     app = sizes_app()
-    # --8<-- [start:poc-client]
+    # --8<-- [start:power-of-choice-client]
     add_loss_query(app, evaluate, loss_key="eval_loss")
-    # --8<-- [end:poc-client]
+    # --8<-- [end:power-of-choice-client]
     return app
 
 
@@ -312,7 +312,7 @@ METHOD_APPS: dict[str, Callable[[], ClientApp]] = {
     "md": sizes_app,
     "clustered": sizes_app,
     "clustered-size": sizes_app,
-    "poc": poc_app,
+    "power-of-choice": power_of_choice_app,
     "ocs": ocs_app,
     "aocs": ocs_app,
     "mmfl": mmfl_app,

@@ -116,10 +116,10 @@ def make_strategy(method: str, context: Context) -> Strategy:
                 clients_per_round=clients_per_round, method="size"
             )
             # --8<-- [end:clustered-server]
-        case "poc":
-            # --8<-- [start:poc-server]
+        case "power-of-choice":
+            # --8<-- [start:power-of-choice-server]
             strategy = PowerOfChoice(clients_per_round=clients_per_round)
-            # --8<-- [end:poc-server]
+            # --8<-- [end:power-of-choice-server]
         case "ocs":
             # --8<-- [start:ocs-server]
             strategy = OptimalClientSampling(clients_per_round=clients_per_round)
@@ -166,7 +166,7 @@ METHODS = (
     "md",
     "clustered",
     "clustered-size",
-    "poc",
+    "power-of-choice",
     "ocs",
     "aocs",
     "mmfl",

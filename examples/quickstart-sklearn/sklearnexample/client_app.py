@@ -6,8 +6,8 @@ a few torch-free lines more, marked with the methods they serve; one app
 serves them all here (each helper answers only its own method's messages), a
 project using one method keeps only that method's lines:
 
-- ``md``, ``clustered`` and ``poc``: the true-size query;
-- ``poc``: the local-loss query on ``evaluate``;
+- ``md``, ``clustered`` and ``power-of-choice``: the true-size query;
+- ``power-of-choice``: the local-loss query on ``evaluate``;
 - ``ocs``, ``aocs`` and ``mmfl``: :class:`KeptUpdateMod` on ``train`` and the
   norm query running ``train``;
 - ``mmfl``: ``train`` and ``evaluate`` pick the model's task by the config's
@@ -134,7 +134,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     return Message(content=content, reply_to=msg)
 
 
-# --8<-- [start:md-client,clustered-client,poc-client]
+# --8<-- [start:md-client,clustered-client,power-of-choice-client]
 def num_train_examples(context: Context) -> int:
     """The size of this node's training set."""
     partition_id = int(context.node_config["partition-id"])
@@ -143,10 +143,10 @@ def num_train_examples(context: Context) -> int:
 
 
 add_size_query(app, num_examples=num_train_examples)
-# --8<-- [end:md-client,clustered-client,poc-client]
+# --8<-- [end:md-client,clustered-client,power-of-choice-client]
 # --8<-- [start:ocs-client,aocs-client,mmfl-client]
 add_norm_query(app, train, train_loss_key="train_logloss")
 # --8<-- [end:ocs-client,aocs-client,mmfl-client]
-# --8<-- [start:poc-client]
+# --8<-- [start:power-of-choice-client]
 add_loss_query(app, evaluate, loss_key="test_logloss")
-# --8<-- [end:poc-client]
+# --8<-- [end:power-of-choice-client]

@@ -88,10 +88,10 @@ def make_strategy(method: str, context: Context) -> Strategy:
                 clients_per_round=clients_per_round, approximate=True
             )
             # --8<-- [end:aocs-server]
-        case "poc":
-            # --8<-- [start:poc-server]
+        case "power-of-choice":
+            # --8<-- [start:power-of-choice-server]
             strategy = PowerOfChoice(clients_per_round=clients_per_round)
-            # --8<-- [end:poc-server]
+            # --8<-- [end:power-of-choice-server]
         case "mmfl":
             # --8<-- [start:mmfl-server]
             strategy = MultiModelSampling(

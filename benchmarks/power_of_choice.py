@@ -21,7 +21,7 @@ the paper's ``rand``, ``d = m``), logistic regression.
 Quick mode: 5 reported seeds, 30 rounds (about a minute on 2 cores);
 ``--full``: 20 seeds, 60 rounds (about 12 minutes on 2 busy cores).
 
-Usage: ``python -m benchmarks.poc [--full] [--output-dir DIR]``.
+Usage: ``python -m benchmarks.power_of_choice [--full] [--output-dir DIR]``.
 """
 
 from __future__ import annotations
@@ -59,27 +59,31 @@ from simulations.task import federated_data, global_model
 #: The section title of this benchmark in docs/results.md.
 TITLE = "Power-of-Choice vs MD and uniform sampling (Cho et al., AISTATS 2022)"
 
-PRESET = "poc-digits-dirichlet"
+PRESET = "power-of-choice-digits-dirichlet"
 PAPER = (
     "Cho, Wang, Joshi, AISTATS 2022, Towards understanding biased client "
     "selection in federated learning"
 )
 TUNING_SEEDS = (100, 101)
 #: The paper's Power-of-Choice variants; the claim is about each.
-POC: dict[str, Overrides] = {
-    "pow-d (d = 6)": {"strategy": "poc", "poc-variant": "pow-d", "poc-candidates": 6},
+POWER_OF_CHOICE: dict[str, Overrides] = {
+    "pow-d (d = 6)": {
+        "strategy": "power-of-choice",
+        "power-of-choice-variant": "pow-d",
+        "power-of-choice-candidates": 6,
+    },
     "rpow-d (d = 6)": {
-        "strategy": "poc",
-        "poc-variant": "rpow-d",
-        "poc-candidates": 6,
+        "strategy": "power-of-choice",
+        "power-of-choice-variant": "rpow-d",
+        "power-of-choice-candidates": 6,
     },
 }
 #: ``--full`` only: a larger ``d`` (the paper's speed-up grows with it).
-POC_FULL: dict[str, Overrides] = {
+POWER_OF_CHOICE_FULL: dict[str, Overrides] = {
     "pow-d (d = 15)": {
-        "strategy": "poc",
-        "poc-variant": "pow-d",
-        "poc-candidates": 15,
+        "strategy": "power-of-choice",
+        "power-of-choice-variant": "pow-d",
+        "power-of-choice-candidates": 15,
     },
 }
 BASELINES: dict[str, Overrides] = {
@@ -88,7 +92,7 @@ BASELINES: dict[str, Overrides] = {
 }
 #: ``--full`` only: the paper's own baseline, Power-of-Choice with ``d = m``.
 RAND: dict[str, Overrides] = {
-    "rand (d = m)": {"strategy": "poc", "poc-candidates": 3},
+    "rand (d = m)": {"strategy": "power-of-choice", "power-of-choice-candidates": 3},
 }
 
 
@@ -178,7 +182,7 @@ def run_function(rounds: int, output_dir: Path) -> RunFunction:
 
 def description(full: bool) -> PaperComparison:
     """Power-of-Choice against uniform sampling, then against MD sampling."""
-    methods = {**POC, **(POC_FULL if full else {})}
+    methods = {**POWER_OF_CHOICE, **(POWER_OF_CHOICE_FULL if full else {})}
     baselines = {**BASELINES, **(RAND if full else {})}
     return PaperComparison(
         title="Dirichlet(0.3) digits, unbalanced sizes (100 clients, m = 3)",
@@ -218,7 +222,7 @@ def description(full: bool) -> PaperComparison:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the comparisons; write the summary, results, claims and plot."""
-    parser = benchmark_parser("poc", __doc__)
+    parser = benchmark_parser("power_of_choice", __doc__)
     args, out = start_benchmark(parser, argv)
     rounds = 60 if args.full else 30
     started = time.perf_counter()
@@ -226,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         description(args.full), run_function(rounds, out), full=args.full
     )
     minutes = (time.perf_counter() - started) / 60
-    evaluation.plot(out / "poc.png")
+    evaluation.plot(out / "power_of_choice.png")
     sections = [
         f"# Power-of-Choice vs MD and uniform sampling ({rounds} rounds)",
         evaluation.markdown(level=2),
