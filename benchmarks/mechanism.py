@@ -82,7 +82,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from benchmarks import clustered, isfedavg, optimal_sampling
+from benchmarks import clustered, isfedavg, variance_reduced
 from benchmarks import power_of_choice as power_of_choice_benchmark
 from benchmarks.evidence import (
     CLAIMS_FILE,
@@ -108,7 +108,7 @@ from benchmarks.harness import (
 )
 from benchmarks.mechanism_capture import CapturedRound, capture_rounds
 from flwr_importance.aggregation.isfedavg import realized_normalized_probs
-from flwr_importance.aggregation.optimal import uniform_assignment_prob
+from flwr_importance.aggregation.variance_reduced import uniform_assignment_prob
 from flwr_importance.sampling import (
     Distance,
     aocs_probs,
@@ -624,7 +624,7 @@ class Setting:
 
 def settings(full: bool) -> list[Setting]:
     """The claim benchmarks' settings, quick or ``--full``, as they run them."""
-    single, multi = optimal_sampling.descriptions(full)
+    single, multi = variance_reduced.descriptions(full)
     ocs_shared = dict(single.comparisons[0].shared)
     ocs_m = int(ocs_shared["clients-per-round"])
     ocs_rounds = int(ocs_shared["num-server-rounds"])

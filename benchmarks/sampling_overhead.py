@@ -40,8 +40,8 @@ from flwr_importance.sampling.clustered import (
     clustered_distributions_from_distances,
 )
 from flwr_importance.sampling.distances import pairwise_distances
-from flwr_importance.sampling.optimal import optimal_client_probs
 from flwr_importance.sampling.pips import capped_inclusion_probs, systematic_sample
+from flwr_importance.sampling.variance_reduced import optimal_client_probs
 
 #: The section title of this benchmark in docs/results.md.
 TITLE = "Samplers at scale"

@@ -11,7 +11,9 @@ on the same pieces for a ``TaskFactory`` (``Context -> LocalTask``):
   every module shares (torch-free);
 - :mod:`.common`: the :class:`LocalTask`, FedAvg/FedProx training and
   evaluation (torch);
-- :mod:`.isfedavg`: importance-sampled mini-batches, eq. 8 steps, eq. 29;
+- :mod:`.isfedavg`: importance-sampled mini-batches, eq. 8 steps, eq. 29, on
+  the data-level sampler of :mod:`.isfedavg_sampler` (``ImportanceSampler``,
+  its round settings and per-sample state; :mod:`.isfedavg` exports them);
 - :mod:`.folb`: FedProx solve plus the local gradient and inexactness;
 - :mod:`.fedsampling`: randomized-response sizes, the round's kept samples,
   ``G_c`` over your DataLoader and loss;
@@ -19,16 +21,21 @@ on the same pieces for a ``TaskFactory`` (``Context -> LocalTask``):
 - :mod:`.sizes`: the true-size query of clustered, MD and size-weighted
   sampling (:func:`~.sizes.add_size_query`);
 - :mod:`.clustered`: clustered and MD sampling's handler set;
-- :mod:`.optimal`: OCS/AOCS/MMFL: :class:`~.optimal.KeptUpdateMod` on your
-  train function and the norm, loss and size queries run on your functions;
+- :mod:`.variance_reduced`: OCS/AOCS/MMFL: :class:`~.variance_reduced.KeptUpdateMod`
+  on your train function and the norm and size queries run on your functions;
+- :mod:`.loss`: the local-loss query on your evaluate function (Power-of-Choice,
+  MMFL's loss variant);
+- :mod:`.user_functions`: your train or evaluate function run on one model of
+  a library message (what :mod:`.variance_reduced` and :mod:`.loss` share);
 - :mod:`.standard`: the ready-made client side of any registry method;
 - :mod:`.legacy`: those handlers in a legacy-API ``NumPyClient``
   (``compat.handler_client_fn``).
 
 Model-agnostic helpers import no torch, so a scikit-learn, JAX or TensorFlow
 ClientApp can use them without it: :mod:`.messages`, :mod:`.sizes`,
-:mod:`.private_sizes`, :mod:`.optimal` (its helpers; ``make_*_handlers``
-load torch when called) and this package itself, whose torch-using names
+:mod:`.private_sizes`, :mod:`.loss`, :mod:`.user_functions`,
+:mod:`.variance_reduced` (its helpers; ``make_*_handlers`` load torch when
+called) and this package itself, whose torch-using names
 (those of :mod:`.common`) load on first use.
 """
 

@@ -4,9 +4,9 @@ The handler type, the checked reading of the server's config (the message's
 single ConfigRecord, whatever the strategy's ``configrecord_key`` named it),
 the replies shaped as Flower's quickstarts send them and the registration of
 a handler set on a ``ClientApp``. These need only Flower, so the
-model-agnostic helpers built on them (:mod:`.sizes`, :mod:`.optimal`,
-:mod:`.private_sizes`) serve a scikit-learn, JAX or TensorFlow ClientApp
-without torch installed.
+model-agnostic helpers built on them (:mod:`.sizes`, :mod:`.loss`,
+:mod:`.variance_reduced`, :mod:`.private_sizes`) serve a scikit-learn, JAX or
+TensorFlow ClientApp without torch installed.
 """
 
 from __future__ import annotations

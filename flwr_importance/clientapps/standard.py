@@ -4,12 +4,12 @@ A strategy whose clients train as in FedAvg and answer only the library's
 standard queries declares them (``client_queries`` of its
 :class:`~flwr_importance.registry.MethodSpec`) instead of writing client
 code: ``"sizes"`` (the true sample count, :mod:`.sizes`) and ``"loss"`` (the
-loss of the received model ``model-0`` on the local data, :mod:`.optimal`'s
-loss query on FedAvg's evaluate handler).
+loss of the received model ``model-0`` on the local data, :mod:`.loss`'s
+query on FedAvg's evaluate handler).
 
 On your own ClientApp (any framework), the same queries are one line each,
 torch-free: :func:`~flwr_importance.clientapps.sizes.add_size_query` and
-:func:`~flwr_importance.clientapps.optimal.add_loss_query` on your evaluate
+:func:`~flwr_importance.clientapps.loss.add_loss_query` on your evaluate
 function (Power-of-Choice's whole client side). The ready-made handlers here
 train a :class:`~flwr_importance.clientapps.LocalTask` and load torch when
 built.
@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from flwr_importance import protocol
+from flwr_importance.clientapps.loss import loss_query_handler
 from flwr_importance.clientapps.messages import ClientHandler
-from flwr_importance.clientapps.optimal import loss_query_handler
 from flwr_importance.clientapps.sizes import make_sizes_handler
 from flwr_importance.registry import MethodSpec, load_attribute
 

@@ -25,13 +25,13 @@ size query (``md``,           ``num-examples``: the count your ``fit``
 norm query (``ocs``,          your ``fit`` on the received model; the update
 ``aocs``)                     ``fit(w) - w`` is kept in ``context.state`` and
                               its norm replied (the Message-API
-                              :func:`~flwr_importance.clientapps.optimal.norm_query_handler`);
+                              :func:`~flwr_importance.clientapps.variance_reduced.norm_query_handler`);
                               a sampled node's train call then sends the kept
                               update without training again
-                              (:class:`~flwr_importance.clientapps.optimal.KeptUpdateMod`)
+                              (:class:`~flwr_importance.clientapps.variance_reduced.KeptUpdateMod`)
 loss query                    your ``evaluate`` on the received model (the
 (``power-of-choice``)         Message-API
-                              :func:`~flwr_importance.clientapps.optimal.loss_query_handler`)
+                              :func:`~flwr_importance.clientapps.loss.loss_query_handler`)
 train (``md``, ``clustered``, your ``fit``, its example count as
 ``power-of-choice``)          ``num-examples`` and its train loss as
                               ``train-loss``
@@ -86,21 +86,21 @@ from flwr.compat.client.client import (
 from numpy.typing import NDArray
 
 from flwr_importance import protocol
+from flwr_importance.clientapps.loss import loss_query_handler
 from flwr_importance.clientapps.messages import (
     arrays_reply,
     message_arrays,
     message_config,
     metrics_reply,
 )
-from flwr_importance.clientapps.optimal import (
-    KeptUpdateMod,
-    loss_query_handler,
-    norm_query_handler,
-)
 from flwr_importance.clientapps.sizes import (
     SampleCount,
     checked_sample_count,
     size_reply,
+)
+from flwr_importance.clientapps.variance_reduced import (
+    KeptUpdateMod,
+    norm_query_handler,
 )
 from flwr_importance.compat.transport import (
     MESSAGE_TYPE_KEY,

@@ -20,13 +20,6 @@ from flwr_importance.sampling.distances import (
 )
 from flwr_importance.sampling.fedsampling import bernoulli_keep, keep_probability
 from flwr_importance.sampling.importance import importance_batch, update_sample_probs
-from flwr_importance.sampling.optimal import (
-    aocs_probs,
-    assign_models,
-    estimator_variance,
-    mmfl_probs,
-    optimal_client_probs,
-)
 from flwr_importance.sampling.pips import (
     capped_inclusion_probs,
     md_sample,
@@ -41,6 +34,13 @@ from flwr_importance.sampling.privacy import (
 )
 from flwr_importance.sampling.schedule import uniform_client_set
 from flwr_importance.sampling.sketch import CountSketch, project_gradients
+from flwr_importance.sampling.variance_reduced import (
+    aocs_probs,
+    assign_models,
+    estimator_variance,
+    mmfl_probs,
+    optimal_client_probs,
+)
 
 __all__ = [
     "DISTANCES",

@@ -40,7 +40,7 @@ def capped_inclusion_probs(weights: ArrayLike, m: int) -> NDArray[np.float64]:
     ``k`` with ``0 < m - N + k <= sum_{j<=k} w_j / w_k``; the ``k`` smallest get
     ``(m - N + k) w_i / sum_{j<=k} w_j`` and the others 1.  This is also the
     single-model OCS closed form (docs/methods.md §5), which
-    :func:`flwr_importance.sampling.optimal.optimal_client_probs` reuses.
+    :func:`flwr_importance.sampling.variance_reduced.optimal_client_probs` reuses.
 
     Parameters
     ----------

@@ -18,17 +18,20 @@ from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
 from flwr_importance import protocol
-from flwr_importance.aggregation.optimal import size_fractions, uniform_assignment_prob
+from flwr_importance.aggregation.variance_reduced import (
+    size_fractions,
+    uniform_assignment_prob,
+)
 from flwr_importance.method_spec import MethodSpec
 from flwr_importance.sampling import assign_models, estimator_variance, mmfl_probs
 from flwr_importance.strategies.base import log_settings
 from flwr_importance.strategies.checks import check_choice, check_count
-from flwr_importance.strategies.ocs import (
+from flwr_importance.strategies.replies import ClientSide
+from flwr_importance.strategies.unbiased_sampling import (
     OPTIMAL_SAMPLING_DOCS,
     SamplePlan,
     UnbiasedSampling,
 )
-from flwr_importance.strategies.replies import ClientSide
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -144,7 +147,7 @@ class MultiModelSampling(UnbiasedSampling):
         ``arrayrecord_key`` does not apply (the models travel as
         ``model-<s>``, as the protocol names them).
 
-    Client contract (:mod:`flwr_importance.clientapps.optimal`)
+    Client contract (:mod:`flwr_importance.clientapps.variance_reduced`)
     -----------------------------------------------------------
     ``query.norm`` (gradnorm): ArrayRecords ``model-0..model-<S-1>``, config
     ``server-round``; reply metrics ``update-norm-<s>``, ``num-examples-<s>``.
@@ -176,7 +179,7 @@ class MultiModelSampling(UnbiasedSampling):
         "add `add_norm_query(app, train)` and `@app.train(mods=[KeptUpdateMod()])` "
         "(variant='gradnorm'), `add_loss_query(app, evaluate)` ('loss') or "
         "`add_model_sizes_query(app, num_examples=...)` ('random', 'round-robin'), "
-        "from flwr_importance.clientapps.optimal, with a train function that "
+        "from flwr_importance.clientapps.variance_reduced, with a train function that "
         "reads `model-index`",
         OPTIMAL_SAMPLING_DOCS,
     )
@@ -346,7 +349,7 @@ class MultiModelSampling(UnbiasedSampling):
 METHOD = MethodSpec(
     name="mmfl",
     strategy=MultiModelSampling,
-    client_handlers="flwr_importance.clientapps.optimal:make_mmfl_handlers",
+    client_handlers="flwr_importance.clientapps.variance_reduced:make_mmfl_handlers",
     # Several models in one round trip: the legacy API carries one Parameters.
     legacy_api=False,
 )

@@ -224,7 +224,7 @@ class PowerOfChoice(MultisetSampling):
     * ``cpow-d`` (computation-efficient): the same server; the clients'
       loss handler evaluates ``F_k`` on a mini-batch of ``b`` samples
       instead of all local data (register
-      :func:`~flwr_importance.clientapps.optimal.add_loss_query` with an evaluate
+      :func:`~flwr_importance.clientapps.loss.add_loss_query` with an evaluate
       function that does so).
     * ``rpow-d`` (communication- and computation-efficient): no extra round
       trip; each candidate ranks by the mean training loss (``train-loss``)
@@ -267,7 +267,7 @@ class PowerOfChoice(MultisetSampling):
       model as the ArrayRecord ``model-0`` and config ``server-round``; the
       reply's MetricRecord holds ``loss-0``, the mean local loss of that
       model (finite, >= 0; higher ranks first), and ``num-examples-0``.
-      :func:`~flwr_importance.clientapps.optimal.add_loss_query` answers it from the
+      :func:`~flwr_importance.clientapps.loss.add_loss_query` answers it from the
       user's evaluate function, no training.
     - ``train``: as Flower's ``FedAvg`` (model under ``arrays``, config with
       ``server-round``); the reply holds the local model and
@@ -286,7 +286,7 @@ class PowerOfChoice(MultisetSampling):
     client_side = ClientSide(
         "add `add_size_query(app, num_examples=...)` "
         "(flwr_importance.clientapps.sizes) and, for variant='pow-d', "
-        "`add_loss_query(app, local_loss)` (flwr_importance.clientapps.optimal); "
+        "`add_loss_query(app, local_loss)` (flwr_importance.clientapps.loss); "
         "for variant='rpow-d' the train reply carries `train-loss`",
         "docs/methods.md#6-power-of-choice-the-highest-losses-of-a-size-proportional"
         "-candidate-set",

@@ -255,12 +255,12 @@ DECLARATIONS: Mapping[str, MethodTooling] = {
         ),
         equal_work=lambda work: {"mmfl-tasks": "digits", "mmfl-variant": "gradnorm"},
         smoke={"mmfl-tasks": "digits:iid,digits:iid", "clients-per-round": 4},
-        benchmark="optimal_sampling",
+        benchmark="variance_reduced",
     ),
     "ocs": MethodTooling(
         headline_preset="ocs-digits-lognormal",
         canned=(CannedVariant(replies={"query.norm": "norm", "train": "kept-update"}),),
-        benchmark="optimal_sampling",
+        benchmark="variance_reduced",
     ),
     "power-of-choice": MethodTooling(
         headline_preset="power-of-choice-digits-dirichlet",

@@ -27,7 +27,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
 from flwr_importance.clientapps import ClientHandler, LocalTask, TaskFactory
-from flwr_importance.clientapps.optimal import make_mmfl_handlers
+from flwr_importance.clientapps.variance_reduced import make_mmfl_handlers
 from flwr_importance.strategies.mmfl import (
     VARIANTS,
     MultiModelSampling,

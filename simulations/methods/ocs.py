@@ -10,7 +10,7 @@ control: ``p_i = m / N`` with OCS's query, estimator and seeded draws),
 from __future__ import annotations
 
 from flwr_importance.clientapps import ClientHandler, TaskFactory
-from flwr_importance.clientapps.optimal import make_ocs_handlers
+from flwr_importance.clientapps.variance_reduced import make_ocs_handlers
 from flwr_importance.strategies.ocs import OptimalClientSampling
 from simulations.config import ExperimentConfig
 

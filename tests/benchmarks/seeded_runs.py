@@ -2,7 +2,7 @@
 
 ``python -m tests.benchmarks.seeded_runs OUT.json`` writes one JSON object: the history
 of each method's headline preset run in process on 30 nodes (the path of the isfedavg,
-fedsampling, optimal_sampling and failures benchmarks and of the report's
+fedsampling, variance_reduced and failures benchmarks and of the report's
 in-process column), FOLB's, clustered sampling's, ISFedAvg's and FedSampling's
 own run loops and a run with injected faults, each for two rounds.
 ``test_benchmarks_reproducible.py`` runs it in two processes with different

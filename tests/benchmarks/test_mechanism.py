@@ -36,7 +36,7 @@ from benchmarks.mechanism import (
     write_outputs,
 )
 from benchmarks.mechanism_capture import CapturedRound, capture_rounds
-from flwr_importance.aggregation.optimal import unbiased_update
+from flwr_importance.aggregation.variance_reduced import unbiased_update
 from flwr_importance.sampling import (
     aggregation_weight_variance,
     clustered_distributions_by_size,

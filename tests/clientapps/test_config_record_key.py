@@ -33,7 +33,7 @@ from tests.clientapps.quickstart_user import (
     initial_arrays,
     run_rounds,
 )
-from tests.clientapps.test_optimal_user_app import NUM_NODES, make_grid
+from tests.clientapps.test_variance_reduced_user_app import NUM_NODES, make_grid
 from tests.folb.test_folb_clientapp import client_app as folb_client_app
 from tests.folb.test_folb_clientapp import global_model
 from tests.isfedavg.test_isfedavg_client import app as isfedavg_app

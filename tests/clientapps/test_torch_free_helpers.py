@@ -41,16 +41,19 @@ TORCH_FREE_NAMES = {
         "size_query_handler",
         "size_reply",
     ],
-    "flwr_importance.clientapps.optimal": [
+    "flwr_importance.clientapps.variance_reduced": [
         "KeptUpdateMod",
-        "add_loss_query",
         "add_model_sizes_query",
         "add_norm_query",
-        "loss_query_handler",
         "model_update",
         "norm_query_handler",
-        "received_models",
         "update_norm",
+    ],
+    "flwr_importance.clientapps.loss": ["add_loss_query", "loss_query_handler"],
+    "flwr_importance.clientapps.user_functions": [
+        "message_for_user",
+        "received_models",
+        "user_reply_metrics",
     ],
     "flwr_importance.clientapps.private_sizes": [
         "add_private_size_query",
@@ -79,8 +82,9 @@ REGISTER_ALL = """
 import json, sys
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from flwr_importance.clientapps.optimal import (
-    KeptUpdateMod, add_loss_query, add_model_sizes_query, add_norm_query,
+from flwr_importance.clientapps.loss import add_loss_query
+from flwr_importance.clientapps.variance_reduced import (
+    KeptUpdateMod, add_model_sizes_query, add_norm_query,
 )
 from flwr_importance.clientapps.private_sizes import add_private_size_query
 from flwr_importance.clientapps.sizes import add_size_query

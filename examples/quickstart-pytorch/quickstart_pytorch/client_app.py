@@ -48,12 +48,12 @@ from flwr_importance.clientapps.folb import (
     local_gradient,
 )
 from flwr_importance.clientapps.isfedavg import ImportanceSampler
-from flwr_importance.clientapps.optimal import (
+from flwr_importance.clientapps.loss import add_loss_query
+from flwr_importance.clientapps.sizes import add_size_query
+from flwr_importance.clientapps.variance_reduced import (
     KeptUpdateMod,
-    add_loss_query,
     add_norm_query,
 )
-from flwr_importance.clientapps.sizes import add_size_query
 from quickstart_pytorch.task import Net, load_data, unpack
 from quickstart_pytorch.task import test as test_fn
 from quickstart_pytorch.task import train as train_fn

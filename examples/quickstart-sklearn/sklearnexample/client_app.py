@@ -24,12 +24,12 @@ from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 from sklearn.metrics import log_loss
 
-from flwr_importance.clientapps.optimal import (
+from flwr_importance.clientapps.loss import add_loss_query
+from flwr_importance.clientapps.sizes import add_size_query
+from flwr_importance.clientapps.variance_reduced import (
     KeptUpdateMod,
-    add_loss_query,
     add_norm_query,
 )
-from flwr_importance.clientapps.sizes import add_size_query
 from sklearnexample.task import (
     UNIQUE_LABELS,
     get_model,

@@ -7,7 +7,7 @@ Each library method replaces Flower's ``FedAvg`` in one line of
 after another on the same nodes, each from the same initial model, and with
 ``output-dir`` set each writes ``<output-dir>/<method>.json``. No node state
 carries over from one method to the next: the only state, the updates
-:class:`~flwr_importance.clientapps.optimal.KeptUpdateMod` keeps, is replaced
+:class:`~flwr_importance.clientapps.variance_reduced.KeptUpdateMod` keeps, is replaced
 by every round's norm query, which OCS, AOCS and MMFL send to every node
 before they sample among the nodes that answered it.
 """

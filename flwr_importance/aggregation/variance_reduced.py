@@ -7,7 +7,7 @@ full-participation update ``sum_i d_i U_i`` (slides, "MMFL optimal
 variance-reduced sampling", eq. 5 and Algorithm 1 line 20; Chen, Horváth,
 Richtárik, TMLR 2022, eq. 1).  ``d_i = n_i / sum_j n_j`` is client ``i``'s share
 of the data (of model ``s``'s data in MMFL).  The probabilities come from
-:mod:`flwr_importance.sampling.optimal`; this module only weighs and sums.
+:mod:`flwr_importance.sampling.variance_reduced`; this module only weighs and sums.
 
 **Decision:** ``U_i`` is the local model delta ``w_i - w`` and the server adds
 ``server_lr * estimate`` (the slides subtract ``eta * sum (d/p) U`` with ``U`` a

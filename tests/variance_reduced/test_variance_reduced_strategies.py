@@ -25,7 +25,7 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 from numpy.typing import NDArray
 
-from flwr_importance.aggregation.optimal import size_fractions
+from flwr_importance.aggregation.variance_reduced import size_fractions
 from flwr_importance.protocol import (
     UPDATE_RECORD,
 )

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from flwr_importance.aggregation.optimal import (
+from flwr_importance.aggregation.variance_reduced import (
     size_fractions,
     unbiased_update,
     unbiased_weights,

@@ -51,8 +51,8 @@ reply. With Flower's quickstart::
 
 For MMFL, ``train`` picks its model and data by
 ``msg.content["config"]["model-index"]``; the loss variant adds
-``add_loss_query(app, evaluate, loss_key="eval_loss")`` (your
-``@app.evaluate()`` function), the baselines
+``add_loss_query(app, evaluate, loss_key="eval_loss")`` (:mod:`.loss`, on
+your ``@app.evaluate()`` function), the baselines
 ``add_model_sizes_query(app, num_examples=...)``. The helpers never touch
 the model: they read and write ArrayRecords (NumPy, no torch import), and the
 user's functions train, so they serve any framework's ClientApp; only the
@@ -61,7 +61,6 @@ ready-made ``make_*_handlers`` load torch, when called.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -76,11 +75,11 @@ from flwr.app import (
     MetricRecord,
     RecordDict,
 )
-from flwr.app.message import make_message
 from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable
 
 from flwr_importance import protocol
+from flwr_importance.clientapps.loss import loss_query_handler
 from flwr_importance.clientapps.messages import (
     ClientHandler,
     config_number,
@@ -89,6 +88,12 @@ from flwr_importance.clientapps.messages import (
     server_round_of,
 )
 from flwr_importance.clientapps.sizes import checked_sample_count
+from flwr_importance.clientapps.user_functions import (
+    message_for_user,
+    metric_number,
+    received_models,
+    user_reply_metrics,
+)
 
 if TYPE_CHECKING:
     from flwr_importance.clientapps.common import LocalTask, TaskFactory
@@ -99,37 +104,12 @@ ModelTaskFactory = Callable[[Context, int], "LocalTask"]
 #: ``(context, model_index) -> n``: the node's sample count for each model.
 ModelSampleCount = Callable[[Context, int], int]
 
-#: Where the user's handlers find the model and the config, as in the messages
-#: of Flower's ``FedAvg`` (its default ``arrayrecord_key``/``configrecord_key``),
-#: whatever names the strategy's own messages use.
-USER_ARRAYS_KEY = protocol.ARRAY_RECORD
-USER_CONFIG_KEY = protocol.CONFIG_RECORD
-
 #: ``context.state`` key of the ConfigRecord saying which round the kept
 #: updates belong to; update ``s`` is under ``KEPT_UPDATE_PREFIX<s>``, the
 #: metrics of its train reply under ``KEPT_METRICS_PREFIX<s>``.
 KEPT_ROUND_KEY = "optimal-kept-round"
 KEPT_UPDATE_PREFIX = "optimal-kept-update-"
 KEPT_METRICS_PREFIX = "optimal-kept-metrics-"
-
-
-def received_models(message: Message) -> dict[int, ArrayRecord]:
-    """The message's ArrayRecords by model index (names ``model-<s>``).
-
-    Raises
-    ------
-    ValueError
-        If the message carries no model or an ArrayRecord named otherwise.
-    """
-    models: dict[int, ArrayRecord] = {}
-    for name, record in message.content.array_records.items():
-        index = name.removeprefix(protocol.MODEL_RECORD_PREFIX)
-        if not name.startswith(protocol.MODEL_RECORD_PREFIX) or not index.isdigit():
-            raise ValueError(f"unexpected ArrayRecord '{name}' (expected model-<s>)")
-        models[int(index)] = record
-    if not models:
-        raise ValueError("the message carries no model")
-    return models
 
 
 def model_update(global_model: ArrayRecord, local_model: ArrayRecord) -> ArrayRecord:
@@ -181,64 +161,6 @@ def update_norm(update: ArrayRecord) -> float:
     return squared**0.5
 
 
-def _message_for_user(
-    message: Message, message_type: str, model: ArrayRecord, model_index: int
-) -> Message:
-    """``message`` reshaped as a FedAvg message of ``message_type`` for model ``s``.
-
-    The model goes under ``"arrays"``, the server's config (``lr`` and the
-    like, plus ``model-index``) under ``"config"``, whatever the server named
-    its records. Built from the incoming message's metadata: a ClientApp
-    cannot create a new message, only reply.
-    """
-    config = message_config(message)
-    metadata = copy.copy(message.metadata)
-    metadata.message_type = message_type
-    content = RecordDict(
-        {
-            USER_ARRAYS_KEY: model,
-            USER_CONFIG_KEY: ConfigRecord(
-                {**config, protocol.MODEL_INDEX: model_index}
-            ),
-        }
-    )
-    return make_message(metadata=metadata, content=content)
-
-
-def _reply_metrics(reply: Message, keys: list[str], handler: str) -> MetricRecord:
-    """The single MetricRecord of the user's ``reply``, checked to hold ``keys``.
-
-    Raises
-    ------
-    RuntimeError
-        If the user's handler replied with an error.
-    ValueError
-        If the reply does not carry one MetricRecord with every key.
-    """
-    if reply.has_error():
-        raise RuntimeError(f"the {handler} function failed: {reply.error.reason}")
-    records = list(reply.content.metric_records.values())
-    if len(records) != 1:
-        raise ValueError(f"the {handler} reply has {len(records)} MetricRecords, not 1")
-    (metrics,) = records
-    missing = [key for key in keys if key not in metrics]
-    if missing:
-        raise ValueError(
-            f"the {handler} reply lacks {missing} (it has {sorted(metrics)}); "
-            "a train reply needs the train loss under the key given as "
-            "train_loss_key, an evaluate reply the loss under loss_key"
-        )
-    return metrics
-
-
-def _number(metrics: MetricRecord, key: str) -> float:
-    """The metric ``key`` as a number (a list-valued metric is refused)."""
-    value = metrics[key]
-    if not isinstance(value, (int, float)):
-        raise ValueError(f"metric '{key}' must be a number, got {value!r}")
-    return value
-
-
 def _train_update(
     train_fn: ClientAppCallable,
     message: Message,
@@ -253,10 +175,12 @@ def _train_update(
     ``train_loss_key``) and ``model-index``, as the strategy expects them.
     """
     reply = train_fn(
-        _message_for_user(message, MessageType.TRAIN, global_model, model_index),
+        message_for_user(message, MessageType.TRAIN, global_model, model_index),
         context,
     )
-    metrics = _reply_metrics(reply, [protocol.NUM_EXAMPLES, train_loss_key], "train")
+    metrics = user_reply_metrics(
+        reply, [protocol.NUM_EXAMPLES, train_loss_key], "train"
+    )
     local_models = list(reply.content.array_records.values())
     if len(local_models) != 1:
         raise ValueError(
@@ -265,7 +189,7 @@ def _train_update(
     strategy_metrics = MetricRecord(
         {
             **metrics,
-            protocol.TRAIN_LOSS: _number(metrics, train_loss_key),
+            protocol.TRAIN_LOSS: metric_number(metrics, train_loss_key),
             protocol.MODEL_INDEX: model_index,
         }
     )
@@ -422,7 +346,9 @@ def norm_query_handler(
                 update_norm(update)
             )
             for key in (protocol.NUM_EXAMPLES, protocol.TRAIN_LOSS):
-                reply[protocol.per_model_key(key, model_index)] = _number(metrics, key)
+                reply[protocol.per_model_key(key, model_index)] = metric_number(
+                    metrics, key
+                )
         _keep_updates(context, server_round_of(message), kept)
         return metrics_reply(message, reply)
 
@@ -454,54 +380,6 @@ def add_norm_query(
     app.query(protocol.NORM_QUERY)(
         norm_query_handler(train_fn, train_loss_key=train_loss_key)
     )
-
-
-def loss_query_handler(
-    evaluate_fn: ClientAppCallable, *, loss_key: str = protocol.LOSS
-) -> ClientHandler:
-    """The ``query.loss`` handler: the user's evaluate function on each model.
-
-    Parameters
-    ----------
-    evaluate_fn : callable
-        The user's evaluate function; its reply's one MetricRecord holds the
-        mean loss under ``loss_key`` and ``num-examples``.
-    loss_key : str (default: ``"loss"``)
-        The reply metric holding the loss (quickstart: ``"eval_loss"``).
-    """
-
-    def query_loss(message: Message, context: Context) -> Message:
-        reply: dict[str, float] = {}
-        for model_index, global_model in received_models(message).items():
-            user_reply = evaluate_fn(
-                _message_for_user(
-                    message, MessageType.EVALUATE, global_model, model_index
-                ),
-                context,
-            )
-            metrics = _reply_metrics(
-                user_reply, [protocol.NUM_EXAMPLES, loss_key], "evaluate"
-            )
-            reply[protocol.per_model_key(protocol.LOSS, model_index)] = _number(
-                metrics, loss_key
-            )
-            reply[protocol.per_model_key(protocol.NUM_EXAMPLES, model_index)] = _number(
-                metrics, protocol.NUM_EXAMPLES
-            )
-        return metrics_reply(message, reply)
-
-    return query_loss
-
-
-def add_loss_query(
-    app: ClientApp, evaluate_fn: ClientAppCallable, *, loss_key: str = protocol.LOSS
-) -> None:
-    """Register ``@app.query("loss")`` (MMFL's loss variant) on ``evaluate_fn``.
-
-    Each received model is evaluated on the node's data of that model's task
-    (``model-index`` in the config); no training.
-    """
-    app.query(protocol.LOSS_QUERY)(loss_query_handler(evaluate_fn, loss_key=loss_key))
 
 
 def model_sizes_query_handler(num_examples: ModelSampleCount) -> ClientHandler:

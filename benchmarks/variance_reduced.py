@@ -20,7 +20,7 @@ estimator's variance given that round's updates under their probabilities and
 under uniform/random ones, so the ratio is measured on the same updates) and
 the client training runs per round.
 
-Usage: ``python -m benchmarks.optimal_sampling [--full] [--output-dir DIR]``.
+Usage: ``python -m benchmarks.variance_reduced [--full] [--output-dir DIR]``.
 """
 
 from __future__ import annotations
@@ -214,7 +214,7 @@ def descriptions(full: bool) -> tuple[PaperComparison, PaperComparison]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the comparisons; write the summary, results, claims and plots."""
-    args, out = start_benchmark(benchmark_parser("optimal_sampling", __doc__), argv)
+    args, out = start_benchmark(benchmark_parser("variance_reduced", __doc__), argv)
     run = run_function(out)
     evaluations = [
         run_comparisons(description, run, full=args.full)

@@ -1,8 +1,9 @@
 """OCS's uniform control: ``p_i = m / N``, OCS's estimator, draws paired with OCS's.
 
-The crafted ClientApp of :mod:`tests.optimal.test_optimal_strategies` gives
-every node a fixed update, norm and size, so the exact full-participation step
-and the estimator's variance are known. Tolerances are ``Z`` standard errors of
+The crafted ClientApp of
+:mod:`tests.variance_reduced.test_variance_reduced_strategies` gives every
+node a fixed update, norm and size, so the exact full-participation step and
+the estimator's variance are known. Tolerances are ``Z`` standard errors of
 the Monte Carlo estimate.
 """
 
@@ -15,14 +16,14 @@ import pytest
 from flwr.app import ConfigRecord
 from numpy.typing import NDArray
 
-from flwr_importance.aggregation.optimal import size_fractions
+from flwr_importance.aggregation.variance_reduced import size_fractions
 from flwr_importance.sampling import estimator_variance, optimal_client_probs
 from flwr_importance.strategies.ocs import OptimalClientSampling, SamplePlan
 from flwr_importance.tooling.testing import InProcessGrid
 from simulations.config import ExperimentConfig
 from simulations.inprocess import resolve_run_config
 from simulations.methods import load_method
-from tests.optimal.test_optimal_strategies import (
+from tests.variance_reduced.test_variance_reduced_strategies import (
     NUM_CLIENTS,
     ROUNDS,
     SIZES,

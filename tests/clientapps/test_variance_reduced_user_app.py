@@ -15,9 +15,9 @@ from flwr.clientapp import ClientApp
 from torch.utils.data import DataLoader
 
 from flwr_importance.clientapps import register_handlers
-from flwr_importance.clientapps.optimal import (
+from flwr_importance.clientapps.loss import add_loss_query
+from flwr_importance.clientapps.variance_reduced import (
     KeptUpdateMod,
-    add_loss_query,
     add_model_sizes_query,
     add_norm_query,
     make_ocs_handlers,

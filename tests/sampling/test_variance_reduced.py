@@ -16,14 +16,14 @@ from hypothesis.extra.numpy import arrays
 from numpy.typing import NDArray
 from scipy.optimize import minimize
 
-from flwr_importance.sampling.optimal import (
+from flwr_importance.sampling.pips import capped_inclusion_probs, poisson_sample
+from flwr_importance.sampling.variance_reduced import (
     aocs_probs,
     assign_models,
     estimator_variance,
     mmfl_probs,
     optimal_client_probs,
 )
-from flwr_importance.sampling.pips import capped_inclusion_probs, poisson_sample
 
 #: Standard errors allowed between an empirical mean and its target.
 Z = 5.0
