@@ -33,6 +33,15 @@ class MethodSpec:
         and its key everywhere else.
     strategy : type[Strategy]
         The Message-API strategy.
+    title : str
+        How the README's method table names it (``scripts/docs_snippets.py``
+        writes that table from the registry).
+    paper : str
+        Its paper, as authors and venue, e.g. ``"Cho, Wang, Joshi (AISTATS
+        2022)"``.
+    section : str
+        The anchor of its section of ``docs/methods.md``, which starts with
+        the section's number.
     client_handlers : str
         ``"module:function"``: the ready-made ClientApp handlers, built from a
         :class:`~flwr_importance.clientapps.LocalTask` factory; empty: FedAvg's
@@ -64,6 +73,9 @@ class MethodSpec:
 
     name: str
     strategy: type[Strategy]
+    title: str
+    paper: str
+    section: str
     client_handlers: str = ""
     legacy: str | None = None
     legacy_api: bool = True

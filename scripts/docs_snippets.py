@@ -1,4 +1,4 @@
-"""Fill docs/methods.md's code blocks from the examples' marked regions.
+"""Fill docs/methods.md from the example regions, the README's table from the registry.
 
 The examples under ``examples/`` mark the lines each method adds to a Flower
 app with whole-line comments::
@@ -18,9 +18,16 @@ that region's code::
 
 Between ``<!-- lines-table:start -->`` and ``<!-- lines-table:end -->`` the
 docs hold the table of lines each method adds, per app shape, counted from the
-same regions. ``python scripts/docs_snippets.py`` rewrites docs/methods.md;
-``--check`` only says whether it is up to date (tests/test_docs_snippets.py
-runs the check), so the docs cannot drift from code that runs.
+same regions.
+
+Between ``<!-- methods-table:start -->`` and ``<!-- methods-table:end -->``
+the README holds the table of methods, one row per declaration of the
+registry (``flwr_importance.registry.methods()``: its ``title``, ``paper``,
+strategy class, app names and ``section`` of docs/methods.md), in the order of
+those sections. ``python scripts/docs_snippets.py`` rewrites docs/methods.md
+and the README; ``--check`` only says whether they are up to date
+(tests/test_docs_snippets.py runs the check), so the docs cannot drift from
+code that runs.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 METHODS_DOC = ROOT / "docs" / "methods.md"
+README = ROOT / "README.md"
 
 #: The app shapes of the lines table: example folder and column title.
 SHAPES = {
@@ -55,6 +63,9 @@ SNIPPET_MARKER = re.compile(
     re.M | re.S,
 )
 TABLE = re.compile(r"(<!-- lines-table:start -->\n).*?(<!-- lines-table:end -->)", re.S)
+METHODS_TABLE = re.compile(
+    r"(<!-- methods-table:start -->\n).*?(<!-- methods-table:end -->)", re.S
+)
 #: Shown between two parts of one region.
 PART_SEPARATOR = "..."
 
@@ -176,6 +187,40 @@ def render(text: str, methods: list[str]) -> str:
     return TABLE.sub(lambda m: m.group(1) + lines_table(methods) + m.group(2), text)
 
 
+def methods_table() -> str:
+    """The README's table of methods, one row per registry declaration.
+
+    Rows go in the order of the methods' sections of docs/methods.md (their
+    anchors start with the section's number), then by name.
+    """
+    sys.path.insert(0, str(ROOT))
+    from flwr_importance.registry import methods
+
+    rows = [
+        "| method | paper | strategy | `strategy =` in the run config | section |",
+        "|---|---|---|---|---|",
+    ]
+    for spec in sorted(
+        methods(), key=lambda spec: (int(spec.section.split("-")[0]), spec.name)
+    ):
+        names = ", ".join(f"`{name}`" for name in spec.app_names)
+        number = spec.section.split("-")[0]
+        rows.append(
+            f"| {spec.title} | {spec.paper} | `{spec.strategy.__name__}` | {names} "
+            f"| [§{number}](docs/methods.md#{spec.section}) |"
+        )
+    # The blank line ends the table before the end marker.
+    return "\n".join(rows) + "\n\n"
+
+
+def render_readme(text: str) -> str:
+    """``text`` (the README) with its table of methods regenerated."""
+    if not METHODS_TABLE.search(text):
+        raise ValueError("the README has no <!-- methods-table:start --> marker")
+    table = methods_table()
+    return METHODS_TABLE.sub(lambda m: m.group(1) + table + m.group(2), text)
+
+
 def table_methods() -> list[str]:
     """The lines table's rows, one per method.
 
@@ -195,20 +240,28 @@ def table_methods() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Rewrite docs/methods.md, or with ``--check`` report whether it is stale."""
+    """Rewrite docs/methods.md and the README, or ``--check`` whether they are stale."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument(
         "--check", action="store_true", help="only check, exit 1 if stale"
     )
     args = parser.parse_args(argv)
-    text = METHODS_DOC.read_text()
-    rendered = render(text, table_methods())
-    if args.check:
-        if rendered != text:
-            print("docs/methods.md is stale: run python scripts/docs_snippets.py")
-            return 1
-        return 0
-    METHODS_DOC.write_text(rendered)
+    pages = {
+        METHODS_DOC: lambda text: render(text, table_methods()),
+        README: render_readme,
+    }
+    stale = []
+    for page, rendered_from in pages.items():
+        text = page.read_text()
+        rendered = rendered_from(text)
+        if rendered == text:
+            continue
+        stale.append(page.relative_to(ROOT).as_posix())
+        if not args.check:
+            page.write_text(rendered)
+    if args.check and stale:
+        print(f"{', '.join(stale)} stale: run python scripts/docs_snippets.py")
+        return 1
     return 0
 
 

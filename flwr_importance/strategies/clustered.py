@@ -367,5 +367,8 @@ class RepresentativeGradients:
 METHOD = MethodSpec(
     name="clustered",
     strategy=ClusteredSampling,
+    title="Clustered sampling",
+    paper="Fraboni et al. (ICML 2021)",
+    section="4-clustered-sampling-and-md-sampling",
     client_queries=(protocol.SIZES_QUERY,),
 )

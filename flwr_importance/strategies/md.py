@@ -87,6 +87,9 @@ SizeWeightedSampling = MDSampling
 METHOD = MethodSpec(
     name="md",
     strategy=MDSampling,
+    title="MD sampling",
+    paper="Fraboni et al.'s baseline (Li et al.)",
+    section="4-clustered-sampling-and-md-sampling",
     client_queries=(protocol.SIZES_QUERY,),
     # FedSampling's comparisons call it size-weighted client sampling.
     app_aliases=("sizeweighted",),

@@ -440,6 +440,11 @@ class PowerOfChoice(MultisetSampling):
 METHOD = MethodSpec(
     name="power-of-choice",
     strategy=PowerOfChoice,
+    title="Power-of-Choice",
+    paper="Cho, Wang, Joshi (AISTATS 2022)",
+    section=(
+        "6-power-of-choice-the-highest-losses-of-a-size-proportional-candidate-set"
+    ),
     client_queries=(protocol.SIZES_QUERY, protocol.LOSS_QUERY),
     app_options={
         "power-of-choice-candidates": "candidates",
