@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import cast
 
-from flwr_importance.aggregation.folb import Denominator, NegativeRule, Penalty
+from flwr_importance.aggregation.folb import Denominator, Mode, NegativeRule, Penalty
 from flwr_importance.clientapps.folb import make_folb_handlers
-from flwr_importance.strategies.folb import FOLB, Mode, Weighting
+from flwr_importance.strategies.folb import FOLB, Weighting
 from simulations.config import ExperimentConfig
 from simulations.methods.fedavg import with_round_local_work
 
