@@ -116,6 +116,8 @@ FLWR_RUN_TIMEOUT = 300.0
 CONFIRMATIONS_FILE = "flwr_run_confirmations.json"
 #: Where a benchmark's run time is kept, to order the next report's runs.
 SECONDS_FILE = "seconds.txt"
+#: Where the output root keeps the time of the last report that reused nothing.
+WHOLE_RUN_FILE = "report-seconds.txt"
 IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+\.png)\)")
 HEADING = re.compile(r"^(#+) ")
 
@@ -211,6 +213,12 @@ def last_seconds(name: str, output_root: Path) -> float:
     """How long benchmark ``name`` took when it last ran here (inf: unknown)."""
     path = output_root / name / SECONDS_FILE
     return float(path.read_text()) if path.is_file() else float("inf")
+
+
+def last_whole_run(output_root: Path) -> float | None:
+    """Seconds of the last report here that ran every step, if one did."""
+    path = output_root / WHOLE_RUN_FILE
+    return float(path.read_text()) if path.is_file() else None
 
 
 def run_benchmarks(
@@ -396,11 +404,29 @@ def confirmation_table(confirmations: Sequence[Confirmation]) -> str:
     return "\n".join(lines)
 
 
-def duration_text(seconds: float, reused: Sequence[str]) -> str:
-    """The line ``This report took 12.5 min``, naming the steps it reused, if any."""
+def duration_text(
+    seconds: float, reused: Sequence[str], whole_run: float | None = None
+) -> str:
+    """The line ``This report took 12.5 min``, naming the steps it reused, if any.
+
+    ``whole_run``: the seconds of the last report here that reused nothing
+    (:data:`WHOLE_RUN_FILE`), said alongside when this one reused outputs.
+
+    Examples
+    --------
+    >>> duration_text(750.0, [])
+    'This report took 12.5 min.'
+    >>> duration_text(60.0, ["folb"], whole_run=1500.0)[-51:]
+    'the last report that ran every step took 25.0 min).'
+    """
     text = f"This report took {seconds / 60:.1f} min"
     if reused:
-        text += f" (reusing earlier outputs of {', '.join(reused)})"
+        text += f" (reusing earlier outputs of {', '.join(reused)}"
+        if whole_run is not None:
+            text += (
+                f"; the last report that ran every step took {whole_run / 60:.1f} min"
+            )
+        text += ")"
     return text + "."
 
 
@@ -946,8 +972,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         mode="full" if args.full else "quick",
         docs_dir=args.docs_dir,
         readme=args.readme,
-        duration=duration_text(time.perf_counter() - started, reused),
+        duration=duration_text(
+            time.perf_counter() - started, reused, last_whole_run(output_root)
+        ),
     )
+    if not reused:
+        (output_root / WHOLE_RUN_FILE).write_text(
+            f"{time.perf_counter() - started:.1f}\n"
+        )
     print(f"wrote {path} and {args.readme} in {time.perf_counter() - started:.0f} s")
 
 
