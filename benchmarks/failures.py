@@ -85,7 +85,7 @@ def run_once(
     }
     try:
         rows, _ = run_inprocess(overrides, num_clients=setting.num_nodes)
-    except Exception as exc:  # pylint: disable=broad-except
+    except Exception as exc:
         # A crash is a result here: the table reports it instead of stopping.
         return {"rounds": 0, "accuracy": float("nan"), "error": repr(exc)}
     return {

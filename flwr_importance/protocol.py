@@ -217,7 +217,7 @@ The node's true size and the number of samples it keeps never leave it.
 Clustered sampling, Alg. 1 and 2 (``clustered``), and MD sampling (``md``)
 --------------------------------------------------------------------------
 Fraboni et al., ICML 2021; MD sampling is also FedSampling's size-weighted
-baseline (``SizeWeightedSampling``). The same contract for Algorithm 1
+baseline (app name ``sizeweighted``). The same contract for Algorithm 1
 (``method="size"``), Algorithm 2 (``method="similarity"``) and MD.
 
 - ``query.sizes`` (:data:`SIZES_QUERY`) the first round a node is seen (the

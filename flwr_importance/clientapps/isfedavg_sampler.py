@@ -122,7 +122,7 @@ class SampleState:
         """The stored state, or a uniform one on the first round.
 
         A stored state for another number of samples (the node's data changed)
-        is discarded with a warning: its probabilities no longer mean anything.
+        is discarded with a warning: its probabilities belong to other data.
         """
         if SAMPLE_STATE_KEY not in state.array_records:
             return cls.uniform(num_samples)

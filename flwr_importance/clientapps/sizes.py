@@ -154,8 +154,8 @@ def add_size_query(
 
     What :class:`~flwr_importance.strategies.ClusteredSampling`,
     :class:`~flwr_importance.strategies.MDSampling` and
-    :class:`~flwr_importance.strategies.SizeWeightedSampling` ask before they
-    draw clients; their train messages are Flower's FedAvg ones, so the
+    :class:`~flwr_importance.strategies.PowerOfChoice` ask before they draw
+    clients; their train messages are Flower's FedAvg ones, so the
     user's ``@app.train()`` stays as it is (it must reply ``num-examples``, as
     Flower's quickstart does).
 

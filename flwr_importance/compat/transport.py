@@ -307,7 +307,7 @@ class ProxyGrid(SynchronousGrid):
             result = proxy.get_properties(GetPropertiesIns(config), timeout, None)
         # One node's failure, whatever it is, must not end the round: it becomes
         # an error reply that the strategy logs and leaves out.
-        except Exception as exc:  # pylint: disable=broad-exception-caught
+        except Exception as exc:
             log(
                 WARNING,
                 "node %d: %s failed: %s",

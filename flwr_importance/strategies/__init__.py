@@ -9,7 +9,7 @@ from flwr_importance.strategies.clustered import ClusteredSampling
 from flwr_importance.strategies.fedsampling import FedSampling
 from flwr_importance.strategies.folb import FOLB
 from flwr_importance.strategies.isfedavg import ISFedAvg
-from flwr_importance.strategies.md import MDSampling, SizeWeightedSampling
+from flwr_importance.strategies.md import MDSampling
 from flwr_importance.strategies.mmfl import (
     MultiModelSampling,
     pack_models,
@@ -29,7 +29,6 @@ __all__ = [
     "MultiModelSampling",
     "OptimalClientSampling",
     "PowerOfChoice",
-    "SizeWeightedSampling",
     "pack_models",
     "unpack_models",
 ]

@@ -109,7 +109,8 @@ class RegistryMethod:
 def load_method(name: str) -> Method:
     """The method for ``strategy = name``: its module here, or the registry's.
 
-    A deprecated name (``poc``) loads its method with a ``FutureWarning``
+    An alias (``sizeweighted``) loads its method's module, where it has one. A
+    deprecated name (``poc``) loads its method with a ``FutureWarning``
     (:func:`flwr_importance.registry.method`).
     """
     if name not in available_methods() and name not in deprecated_app_names():
@@ -118,7 +119,10 @@ def load_method(name: str) -> Method:
         )
     if name in method_modules():
         return cast(Method, importlib.import_module(f"{__name__}.{name}"))
-    return RegistryMethod(registry_method(name))
+    spec = registry_method(name)
+    if spec.name in method_modules():
+        return cast(Method, importlib.import_module(f"{__name__}.{spec.name}"))
+    return RegistryMethod(spec)
 
 
 class FedAvgSampling(TypedDict):

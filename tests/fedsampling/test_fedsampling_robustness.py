@@ -22,7 +22,7 @@ from flwr_importance.clientapps.fedsampling import (
 from flwr_importance.protocol import (
     FEDSAMPLING_SIZE_RESPONSE,
 )
-from flwr_importance.strategies import SizeWeightedSampling
+from flwr_importance.strategies import MDSampling
 from flwr_importance.strategies.arrays import flatten
 from flwr_importance.strategies.fedsampling import FedSampling
 from flwr_importance.tooling.testing import InProcessGrid
@@ -119,7 +119,7 @@ def test_size_weighted_draws_follow_true_sizes_and_track_churn() -> None:
     grid = InProcessGrid(simulation_client_app, NUM_NODES, run_config("sizeweighted"))
     config = ExperimentConfig.from_run_config(run_config("sizeweighted"))
     sizes = federated_data(config, NUM_NODES).partition_sizes
-    strategy = SizeWeightedSampling(clients_per_round=3, seed=0, min_available_nodes=1)
+    strategy = MDSampling(clients_per_round=3, seed=0, min_available_nodes=1)
     arrays, rounds = initial_arrays(), 300
     selected = dict.fromkeys(grid.get_node_ids(), 0)
     for server_round in range(1, rounds + 1):

@@ -8,8 +8,8 @@ samples per node, one local step) keep the clients' work small.
 
 Two rounds of every strategy send about 11,700 messages (FedSampling queries
 and trains all 1,000 nodes each round; OCS and MMFL query every node's update
-norm each round; the size queries of SizeWeighted, MD and clustered sampling
-reach every node once). Both tests run every strategy:
+norm each round; the size queries of MD and clustered sampling reach every
+node once). Both tests run every strategy:
 
 * on the real engine (``flwr run``, 1,000 virtual SuperNodes, one Ray start,
   one CPU per ClientApp), one round each: the suite's longest single run;

@@ -20,7 +20,7 @@ from flwr.app import Context, Error, Message, RecordDict, UserConfig
 from flwr.clientapp import ClientApp
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.common.serde import message_from_proto, message_to_proto
-from flwr.proto.message_pb2 import Message as ProtoMessage  # pylint: disable=E0611
+from flwr.proto.message_pb2 import Message as ProtoMessage
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
