@@ -172,11 +172,14 @@ class LegacyStrategyAdapter(FedAvg):
 
     Parameters
     ----------
+    legacy : LegacyOptions or None (default: None)
+        The legacy ``FedAvg`` arguments, bundled (keyword arguments win).
+
+    Other Parameters
+    ----------------
     **options
         The Message-API strategy's (keyword-only) arguments, and Flower's
         legacy ``FedAvg`` arguments (:class:`LegacyOptions`).
-    legacy : LegacyOptions, optional
-        The legacy ``FedAvg`` arguments, bundled (keyword arguments win).
 
     Raises
     ------
@@ -435,18 +438,37 @@ def legacy_class(name: str) -> type[LegacyStrategyAdapter]:
             "message_strategy_class": strategy,
             "__module__": "flwr_importance.compat",
             "__qualname__": strategy.__name__,
-            "__doc__": GENERATED_DOC.format(name=strategy.__name__),
+            "__doc__": GENERATED_DOC.format(
+                name=strategy.__name__, implementation=_implementation_line(strategy)
+            ),
         },
     )
 
 
-#: The docstring of a generated legacy class.
+#: The docstring of a generated legacy class; ``implementation`` is the
+#: ``Implementation based on <url>`` line of the Message-API class.
 GENERATED_DOC = """{name} as a legacy ``FedAvg`` subclass.
 
+    {implementation}
+
     Runs :class:`flwr_importance.strategies.{name}`, whose docstring gives the
-    method, its parameters and its client contract. Takes that class's keyword
-    arguments and Flower's legacy ``FedAvg`` arguments that apply
-    (:class:`LegacyOptions`, directly or as ``legacy``). Its queries travel as
+    method, its parameters and the decisions it follows.
+
+    Parameters
+    ----------
+    legacy : LegacyOptions or None (default: None)
+        Flower's legacy ``FedAvg`` arguments that apply, bundled
+        (:class:`LegacyOptions`; keyword arguments win).
+
+    Other Parameters
+    ----------------
+    **options
+        The keyword arguments of :class:`flwr_importance.strategies.{name}`
+        and the legacy ``FedAvg`` arguments that apply, given directly.
+
+    Client contract
+    ---------------
+    The Message-API class's, over the legacy transport: its queries travel as
     ``ClientProxy.get_properties`` calls (no arrays) or ``ClientProxy.fit``
     calls (with the model) from inside ``configure_fit``, with the message
     type in the config's ``compat-message-type``. On the client,
@@ -454,3 +476,21 @@ GENERATED_DOC = """{name} as a legacy ``FedAvg`` subclass.
     ``NumPyClient`` (model-agnostic methods), ``handler_client_fn`` with the
     Message-API client handlers.
     """
+
+#: The line of a strategy's docstring that names its paper.
+_IMPLEMENTATION_LINE = re.compile(r"^\s*(Implementation based on \S+)$", re.M)
+
+
+def _implementation_line(strategy: type) -> str:
+    """The ``Implementation based on <url>`` line of ``strategy``'s docstring.
+
+    Empty when it has none.
+
+    Examples
+    --------
+    >>> from flwr_importance.strategies import MDSampling
+    >>> _implementation_line(MDSampling)
+    'Implementation based on https://arxiv.org/abs/1907.02189'
+    """
+    match = _IMPLEMENTATION_LINE.search(strategy.__doc__ or "")
+    return match.group(1) if match else ""

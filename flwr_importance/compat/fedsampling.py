@@ -12,27 +12,31 @@ from flwr_importance.strategies.fedsampling import FedSampling as MessageFedSamp
 class FedSampling(LegacyStrategyAdapter):
     """FedSampling (Qi et al., IJCAI 2023) as a legacy ``FedAvg`` subclass.
 
+    Implementation based on https://arxiv.org/abs/2306.14245
+
     Runs :class:`flwr_importance.strategies.FedSampling`: every node keeps each
     sample with probability ``K / N_tilde``, ``N_tilde`` estimated from
     eps-LDP randomized size replies (eq. 1-2); ``Theta - eta sum_c G_c``.
 
     Parameters
     ----------
-    samples_per_round : int
-        ``K``.
-    legacy : LegacyOptions, optional
-        Flower's legacy ``FedAvg`` arguments this class honours; they may also
-        be given directly (``initial_parameters=...``, ``evaluate_fn=...``),
-        see :class:`~flwr_importance.compat.LegacyOptions`. Refused, with the
-        reason: ``fraction_fit`` and ``min_fit_clients`` (every node trains on
-        the samples it keeps; ``samples_per_round`` sets the round's size),
-        ``fraction_evaluate > 0`` (evaluate replies would reveal the sizes:
-        use ``evaluate_fn``) and ``fit_metrics_aggregation_fn`` (the fit
-        replies carry no metrics).
+    legacy : LegacyOptions or None (default: None)
+        Flower's legacy ``FedAvg`` arguments this class honours, bundled; they
+        may also be given directly (``initial_parameters=...``,
+        ``evaluate_fn=...``), see :class:`~flwr_importance.compat.LegacyOptions`.
+        Refused, with the reason: ``fraction_fit`` and ``min_fit_clients``
+        (every node trains on the samples it keeps; ``samples_per_round`` sets
+        the round's size), ``fraction_evaluate > 0`` (evaluate replies would
+        reveal the sizes: use ``evaluate_fn``) and
+        ``fit_metrics_aggregation_fn`` (the fit replies carry no metrics).
+
+    Other Parameters
+    ----------------
     **options
-        The other parameters of the Message-API ``FedSampling`` (``max_size``,
-        ``epsilon``, ``server_lr``, ``local_steps``, ``min_available_nodes``,
-        ``query_timeout``).
+        The keyword arguments of the Message-API ``FedSampling``
+        (``samples_per_round``, ``K``, required; ``max_size``, ``epsilon``,
+        ``server_lr``, ``local_steps``, ``min_available_nodes``,
+        ``query_timeout``) and the legacy ``FedAvg`` arguments, given directly.
 
     Client contract
     ---------------

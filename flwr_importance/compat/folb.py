@@ -9,6 +9,8 @@ from flwr_importance.strategies import folb as message_folb
 class FOLB(LegacyStrategyAdapter):
     """FOLB (Nguyen et al., IEEE JSAC 2021) as a legacy ``FedAvg`` subclass.
 
+    Implementation based on https://arxiv.org/abs/2007.13137
+
     Runs :class:`flwr_importance.strategies.FOLB`: ``K`` uniform draws (``K``
     distinct devices by default), FedProx local solves, updates weighed by the
     alignment of their gradient with the sample-weighted estimate of the
@@ -16,13 +18,19 @@ class FOLB(LegacyStrategyAdapter):
 
     Parameters
     ----------
-    legacy : LegacyOptions, optional
-        Initial parameters and evaluation, as in the legacy ``FedAvg``.
+    legacy : LegacyOptions or None (default: None)
+        Flower's legacy ``FedAvg`` arguments (initial parameters, evaluation),
+        bundled (:class:`~flwr_importance.compat.LegacyOptions`).
+
+    Other Parameters
+    ----------------
     **options
         The keyword arguments of the Message-API ``FOLB``
-        (``clients_per_round``, ``proximal_mu``, ``mode``, ``weighting``,
-        ``replace``, ``server_lr``, ``psi``, ``penalty``, ``negative``,
-        ``denominator``, ``seed``, ``query_timeout``, ``min_available_nodes``).
+        (``clients_per_round``, required; ``proximal_mu``, ``mode``,
+        ``weighting``, ``replace``, ``server_lr``, ``psi``, ``penalty``,
+        ``negative``, ``denominator``, ``seed``, ``query_timeout``,
+        ``min_available_nodes``) and the legacy ``FedAvg`` arguments, given
+        directly.
 
     Client contract
     ---------------

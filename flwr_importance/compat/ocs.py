@@ -11,6 +11,8 @@ from flwr_importance.strategies.ocs import (
 class OptimalClientSampling(LegacyStrategyAdapter):
     """OCS (Chen, Horváth, Richtárik, TMLR 2022) as a legacy ``FedAvg`` subclass.
 
+    Implementation based on https://arxiv.org/abs/2010.13723
+
     Runs :class:`flwr_importance.strategies.OptimalClientSampling`: every node
     reports its update norm, nodes are sampled independently with the optimal
     (or AOCS) probabilities, and the sampled updates are combined into the
@@ -18,14 +20,17 @@ class OptimalClientSampling(LegacyStrategyAdapter):
 
     Parameters
     ----------
-    clients_per_round : int
-        ``m``, the expected number of participants.
-    legacy : LegacyOptions, optional
-        Flower's legacy ``FedAvg`` arguments (:class:`LegacyStrategyAdapter`).
+    legacy : LegacyOptions or None (default: None)
+        Flower's legacy ``FedAvg`` arguments, bundled
+        (:class:`~flwr_importance.compat.LegacyOptions`).
+
+    Other Parameters
+    ----------------
     **options
-        The other parameters of the Message-API ``OptimalClientSampling``
-        (``approximate``, ``uniform``, ``aocs_iterations``, ``server_lr``, ``seed``,
-        ``min_available_nodes``, ``query_timeout``).
+        The keyword arguments of the Message-API ``OptimalClientSampling``
+        (``clients_per_round``, ``m``, required; ``approximate``, ``uniform``,
+        ``aocs_iterations``, ``server_lr``, ``seed``, ``min_available_nodes``,
+        ``query_timeout``) and the legacy ``FedAvg`` arguments, given directly.
 
     Client contract
     ---------------

@@ -87,6 +87,9 @@ class MultisetSampling(ImportanceStrategy[DrawPlan], ABC):
     ----------
     clients_per_round : int
         ``m``, the number of draws per round (>= 1).
+
+    Other Parameters
+    ----------------
     **options
         The shared settings of
         :class:`~flwr_importance.strategies.base.ImportanceStrategy`, with its
@@ -205,9 +208,10 @@ class MultisetSampling(ImportanceStrategy[DrawPlan], ABC):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Plain mean of the returned models, each counted as often as drawn.
 
-        **Decision:** a drawn client that fails or sends a bad reply is left
-        out and the mean is taken over the draws that came back (the paper
-        assumes every drawn client answers).  No usable reply: the model stays.
+        A drawn client that fails or sends a bad reply is left out: the mean
+        is over the draws that came back (docs/methods.md, section "4.
+        Clustered sampling (and MD sampling)", failed replies). No usable
+        reply: the model stays.
         """
         usable = self.check_replies(
             replies,

@@ -118,7 +118,7 @@ def log_settings(
 
 
 class ImportanceStrategy(FedAvg, Generic[PlanT]):
-    """A Flower ``FedAvg`` whose subclasses sample, query and reweight.
+    """Flower's ``FedAvg`` with what every strategy of the library shares.
 
     Every strategy of the library subclasses it with its own
     ``configure_train`` and :meth:`aggregate_round`; what they share lives
@@ -151,17 +151,22 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
       naming :attr:`client_side` when every node lacks the method's client
       side (a plain FedAvg ClientApp).
 
+    The parameters below are documented here once: every strategy takes them
+    as keyword-only ``**options`` (:class:`StrategyOptions`; FOLB and
+    ISFedAvg also name ``train_metrics_aggr_fn``) and documents only its own
+    parameters and what the shared ones mean for it.
+
     Parameters
     ----------
     seed : int (default: 0)
         Seeds ``self.rng`` (and any draw a subclass derives from it); >= 0.
     query_timeout : float (default: 600.0)
         Seconds to wait for the replies to a ``query.<action>`` message.
-    fraction_evaluate : float, optional
+    fraction_evaluate : float or None (default: None)
         Fraction of the connected nodes sampled (uniformly, as in ``FedAvg``)
-        for federated evaluation, in ``[0, 1]``; 0 turns it off. Default:
-        1.0, or 0.0 for a class without federated evaluation (which refuses
-        any other value, with its reason).
+        for federated evaluation, in ``[0, 1]``; 0 turns it off. None: 1.0,
+        or 0.0 for a class without federated evaluation (which refuses any
+        other value, with its reason).
     min_evaluate_nodes : int (default: 2)
         Fewest nodes sampled for federated evaluation, as in ``FedAvg``.
     min_available_nodes : int (default: 1)
@@ -173,11 +178,20 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
         Key of the model's ArrayRecord in the messages sent.
     configrecord_key : str (default: "config")
         Key of the ConfigRecord in the messages sent.
-    evaluate_metrics_aggr_fn : callable, optional
-        Averages the evaluate replies' metrics, as in ``FedAvg`` (default: a
-        mean weighted by ``weighted_by_key``).
-    train_metrics_aggr_fn : callable, optional
-        Averages the train replies' metrics, for subclasses that use it.
+    evaluate_metrics_aggr_fn : callable or None (default: None)
+        Averages the evaluate replies' metrics, as in ``FedAvg``; None: a
+        mean weighted by ``weighted_by_key``.
+    train_metrics_aggr_fn : callable or None (default: None)
+        Averages the train replies' metrics, in the classes that do
+        (:attr:`aggregates_train_metrics`); None: a mean weighted by
+        ``weighted_by_key``.
+
+    Other Parameters
+    ----------------
+    **unknown
+        Refused with a ``TypeError``: FedAvg's ``fraction_train`` and
+        ``min_train_nodes`` (naming what replaces them), and any unknown
+        keyword, as Python refuses it.
 
     Raises
     ------
@@ -207,7 +221,6 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
     #: ``train_metrics_aggr_fn`` (the others compute their own round metrics).
     aggregates_train_metrics: ClassVar[bool] = False
 
-    # pylint: disable=too-many-arguments
     def __init__(
         self,
         *,

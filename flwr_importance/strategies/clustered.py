@@ -35,35 +35,37 @@ _SizeKey = tuple[tuple[int, ...], tuple[int, ...], int]
 class ClusteredSampling(MultisetSampling):
     """Clustered client sampling (Algorithm 1 or 2) with FedAvg aggregation.
 
-    Fraboni, Vidal, Kameni, Lorenzi, "Clustered Sampling: Low-Variance and
-    Improved Representativity for Clients Selection in Federated Learning",
-    ICML 2021.  Each round, ``m`` distributions ``W_1..W_m`` over the clients
-    (each client keeping its MD share, ``sum_k r_{k,i} = m n_i / M_tot``,
-    Proposition 1) give one draw each; the new model is the plain mean of the
-    ``m`` drawn models, a client drawn twice counting twice (it trains once).
-    Unbiased like MD sampling, with aggregation weights of lower variance
-    (eq. 17) and better coverage of different clients.
+    Implementation based on https://arxiv.org/abs/2105.05883
+
+    Each round, ``m`` distributions ``W_1..W_m`` over the clients (each client
+    keeping its MD share, ``sum_k r_{k,i} = m n_i / M_tot``, Proposition 1)
+    give one draw each; the new model is the plain mean of the ``m`` drawn
+    models, a client drawn twice counting twice (it trains once). Unbiased
+    like :class:`~flwr_importance.strategies.md.MDSampling`, with aggregation
+    weights of lower variance (eq. 17) and better coverage of different
+    clients.
 
     - ``method="size"`` (Algorithm 1): distributions filled by decreasing
-      sample size; computed when a size is first known and recomputed only
-      when the set of nodes or their sizes change.
+      sample size.
     - ``method="similarity"`` (Algorithm 2): Ward clustering of the distances
       between the clients' *representative gradients* (last returned model
-      minus the global model it started from; zeros for clients never
-      sampled, as the paper prescribes), recomputed every round.  The
+      minus the global model it started from), recomputed every round.  The
       gradients are computed on the server from the returned models: no
       extra client work.
+
+    See docs/methods.md, section "4. Clustered sampling (and MD sampling)",
+    for the equations and the decisions.
 
     Parameters
     ----------
     clients_per_round : int
         ``m``, draws (distributions) per round; capped at the number of
         clients with a known size.
-    method : {"size", "similarity"}
+    method : {"size", "similarity"} (default: "similarity")
         Algorithm 1 or Algorithm 2.
-    distance : {"arccos", "l2", "l1"}
+    distance : {"arccos", "l2", "l1"} (default: "arccos")
         Dissimilarity between representative gradients (Algorithm 2).
-    projection_dim : int or None
+    projection_dim : int or None (default: None)
         Keep each representative gradient as a CountSketch to this many
         dimensions (a sparse random projection, see
         :class:`~flwr_importance.sampling.sketch.CountSketch`) instead of
@@ -75,18 +77,28 @@ class ClusteredSampling(MultisetSampling):
         1024), cosines move by about ``1 / sqrt(projection_dim)``; L1
         distances are *not* preserved (a projection keeps L2 geometry), so
         prefer ``arccos`` or ``l2`` with a projection.  ``None``: no projection.
+
+    Other Parameters
+    ----------------
     **options
         The shared settings of
         :class:`~flwr_importance.strategies.base.ImportanceStrategy`, with its
         defaults (``seed`` seeds the draws and the sketch, ``query_timeout``
         bounds the wait for the replies to ``query.sizes``).
 
+    Client contract
+    ---------------
+    The same as :class:`~flwr_importance.strategies.md.MDSampling`'s:
+    ``query.sizes`` replied with a MetricRecord holding ``num-examples``;
+    ``train`` replied with one ArrayRecord shaped like the global model and a
+    MetricRecord with ``num-examples``; ``evaluate`` as in ``FedAvg``.
+
+    Handlers: :func:`~flwr_importance.clientapps.sizes.add_size_query` beside
+    the user's own train and evaluate functions, or the ready-made
+    :func:`~flwr_importance.clientapps.clustered.make_clustered_handlers`.
+
     Notes
     -----
-    Client contract: the same as :class:`~flwr_importance.strategies.md.MDSampling`
-    (``query.sizes`` replied with MetricRecord ``num-examples``; ``train``
-    replied with one ArrayRecord shaped like the global model and a
-    MetricRecord with ``num-examples``; ``evaluate`` as in ``FedAvg``).
     Round metrics: ``distinct-clients`` and ``aggregated-draws``.
 
     What the server learns: each client's sample count and, as in FedAvg, its
@@ -174,8 +186,8 @@ class ClusteredSampling(MultisetSampling):
     ) -> NDArray[np.float64]:
         """The ``(m, N)`` distribution matrix over ``node_ids`` for this round.
 
-        **Decision:** ``m`` above the number of clients ``N`` is capped at
-        ``N`` (the paper assumes ``m <= N``).
+        ``m`` above the number of clients ``N`` is capped at ``N``
+        (docs/methods.md, section "4. Clustered sampling (and MD sampling)").
         """
         draws = min(self.clients_per_round, len(node_ids))
         if self.method == "similarity":

@@ -138,8 +138,7 @@ class SizeEstimatePlan(RoundPlan):
 class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
     """FedSampling, uniform data sampling with locally private client sizes.
 
-    Qi et al., "FedSampling: A Better Sampling Strategy for Federated
-    Learning", IJCAI 2023, Algorithm 1.
+    Implementation based on https://arxiv.org/abs/2306.14245
 
     Instead of sampling clients, every available node keeps each of its samples
     with the same probability ``K / N_tilde``, so a round uses ``K N / N_tilde``
@@ -149,8 +148,7 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
     replies (eps-local differential privacy). The estimate is of the total of
     the sizes clipped to ``M - 1``, ``N_clip <= N``, so a round keeps about
     ``K`` samples when ``max_size`` is above every node's size, and about
-    ``K N / N_clip`` (more than ``K``) when it clips sizes (Requirements
-    below).
+    ``K N / N_clip`` (more than ``K``) when it clips sizes (Notes).
 
     Each round, from inside ``configure_train``:
 
@@ -158,15 +156,13 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
        ``{1..M-1}`` by randomized response (eq. 1). Replies that are missing,
        not integers or out of range are logged and left out.
     2. ``N_tilde = (sum_c r_c - (1 - alpha) M |C| / 2) / alpha`` (eq. 2),
-       clamped to at least ``K`` (logged), since ``K / N_tilde`` must be a
-       probability.
-    3. ``train`` to the nodes that answered (the estimate counts only them; a
-       node that did not answer would push the round above ``K`` samples).
+       clamped to at least ``K`` (logged).
+    3. ``train`` to the nodes that answered.
 
     ``aggregate_train`` then applies ``Theta <- Theta - eta sum_c G_c`` to the
-    model sent in step 3. **Decision** (docs/methods.md): the sign is descent; the
-    paper writes ``+ eta sum G`` with ``G`` an update. A missing or malformed
-    ``G_c`` is left out (logged): the step uses the others.
+    model sent in step 3; a missing or malformed ``G_c`` is left out (logged).
+    See docs/methods.md, section "3. FedSampling: uniform data sampling with
+    private sizes", for the equations and the decisions.
 
     Parameters
     ----------
@@ -184,6 +180,9 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
     local_steps : int (default: 1)
         Extension, not in the paper: local steps per node on its kept samples
         (see :mod:`flwr_importance.clientapps.fedsampling`).
+
+    Other Parameters
+    ----------------
     **options
         The shared settings of
         :class:`~flwr_importance.strategies.base.ImportanceStrategy`, with its
@@ -208,6 +207,10 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
       carry ``num-examples`` or any count of kept samples.
     - No ``evaluate`` message: evaluate centrally (``evaluate_fn``).
 
+    Handlers: :mod:`flwr_importance.clientapps.fedsampling`.
+
+    Notes
+    -----
     Requirements (checked and logged each round, since only the randomized
     replies reach the server): ``max_size`` above the largest partition,
     else those nodes count as ``M - 1`` and rounds keep more than ``K``
@@ -218,11 +221,10 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
     holding at least ``M - 1`` samples each that a usable estimate needs.
     An estimate below ``K`` is logged with the nodes and the epsilon that
     would make it usable.
-    - Round metrics (``aggregate_train``): ``estimated-total-size`` (the
-      clamped ``N_tilde`` used), ``raw-size-estimate``, ``ldp-alpha``,
-      ``num-size-replies``, ``num-updates``.
 
-    Handlers: :mod:`flwr_importance.clientapps.fedsampling`.
+    Round metrics (``aggregate_train``): ``estimated-total-size`` (the
+    clamped ``N_tilde`` used), ``raw-size-estimate``, ``ldp-alpha``,
+    ``num-size-replies``, ``num-updates``.
     """
 
     no_federated_evaluation = NO_FEDERATED_EVALUATION
@@ -238,7 +240,6 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
         "docs/methods.md#3-fedsampling-uniform-data-sampling-with-private-sizes",
     )
 
-    # pylint: disable=too-many-arguments
     def __init__(
         self,
         *,

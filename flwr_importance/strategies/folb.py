@@ -71,13 +71,14 @@ class FolbPlan(RoundPlan):
 class FOLB(ImportanceStrategy[FolbPlan]):
     """FOLB (Nguyen et al., "Fast-convergent federated learning", IEEE JSAC 2021).
 
+    Implementation based on https://arxiv.org/abs/2007.13137
+
     Each round the server draws ``K`` devices uniformly, they run FedProx local
     training and return their update ``dw_k = w_k - w^t``, their full local
     gradient ``g_k`` at the received model and their sample count ``n_k``.
     Instead of averaging, the server weighs each update by how well its
     gradient aligns with the estimated global gradient of the sample-weighted
-    objective ``f = sum_k (n_k / n) F_k``, the one the paper optimizes (Sec.
-    II-A, "the approach we take throughout this paper"):
+    objective ``f = sum_k (n_k / n) F_k``:
 
     - single-set (default, eq. 13): ``gS = sum_{j in S} n_j g_j / sum_j n_j``,
       ``c_k = <g_k, gS>``,
@@ -92,61 +93,45 @@ class FOLB(ImportanceStrategy[FolbPlan]):
       ``d_k = c_k - psi gamma_k ||g_k|| ||gS||`` replaces ``c_k``, with the
       devices' reported inexactness ``gamma_k``.
 
-    ``weighting="uniform"`` drops every ``n_k`` (the ``1/N`` objective).
-    Degenerate rounds (all inner products zero, a single device, a non-finite
-    gradient, no answer from ``S2``) use the ``n_k``-weighted (or plain) mean
-    of the valid updates, with a warning.
-
-    **Device draws.** The paper's analysis samples with replacement (Sec. III;
-    Algorithms 1 and 2 draw multisets); FedProx's code, the paper's code base
-    and baseline, draws ``K`` distinct devices. The default is without
-    replacement, so that FOLB trains the same number of devices as FedProx
-    and, through :func:`flwr_importance.sampling.uniform_client_set` (a pure
-    function of seed, round and the sorted node ids), the *same* devices as a
-    FedProx or FedAvg baseline given the same seed: the aggregation is then
-    the only difference. With ``replace=True`` a device drawn ``m`` times
-    trains once (its local randomness is seeded by node and round, so a second
-    run would give the same reply) and counts ``m`` times in every sum, as
-    Algorithm 1 says ("this aggregation effectively places a larger weight
-    on" it). In the two-set mode a device drawn in both sets is sent only the
-    train message; the gradient in its train reply serves ``S2`` too.
-
-    **Server step scale (open question).** With ``eta = 1`` the weights'
-    absolute values sum to 1, so FOLB's step has FedProx's scale and only
-    re-weights the same updates. The paper's text hints at a larger step
-    (vanilla FOLB "fluctuates widely even in later iterations"; Prop. 2 calls
-    the single-set bound some factor "times better"), but the factor is lost
-    in the available text. ``server_lr`` (``eta``) is left at 1 and exposed;
-    tune it, if at all, for every compared method alike.
+    The devices are drawn by :func:`flwr_importance.sampling.uniform_client_set`
+    (a pure function of seed, round and the sorted node ids), so a FedProx or
+    FedAvg baseline given the same seed trains the *same* devices: the
+    aggregation is then the only difference. See docs/methods.md, section
+    "2. FOLB: gradient-aligned reweighting of FedProx updates", for the
+    equations and the decisions (device draws, server step scale, degenerate
+    rounds).
 
     Parameters
     ----------
     clients_per_round : int
         ``K``, the number of uniform draws per set and round.
-    proximal_mu : float
+    proximal_mu : float (default: 0.0)
         FedProx ``mu`` sent to the clients (``proximal-mu``), as Flower's
         ``FedProx`` does.
-    mode : {"single-set", "two-set"}
+    mode : {"single-set", "two-set"} (default: "single-set")
         Eq. 13 or eqs. 9-10.
-    weighting : {"samples", "uniform"}
-        Weigh devices by their reported ``num-examples`` (default, the paper's
-        objective) or all alike.
-    replace : bool
+    weighting : {"samples", "uniform"} (default: "samples")
+        Weigh devices by their reported ``num-examples`` (the paper's
+        objective) or all alike (the ``1/N`` objective).
+    replace : bool (default: False)
         Draw with replacement (the paper's analysis) or ``K`` distinct devices
-        (default, as FedProx's code).
-    server_lr : float
-        ``eta > 0``, the factor on the aggregated update (default 1).
-    psi : float
-        Heterogeneity weight of eq. 18; 0 (default) is eq. 13/9.
-    penalty : {"norm-product", "global-norm"}
-        ``psi gamma_k ||g_k|| ||gS||`` (default) or ``psi gamma_k ||gS||^2``.
-    negative : {"flip", "drop"}
-        Devices with a negative score: update subtracted (default) or dropped.
-    denominator : {"abs", "signed"}
-        ``sum_i n_i |c_i|`` (default) or ``sum_i n_i c_i``.
-    train_metrics_aggr_fn : callable, optional
+        (as FedProx's code).
+    server_lr : float (default: 1.0)
+        ``eta > 0``, the factor on the aggregated update.
+    psi : float (default: 0.0)
+        Heterogeneity weight of eq. 18; 0 is eq. 13/9.
+    penalty : {"norm-product", "global-norm"} (default: "norm-product")
+        ``psi gamma_k ||g_k|| ||gS||`` or ``psi gamma_k ||gS||^2``.
+    negative : {"flip", "drop"} (default: "flip")
+        Devices with a negative score: update subtracted or dropped.
+    denominator : {"abs", "signed"} (default: "abs")
+        ``sum_i n_i |c_i|`` or ``sum_i n_i c_i``.
+    train_metrics_aggr_fn : callable or None (default: None)
         Averages the train replies' metrics, weighted by ``weighted_by_key``
         (as in Flower's ``FedAvg``).
+
+    Other Parameters
+    ----------------
     **options
         The shared settings of
         :class:`~flwr_importance.strategies.base.ImportanceStrategy`, with its
@@ -181,6 +166,10 @@ class FOLB(ImportanceStrategy[FolbPlan]):
     Replies that break the contract (error, NaN, wrong shapes, missing or
     negative metric) are logged and left out of the round.
 
+    Handlers: :mod:`flwr_importance.clientapps.folb`.
+
+    Notes
+    -----
     The server learns each sampled device's full local gradient and update.
     """
 

@@ -39,65 +39,50 @@ DEFAULT_MIN_RELATIVE_SAMPLE_PROB = 0.1
 class ISFedAvg(ImportanceStrategy[RoundPlan]):
     """ISFedAvg, two-level importance sampling of clients and of their data.
 
-    Rizk, Vlaski, Sayed, "Optimal Importance Sampling for Federated Learning",
-    ICASSP 2021, Algorithm 1 with the probabilities of eq. 28-29.
+    Implementation based on https://arxiv.org/abs/2010.13600
 
-    The server keeps a normalized inclusion probability ``p_k`` per node (sum
-    1, uniform at first) and each round selects ``L`` distinct nodes with
-    ``P(k in S) = L p_k`` by Hartley–Rao randomized systematic sampling; where
-    ``L p_k > 1`` it is capped at 1 and the excess shared by the others. Each
-    selected node runs ``E_k`` importance-weighted SGD steps on mini-batches of
-    ``B_k`` samples it draws by its own per-sample probabilities (eq. 8, see
-    :mod:`flwr_importance.clientapps.isfedavg`). The new model is the plain mean
-    of the returned models (eq. 5): the importance weights were applied on the
-    clients. The returned statistics then update the participants' ``p_k``
-    (eq. 28), floored at ``min_relative_client_prob / K`` and renormalized.
-
-    Decisions (mirrored from docs/methods.md §1 and made here):
-
-    * ``p_k`` sent to a client is its *realized* normalized inclusion
-      probability ``P(k in S) / L``, the capped one. The client divides its
-      step by ``K p_k``, and ``(1/L) sum_{k in S} x_k / (K p_k)`` is unbiased
-      for ``(1/K) sum_k x_k`` only with the probabilities the sampler really
-      used. Without capping it is the stored ``p_k``; eq. 28 keeps updating the
-      stored (uncapped) ones.
-    * Failed or missing replies: the model is the mean of the ``M < L`` models
-      that came back. If failures strike independently of which client failed,
-      the returned set is a uniform subset of the selected one and the mean of
-      ``M`` terms has the same expectation as that of ``L``: the estimator stays
-      unbiased, with more variance. (Counting the missing updates as zero would
-      instead shrink the expected step by ``M/L``.) A client that always fails
-      is never represented, which no reweighting can repair. A failed node
-      keeps its ``p_k``; eq. 28 renormalizes over the nodes that answered.
-    * Nodes that join get a fair share ``1/K`` and everyone is renormalized;
-      nodes that leave are dropped (their mass is renormalized away). ``K`` is
-      the number of connected nodes.
-    * ``E_k`` and ``B_k`` are drawn once per node, uniformly from the given
-      integer ranges (the paper: ``E_k in [1, 5]``, ``B_k in [1, 10]``), from
-      the strategy's seeded generator; equal bounds fix them.
-    * ``uniform=True`` freezes ``p_k = 1/K`` and tells clients to keep their
-      sample probabilities uniform: the same eq. 8 scaling (a step divided by
-      ``E_k``) without importance sampling, the baseline isolating its effect.
+    Algorithm 1 of the paper with the probabilities of eq. 28-29. The server
+    keeps a normalized inclusion probability ``p_k`` per node (sum 1, uniform
+    at first) and each round selects ``L`` distinct nodes with
+    ``P(k in S) = L p_k`` by Hartley–Rao randomized systematic sampling. Each
+    selected node runs ``E_k`` importance-weighted SGD steps on mini-batches
+    of ``B_k`` samples it draws by its own per-sample probabilities (eq. 8,
+    see :mod:`flwr_importance.clientapps.isfedavg`). The new model is the
+    plain mean of the returned models (eq. 5): the importance weights were
+    applied on the clients. The returned statistics then update the
+    participants' ``p_k`` (eq. 28), floored at ``min_relative_client_prob /
+    K`` and renormalized. See docs/methods.md, section "1. ISFedAvg:
+    two-level importance sampling", for the equations and the decisions
+    (capping, the ``p_k`` sent, failed replies, joining nodes, ``E_k`` and
+    ``B_k``).
 
     Parameters
     ----------
     clients_per_round : int
         ``L``; fewer when fewer nodes are connected.
     local_steps_range : tuple of int (default: (1, 5))
-        Inclusive range of ``E_k``.
+        Inclusive range of ``E_k``, drawn once per node from the strategy's
+        seeded generator; equal bounds fix it.
     batch_size_range : tuple of int (default: (1, 10))
-        Inclusive range of ``B_k``. A node with fewer samples uses all of them.
+        Inclusive range of ``B_k``, drawn likewise. A node with fewer samples
+        uses all of them.
     uniform : bool (default: False)
-        Freeze all probabilities at uniform (see above).
+        Freeze ``p_k = 1/K`` and tell clients to keep their sample
+        probabilities uniform: the same eq. 8 scaling (a step divided by
+        ``E_k``) without importance sampling, the baseline isolating its
+        effect.
     min_relative_client_prob : float (default: 0.1)
         Floor on ``p_k`` as a fraction of ``1/K``, in ``(0, 1]``; it bounds the
         step scaling ``1/(K p_k)`` by its inverse.
     min_relative_sample_prob : float (default: 0.1)
         Floor on every client's ``p_n`` as a fraction of ``1/N_k``, sent to the
         clients, in ``(0, 1]``.
-    train_metrics_aggr_fn : callable, optional
+    train_metrics_aggr_fn : callable or None (default: None)
         Averages the train replies' metrics, weighted by ``weighted_by_key``
         (as in Flower's ``FedAvg``).
+
+    Other Parameters
+    ----------------
     **options
         The shared settings of
         :class:`~flwr_importance.strategies.base.ImportanceStrategy`, with its
@@ -110,7 +95,7 @@ class ISFedAvg(ImportanceStrategy[RoundPlan]):
     per-node ConfigRecord under ``configrecord_key`` holding ``server-round``
     and
 
-    * ``isfedavg-client-prob`` (float): ``p_k``, realized, see above;
+    * ``isfedavg-client-prob`` (float): ``p_k``, the realized (capped) one;
     * ``isfedavg-num-clients`` (int): ``K``;
     * ``isfedavg-local-steps`` (int): ``E_k``;
     * ``isfedavg-batch-size`` (int): ``B_k``;
@@ -122,6 +107,8 @@ class ISFedAvg(ImportanceStrategy[RoundPlan]):
     (``||grad P_k_hat||^2``, eq. 14), both finite and nonnegative, and the
     ``weighted_by_key`` metric (``num-examples``), used only to average the
     other metrics. A reply that fails these checks is logged and left out.
+
+    Handlers: :mod:`flwr_importance.clientapps.isfedavg`.
     """
 
     unused_settings = frozenset({"query_timeout"})
@@ -134,7 +121,6 @@ class ISFedAvg(ImportanceStrategy[RoundPlan]):
         "docs/methods.md#1-isfedavg-two-level-importance-sampling",
     )
 
-    # pylint: disable=too-many-arguments
     def __init__(
         self,
         *,

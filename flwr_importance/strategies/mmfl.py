@@ -99,10 +99,11 @@ def unpack_models(packed: ArrayRecord) -> list[ArrayRecord]:
 class MultiModelSampling(UnbiasedSampling):
     """Train ``S`` models at once, each client training at most one per round.
 
-    Zhang et al. 2024 (Algorithm 1 and eq. 5; docs/methods.md §5). Client
-    ``i`` trains model ``s`` with probability ``p_{s|i}`` or idles; the server
-    updates every model with the unbiased
-    ``w_s + server_lr * sum_{i in A_s} (d_is / p_{s|i}) U_is``, where
+    Implementation based on https://openreview.net/forum?id=fbnNUNashm
+
+    Algorithm 1 and eq. 5 of the paper. Client ``i`` trains model ``s`` with
+    probability ``p_{s|i}`` or idles; the server updates every model with the
+    unbiased ``w_s + server_lr * sum_{i in A_s} (d_is / p_{s|i}) U_is``, where
     ``d_is = n_is / sum_j n_js`` and ``U_is`` is the local model delta. The
     ``S`` global models travel through Flower's round loop packed in one
     ArrayRecord (:func:`pack_models` / :func:`unpack_models`); in messages each
@@ -116,18 +117,15 @@ class MultiModelSampling(UnbiasedSampling):
       update of their model.
     - ``"loss"``: ``query.loss`` with all models; clients report their mean loss
       ``f_is(w_s)`` (forward passes only); ``p = mmfl_probs(d * f, m)``; only the
-      sampled clients train. **Decision:** ``u_is = d_is f_is`` as the formula
-      says; the authors' code divides the loss by the sample count, cancelling
-      the ``d`` weighting (docs/methods.md §5).
+      sampled clients train.
     - ``"random"``: ``m`` clients without replacement, each given a uniformly
       random model; ``p = m / (N S)``.
     - ``"round-robin"``: the same ``m`` clients; client ``i`` trains model
       ``(node_id + round) mod S``, so its model rotates every round; weighted
-      with the same ``p = m / (N S)`` (unbiased on average over ``S`` rounds,
-      not within one).
+      with the same ``p = m / (N S)``.
 
-    The baselines need every ``n_is`` once: a ``query.sizes`` to each node the
-    first time it is seen (kept per node id; departed nodes drop out).
+    See docs/methods.md, section "5. Optimal client sampling (OCS, AOCS) and
+    multi-model sampling (MMFL)", for the equations and the decisions.
 
     Parameters
     ----------
@@ -135,9 +133,13 @@ class MultiModelSampling(UnbiasedSampling):
         ``S``.
     clients_per_round : int
         ``m``, the expected number of active clients over all models.
-    variant : {"gradnorm", "loss", "random", "round-robin"}, default "gradnorm"
-    server_lr : float, default 1.0
+    variant : {"gradnorm", "loss", "random", "round-robin"} (default: "gradnorm")
+        How ``p_{s|i}`` is computed and who trains (above).
+    server_lr : float (default: 1.0)
         Server step on the estimate.
+
+    Other Parameters
+    ----------------
     **options
         The shared settings of
         :class:`~flwr_importance.strategies.base.ImportanceStrategy`, with its
@@ -147,19 +149,24 @@ class MultiModelSampling(UnbiasedSampling):
         ``arrayrecord_key`` does not apply (the models travel as
         ``model-<s>``, as the protocol names them).
 
-    Client contract (:mod:`flwr_importance.clientapps.variance_reduced`)
-    -----------------------------------------------------------
+    Client contract
+    ---------------
     ``query.norm`` (gradnorm): ArrayRecords ``model-0..model-<S-1>``, config
     ``server-round``; reply metrics ``update-norm-<s>``, ``num-examples-<s>``.
     ``query.loss`` (loss): the same models; reply ``loss-<s>``,
-    ``num-examples-<s>``. ``query.sizes`` (random, round-robin): config
-    ``server-round``, ``num-models``; reply ``num-examples-<s>``. ``train``: config
-    ``server-round``, ``model-index``, ``kept-update`` (true for gradnorm: no
-    model attached, send the kept update; false: ArrayRecord ``model-<s>``
-    attached, train it); reply ArrayRecord ``update`` (``w_local - w_s``) and
-    metrics ``num-examples``, ``train-loss``, ``model-index``. Federated
-    evaluation is not used (the ServerApp evaluates each model centrally).
+    ``num-examples-<s>``. ``query.sizes`` (random, round-robin; once per node,
+    the first time it is seen): config ``server-round``, ``num-models``; reply
+    ``num-examples-<s>``. ``train``: config ``server-round``, ``model-index``,
+    ``kept-update`` (true for gradnorm: no model attached, send the kept
+    update; false: ArrayRecord ``model-<s>`` attached, train it); reply
+    ArrayRecord ``update`` (``w_local - w_s``) and metrics ``num-examples``,
+    ``train-loss``, ``model-index``. Federated evaluation is not used (the
+    ServerApp evaluates each model centrally).
 
+    Handlers: :mod:`flwr_importance.clientapps.variance_reduced`.
+
+    Notes
+    -----
     Round metrics: ``num-sampled``, ``num-received``, ``num-received-<s>``,
     ``train-loss``, ``expected-participants`` and, for ``"gradnorm"``,
     ``variance`` and ``random-variance`` (the estimator's variance given the

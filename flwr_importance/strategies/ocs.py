@@ -45,9 +45,9 @@ if TYPE_CHECKING:
 class OptimalClientSampling(UnbiasedSampling):
     """Optimal client sampling (OCS), or its approximation AOCS, for one model.
 
-    Chen, Horváth, Richtárik, "Optimal Client Sampling for Federated Learning",
-    TMLR 2022 (the single-model closed form quoted in Zhang et al. 2024;
-    docs/methods.md §5). Every round:
+    Implementation based on https://arxiv.org/abs/2010.13723
+
+    The single-model closed form, as quoted in Zhang et al. 2024. Every round:
 
     1. ``query.norm`` to every connected node: each trains from the global model,
        keeps its update ``U_i`` in its node state and replies ``||U_i||`` and
@@ -60,65 +60,48 @@ class OptimalClientSampling(UnbiasedSampling):
        kept update; the server applies ``w + server_lr * sum (d_i / p_i) U_i``,
        an unbiased estimate of the full-participation step.
 
-    **What the server learns** (a design decision; the paper has each client
-    send ``||d_i U_i||``, which needs ``sum_j n_j`` on the client): every node's
-    update norm ``||U_i||`` and sample count ``n_i`` (which FedAvg's
-    ``num-examples`` reveals anyway), and the updates of the sampled nodes only.
-    With ``approximate=True`` (AOCS, docs/methods.md §5) the probabilities depend on
-    the ``u_i`` only through sums: ``sum u_i``, then per iteration the sum of the
-    below-one probabilities and their count. Here those sums are simulated by
-    summing on the server, which still receives the individual values; a
-    deployment would compute them with Flower's secure aggregation
+    With ``approximate=True`` (AOCS) the probabilities depend on the ``u_i``
+    only through sums, which the server computes here from the individual
+    values; a deployment would compute them with Flower's secure aggregation
     (``flwr.server.workflow.SecAggPlusWorkflow``) so that no individual norm
-    reaches the server, and each client would compute its own ``p_i``.
-
-    **The uniform control** (``uniform=True``) is this strategy with one
-    change: step 2 sets ``p_i = m / N`` (``uniform_client_probs``). It is the
-    baseline that isolates OCS's claim (a lower variance from the
-    probabilities alone), so everything else stays OCS's:
-
-    - the ``query.norm`` round trip. Sampling ignores the norms, but the
-      replies carry the ``n_i`` of ``d_i = n_i / sum_j n_j`` over the whole
-      population (the server learns them no other way), they define the
-      population ``N`` (the nodes that answered), and the sampled nodes send
-      the update they kept, so a node's ``U_i`` is the one it sends under OCS.
-      The cost is OCS's too: every node trains each round, in the query.
-    - the unbiased estimator ``sum (d_i / p_i) U_i``;
-    - the draw: one ``poisson_sample`` on ``self.rng`` per round, its only
-      use of the generator, taking one uniform per node of the population.
-
-    The draws are therefore *paired*: two runs with the same ``seed`` whose
-    populations had the same sizes so far draw, in round ``t``, the same
-    uniforms ``u_1..u_N`` for the nodes sorted by id, and node ``i`` takes
-    part iff ``u_i < p_i``: iff ``u_i < m / N`` under the control, iff
-    ``u_i < p_i^OCS`` under OCS. A node that the control samples is sampled
-    by OCS too wherever ``p_i^OCS >= m / N``, and conversely below: the two
-    samples differ only where the probabilities do.
+    reaches the server. With ``uniform=True`` step 2 sets ``p_i = m / N``
+    (``uniform_client_probs``) and everything else stays OCS's: the control
+    that isolates OCS's claim, a lower variance from the probabilities alone,
+    with draws paired with OCS's for the same ``seed``. See docs/methods.md,
+    section "5. Optimal client sampling (OCS, AOCS) and multi-model sampling
+    (MMFL)", for the equations and the decisions.
 
     Parameters
     ----------
     clients_per_round : int
         ``m``, the expected number of participants (clamped to the number of
         nodes that answered the query).
-    approximate : bool, default False
+    approximate : bool (default: False)
         Use AOCS (``aocs_probs``) instead of the exact OCS probabilities.
-    aocs_iterations : int, default 4
+    aocs_iterations : int (default: 4)
         AOCS rescaling rounds ``j_max`` (4 in the authors' script).
-    uniform : bool, default False
+    uniform : bool (default: False)
         Sample with ``p_i = m / N`` instead: OCS's uniform control (see above);
         not with ``approximate``.
-    server_lr : float, default 1.0
+    server_lr : float (default: 1.0)
         Server step on the estimate (1 is the authors' setting with deltas).
+
+    Other Parameters
+    ----------------
     **options
         The shared settings of
         :class:`~flwr_importance.strategies.base.ImportanceStrategy`, with its
-        defaults: ``seed`` seeds the participation draws, ``query_timeout``
-        bounds the wait for the ``query.norm`` replies, and federated
-        evaluation is on (``fraction_evaluate=1.0``; it was 0 before the
-        defaults were shared: pass 0 to evaluate only on the server).
+        defaults: ``seed`` seeds the participation draws (one
+        ``poisson_sample`` on ``self.rng`` per round, its only use of the
+        generator), ``query_timeout`` bounds the wait for the ``query.norm``
+        replies, and federated evaluation is on (``fraction_evaluate=1.0``):
+        pass 0 to evaluate only on the server.
 
-    Client contract (:mod:`flwr_importance.clientapps.variance_reduced`, ``S = 1``)
-    ---------------------------------------------------------------------
+    Client contract
+    ---------------
+    The contract of :class:`~flwr_importance.strategies.mmfl.MultiModelSampling`
+    with ``S = 1``:
+
     ``query.norm``: ArrayRecord ``model-0`` (the global model, named by the
     protocol rather than ``arrayrecord_key``), config ``server-round``; reply
     metrics ``update-norm-0`` and ``num-examples-0`` (nonnegative), the update
@@ -129,6 +112,14 @@ class OptimalClientSampling(UnbiasedSampling):
     ``num-examples``, ``train-loss``, ``model-index``. A node that lost its kept
     update replies with an error and is skipped.
     ``evaluate`` (if ``fraction_evaluate > 0``): Flower's usual evaluate message.
+
+    Handlers: :mod:`flwr_importance.clientapps.variance_reduced`.
+
+    Notes
+    -----
+    What the server learns: every node's update norm ``||U_i||`` and sample
+    count ``n_i`` (which FedAvg's ``num-examples`` reveals anyway), and the
+    updates of the sampled nodes only.
 
     Round metrics: ``num-sampled``, ``num-received``, ``train-loss``,
     ``expected-participants`` (``sum p``) and, with exact OCS or its uniform

@@ -188,16 +188,14 @@ class Selection:
 class PowerOfChoice(MultisetSampling):
     """Power-of-Choice: the ``m`` highest losses of ``d`` candidates drawn by size.
 
-    Cho, Wang, Joshi, "Towards Understanding Biased Client Selection in
-    Federated Learning", AISTATS 2022 (arXiv:2010.01243; first titled
-    "Client Selection in Federated Learning: Convergence Analysis and
-    Power-of-Choice Selection Strategies"), Algorithm 1. Each round:
+    Implementation based on https://arxiv.org/abs/2010.01243
+
+    Algorithm 1 of the paper. Each round:
 
     1. draw the candidate set ``A`` of ``d`` clients without replacement,
        with probabilities ``p_k = n_k / n`` (:func:`draw_candidates`);
     2. rank them by their local loss ``F_k(w^t)`` at the current global
-       model and keep the ``m`` highest (:func:`select_highest`; ties go to
-       the candidate drawn first);
+       model and keep the ``m`` highest (:func:`select_highest`);
     3. those ``m`` train, and the new model is their plain mean
        ``w^{t+1} = (1/m) sum_{k in S} w_k`` (no size weights: the sizes
        entered through the draw).
@@ -216,11 +214,8 @@ class PowerOfChoice(MultisetSampling):
 
     Variants (the paper's Section 5):
 
-    * ``pow-d`` (default): the server sends the current model to the ``d``
-      candidates in a ``query.loss`` round trip and ranks by the losses they
-      report. A candidate that fails, times out or sends no finite,
-      non-negative ``loss-0`` and ``num-examples-0`` is not selected
-      (logged); when fewer than ``m`` answer, those that did train.
+    * ``pow-d``: the server sends the current model to the ``d`` candidates
+      in a ``query.loss`` round trip and ranks by the losses they report.
     * ``cpow-d`` (computation-efficient): the same server; the clients'
       loss handler evaluates ``F_k`` on a mini-batch of ``b`` samples
       instead of all local data (register
@@ -228,21 +223,25 @@ class PowerOfChoice(MultisetSampling):
       function that does so).
     * ``rpow-d`` (communication- and computation-efficient): no extra round
       trip; each candidate ranks by the mean training loss (``train-loss``)
-      of its latest train reply. A client never heard from ranks first
-      (``+inf``: it is explored before a client known to fit well), and a
-      client that leaves is forgotten.
+      of its latest train reply.
+
+    See docs/methods.md, section "6. Power-of-Choice: the highest losses of a
+    size-proportional candidate set", for the equations and the decisions
+    (ties, unknown losses, failed candidates, the default ``d``).
 
     Parameters
     ----------
     clients_per_round : int
         ``m``, the clients trained per round (>= 1).
-    candidates : int, optional
+    candidates : int or None (default: None)
         ``d``, the candidates drawn per round (>= ``m``); None or 0 (a run
-        config cannot hold None): ``2 m``, the smallest ``d > m`` of the
-        paper's experiments. With fewer clients than ``d`` known, all of them
-        are candidates (logged).
+        config cannot hold None): ``2 m``. With fewer clients than ``d``
+        known, all of them are candidates (logged).
     variant : {"pow-d", "rpow-d"} (default: "pow-d")
         Where the losses come from (above).
+
+    Other Parameters
+    ----------------
     **options
         The shared settings of
         :class:`~flwr_importance.strategies.base.ImportanceStrategy`, with
@@ -255,26 +254,29 @@ class PowerOfChoice(MultisetSampling):
         A setting of the wrong type or out of range (``candidates < m``, an
         unknown variant).
 
-    Notes
-    -----
-    Client contract:
-
+    Client contract
+    ---------------
     - ``query.sizes`` (a node's first round): config ``server-round``; the
       reply's MetricRecord holds ``num-examples``, as for
-      :class:`~flwr_importance.strategies.MDSampling`
-      (:func:`~flwr_importance.clientapps.sizes.add_size_query`).
+      :class:`~flwr_importance.strategies.MDSampling`.
     - ``query.loss`` (``pow-d``, each round, candidates only): the current
       model as the ArrayRecord ``model-0`` and config ``server-round``; the
       reply's MetricRecord holds ``loss-0``, the mean local loss of that
       model (finite, >= 0; higher ranks first), and ``num-examples-0``.
-      :func:`~flwr_importance.clientapps.loss.add_loss_query` answers it from the
-      user's evaluate function, no training.
+      A candidate without a usable reply is not selected.
     - ``train``: as Flower's ``FedAvg`` (model under ``arrays``, config with
       ``server-round``); the reply holds the local model and
       ``num-examples`` (refreshing the size) and, for ``rpow-d``,
       ``train-loss``.
     - ``evaluate``: as Flower's ``FedAvg``.
 
+    Handlers: :func:`~flwr_importance.clientapps.sizes.add_size_query` and,
+    for ``pow-d``, :func:`~flwr_importance.clientapps.loss.add_loss_query`
+    (it answers from the user's evaluate function, no training), beside the
+    user's own train and evaluate functions.
+
+    Notes
+    -----
     Round metrics: ``candidates`` (``|A|``), ``ranked-candidates`` (those
     with a loss), ``selected``, ``selected-loss`` (the mean loss the selected
     were ranked by, known ones only) and those of

@@ -97,10 +97,13 @@ class UnbiasedSampling(ImportanceStrategy[SamplePlan]):
     ----------
     clients_per_round : int
         ``m``, the expected number of participants over all models.
-    server_lr : float
+    server_lr : float (default: 1.0)
         Server step on the estimate.
+
+    Other Parameters
+    ----------------
     **options
-        The shared settings of :class:`ImportanceStrategy`.
+        The shared settings of :class:`ImportanceStrategy`, with its defaults.
     """
 
     def __init__(
