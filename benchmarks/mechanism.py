@@ -115,16 +115,17 @@ from flwr_importance.sampling import (
     assign_models,
     clustered_distributions_by_size,
     clustered_distributions_from_distances,
+    draw_candidates,
     md_sample,
     mmfl_probs,
     optimal_client_probs,
     poisson_sample,
     sample_from_distributions,
+    select_highest,
     systematic_sample,
     uniform_client_set,
 )
 from flwr_importance.strategies.clustered import RepresentativeGradients
-from flwr_importance.strategies.power_of_choice import draw_candidates, select_highest
 from simulations.inprocess import default_run_config, load_preset
 
 #: The section title of this benchmark in docs/results.md.

@@ -26,6 +26,7 @@ from flwr_importance.sampling.pips import (
     poisson_sample,
     systematic_sample,
 )
+from flwr_importance.sampling.power_of_choice import draw_candidates, select_highest
 from flwr_importance.sampling.privacy import (
     estimate_total_size,
     ldp_alpha,
@@ -55,6 +56,7 @@ __all__ = [
     "clustered_distributions_by_size",
     "clustered_distributions_from_distances",
     "cross_distances",
+    "draw_candidates",
     "estimate_total_size",
     "estimator_variance",
     "importance_batch",
@@ -69,6 +71,7 @@ __all__ = [
     "privatize_size",
     "project_gradients",
     "sample_from_distributions",
+    "select_highest",
     "size_reply_probabilities",
     "systematic_sample",
     "uniform_client_set",

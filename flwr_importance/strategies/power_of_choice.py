@@ -7,10 +7,12 @@ models. The selection leans towards clients the model fits worst, on purpose:
 it converges faster than unbiased sampling and pays with a bias that does not
 vanish (docs/methods.md, §6).
 
-The maths are the two pure functions :func:`draw_candidates` and
-:func:`select_highest`; :class:`PowerOfChoice` keeps the size table and the
-plain mean of :class:`~flwr_importance.strategies._multiset.MultisetSampling`
-(a selection without repeats is a multiset whose counts are all one).
+The maths, :func:`~flwr_importance.sampling.power_of_choice.draw_candidates`
+and :func:`~flwr_importance.sampling.power_of_choice.select_highest`, are in
+:mod:`flwr_importance.sampling.power_of_choice`; :class:`PowerOfChoice` asks
+for the losses and keeps the size table and the plain mean of
+:class:`~flwr_importance.strategies._multiset.MultisetSampling` (a selection
+without repeats is a multiset whose counts are all one).
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import NDArray
 
 from flwr_importance import protocol
 from flwr_importance.method_spec import MethodSpec
+from flwr_importance.sampling import draw_candidates, select_highest
 from flwr_importance.strategies._multiset import (
     DrawRound,
     MultisetSampling,
@@ -50,103 +53,6 @@ Variant = Literal["pow-d", "rpow-d"]
 #: reply (model 0).
 CANDIDATE_LOSS = protocol.per_model_key(protocol.LOSS, 0)
 CANDIDATE_SIZE = protocol.per_model_key(protocol.NUM_EXAMPLES, 0)
-
-
-def draw_candidates(
-    sizes: ArrayLike, d: int, rng: np.random.Generator
-) -> NDArray[np.intp]:
-    """``d`` distinct positions, each draw proportional to size among those left.
-
-    The candidate set ``A`` of Power-of-Choice: ``d`` successive draws without
-    replacement, the first with ``p_k = n_k / sum_l n_l`` and each next one
-    from the same probabilities renormalised over the clients not yet drawn
-    (NumPy's ``Generator.choice(..., replace=False, p=p)``). A client with no
-    samples is never drawn.
-
-    Parameters
-    ----------
-    sizes : array_like
-        ``n_k``, each client's sample count (non-negative, finite).
-    d : int
-        Candidates to draw, at most the number of clients with ``n_k > 0``.
-    rng : numpy.random.Generator
-        The draws' generator.
-
-    Returns
-    -------
-    numpy.ndarray
-        The ``d`` positions in ``sizes``, in the order they were drawn.
-
-    Raises
-    ------
-    ValueError
-        Negative or non-finite sizes, ``d < 1``, or fewer positive sizes
-        than ``d``.
-
-    Examples
-    --------
-    >>> rng = np.random.default_rng(0)
-    >>> sorted(draw_candidates([5, 0, 3, 2], 3, rng).tolist())
-    [0, 2, 3]
-    >>> draw_candidates([10, 0, 0], 1, rng).tolist()
-    [0]
-    """
-    weights = np.asarray(sizes, dtype=np.float64)
-    if weights.ndim != 1 or not np.all(np.isfinite(weights)) or np.any(weights < 0):
-        raise ValueError("sizes must be a vector of finite, non-negative numbers")
-    d = check_count("d", d)
-    positive = int(np.count_nonzero(weights))
-    if d > positive:
-        raise ValueError(
-            f"cannot draw {d} distinct candidates from {positive} sizes > 0"
-        )
-    drawn: NDArray[np.intp] = rng.choice(
-        weights.size, size=d, replace=False, p=weights / weights.sum()
-    )
-    return drawn
-
-
-def select_highest(losses: ArrayLike, m: int) -> NDArray[np.intp]:
-    """The positions of the ``m`` highest losses, highest first.
-
-    Ties go to the earlier position: with the candidates in the order they
-    were drawn, to the candidate drawn first. ``+inf`` (a loss not known yet,
-    ``rpow-d``) ranks above every finite loss. Fewer than ``m`` losses: all
-    of them.
-
-    Parameters
-    ----------
-    losses : array_like
-        One loss per candidate; no NaN.
-    m : int
-        How many to keep (>= 1).
-
-    Returns
-    -------
-    numpy.ndarray
-        ``min(m, len(losses))`` positions in ``losses``.
-
-    Raises
-    ------
-    ValueError
-        ``losses`` is not a vector or holds NaN; ``m < 1``.
-
-    Examples
-    --------
-    >>> select_highest([0.2, 0.9, 0.5, 0.9], 2).tolist()
-    [1, 3]
-    >>> select_highest([0.2, float("inf"), 0.5], 2).tolist()
-    [1, 2]
-    >>> select_highest([0.3], 2).tolist()
-    [0]
-    """
-    values = np.asarray(losses, dtype=np.float64)
-    if values.ndim != 1 or np.any(np.isnan(values)):
-        raise ValueError("losses must be a vector without NaN")
-    m = check_count("m", m)
-    # A stable sort of the negated losses keeps equal losses in input order.
-    order: NDArray[np.intp] = np.argsort(-values, kind="stable")
-    return order[:m]
 
 
 @dataclass(frozen=True)
@@ -193,9 +99,11 @@ class PowerOfChoice(MultisetSampling):
     Algorithm 1 of the paper. Each round:
 
     1. draw the candidate set ``A`` of ``d`` clients without replacement,
-       with probabilities ``p_k = n_k / n`` (:func:`draw_candidates`);
+       with probabilities ``p_k = n_k / n``
+       (:func:`~flwr_importance.sampling.draw_candidates`);
     2. rank them by their local loss ``F_k(w^t)`` at the current global
-       model and keep the ``m`` highest (:func:`select_highest`);
+       model and keep the ``m`` highest
+       (:func:`~flwr_importance.sampling.select_highest`);
     3. those ``m`` train, and the new model is their plain mean
        ``w^{t+1} = (1/m) sum_{k in S} w_k`` (no size weights: the sizes
        entered through the draw).
