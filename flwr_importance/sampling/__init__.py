@@ -18,7 +18,15 @@ from flwr_importance.sampling.distances import (
     cross_distances,
     pairwise_distances,
 )
-from flwr_importance.sampling.fedsampling import bernoulli_keep, keep_probability
+from flwr_importance.sampling.fedsampling import (
+    USABLE_NOISE_FRACTION,
+    bernoulli_keep,
+    binomial_upper_tail,
+    epsilon_for_usable_estimate,
+    keep_probability,
+    nodes_for_usable_estimate,
+    size_estimate_noise,
+)
 from flwr_importance.sampling.importance import importance_batch, update_sample_probs
 from flwr_importance.sampling.pips import (
     capped_inclusion_probs,
@@ -45,18 +53,21 @@ from flwr_importance.sampling.variance_reduced import (
 
 __all__ = [
     "DISTANCES",
+    "USABLE_NOISE_FRACTION",
     "CountSketch",
     "Distance",
     "aggregation_weight_variance",
     "aocs_probs",
     "assign_models",
     "bernoulli_keep",
+    "binomial_upper_tail",
     "capped_inclusion_probs",
     "clustered_distributions_by_similarity",
     "clustered_distributions_by_size",
     "clustered_distributions_from_distances",
     "cross_distances",
     "draw_candidates",
+    "epsilon_for_usable_estimate",
     "estimate_total_size",
     "estimator_variance",
     "importance_batch",
@@ -65,6 +76,7 @@ __all__ = [
     "md_aggregation_weight_variance",
     "md_sample",
     "mmfl_probs",
+    "nodes_for_usable_estimate",
     "optimal_client_probs",
     "pairwise_distances",
     "poisson_sample",
@@ -72,6 +84,7 @@ __all__ = [
     "project_gradients",
     "sample_from_distributions",
     "select_highest",
+    "size_estimate_noise",
     "size_reply_probabilities",
     "systematic_sample",
     "uniform_client_set",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from logging import INFO, WARNING
@@ -15,7 +14,14 @@ from flwr.serverapp import Grid
 from flwr_importance import protocol
 from flwr_importance.aggregation.fedsampling import server_update
 from flwr_importance.method_spec import MethodSpec
-from flwr_importance.sampling import estimate_total_size, ldp_alpha
+from flwr_importance.sampling import (
+    binomial_upper_tail,
+    epsilon_for_usable_estimate,
+    estimate_total_size,
+    ldp_alpha,
+    nodes_for_usable_estimate,
+    size_estimate_noise,
+)
 from flwr_importance.strategies.arrays import combine_arrays
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
 from flwr_importance.strategies.checks import check_count, check_positive
@@ -26,11 +32,6 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from flwr_importance.strategies.base import StrategyOptions
-
-#: The size estimate is usable when its noise is at most this fraction of the
-#: largest total its replies can stand for, ``C (M - 1)``: three standard
-#: deviations then stay above zero.
-USABLE_NOISE_FRACTION = 1 / 3
 
 #: How unlikely the round's count of top-of-range size replies must be, were
 #: every node below ``M - 1`` samples, before the server warns that
@@ -45,85 +46,6 @@ NO_FEDERATED_EVALUATION = (
     "(strategy.start(..., evaluate_fn=...) on the Message API, evaluate_fn=... on "
     "the legacy API) and leave fraction_evaluate at 0"
 )
-
-
-def size_estimate_noise(num_replies: int, max_size: int, alpha: float) -> float:
-    """A bound on the standard deviation of ``N_tilde`` (eq. 2 of the paper).
-
-    A reply is the true clipped size ``n`` with probability ``alpha``, else
-    uniform on ``{1..M-1}`` (variance below ``M^2 / 12``); with ``|n - M/2| <=
-    M/2`` its variance is at most ``(1 - alpha) M^2 (1/12 + alpha/4)``, and
-    ``N_tilde`` divides the sum of ``C`` replies by ``alpha``::
-
-        sd(N_tilde) <= M / alpha * sqrt(C (1 - alpha) (1/12 + alpha/4))
-
-    which grows like ``sqrt(C) M / alpha``.
-    """
-    spread = (1 - alpha) * (1 / 12 + alpha / 4)
-    return max_size / alpha * math.sqrt(num_replies * spread)
-
-
-def nodes_for_usable_estimate(max_size: int, alpha: float) -> int:
-    """The fewest nodes whose size estimate is usable.
-
-    Usable: its noise is :data:`USABLE_NOISE_FRACTION` of ``C (M - 1)``, the
-    total when every node holds ``M - 1`` samples or more.
-    The noise grows like ``sqrt(C)`` and that total like ``C``; fewer samples
-    per node need more nodes than this (the server cannot know how many).
-
-    Examples
-    --------
-    At the defaults ``M = 100``, ``epsilon = 3``:
-
-    >>> from flwr_importance.sampling import ldp_alpha
-    >>> nodes_for_usable_estimate(100, ldp_alpha(3.0, 100))
-    37
-    """
-    spread = (1 - alpha) * (1 / 12 + alpha / 4)
-    ratio = max_size / (alpha * USABLE_NOISE_FRACTION * (max_size - 1))
-    return math.ceil(spread * ratio**2)
-
-
-def epsilon_for_usable_estimate(num_replies: int, max_size: int) -> float:
-    """The smallest epsilon whose estimate from ``num_replies`` nodes is usable.
-
-    Usable as in :func:`nodes_for_usable_estimate`: ``spread(alpha) / alpha^2``
-    decreases in ``alpha`` (bisected), and ``alpha = (e^eps - 1) / (e^eps + M - 2)``
-    gives ``e^eps = (1 + alpha (M - 2)) / (1 - alpha)``.
-    """
-    bound = num_replies * (USABLE_NOISE_FRACTION * (max_size - 1) / max_size) ** 2
-    low, high = 1e-9, 1.0 - 1e-12
-    for _ in range(100):
-        alpha = (low + high) / 2
-        if (1 - alpha) * (1 / 12 + alpha / 4) / alpha**2 > bound:
-            low = alpha
-        else:
-            high = alpha
-    return math.log((1 + high * (max_size - 2)) / (1 - high))
-
-
-def binomial_upper_tail(successes: int, trials: int, probability: float) -> float:
-    """``P(X >= successes)`` for ``X ~ Binomial(trials, probability)``, in log space.
-
-    ``probability`` must lie in ``(0, 1)``.
-    """
-    if successes <= 0:
-        return 1.0
-    log_p, log_q = math.log(probability), math.log1p(-probability)
-    log_trials = math.lgamma(trials + 1)
-    return min(
-        1.0,
-        sum(
-            math.exp(
-                log_trials
-                - math.lgamma(count + 1)
-                - math.lgamma(trials - count + 1)
-                + count * log_p
-                + (trials - count) * log_q
-            )
-            for count in range(successes, trials + 1)
-        ),
-    )
 
 
 @dataclass(frozen=True)
@@ -216,8 +138,9 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
     else those nodes count as ``M - 1`` and rounds keep more than ``K``
     samples (warned when too many replies sit at ``M - 1``); enough nodes
     for the epsilon, since the noise of ``N_tilde`` is about
-    ``sqrt(C) M / alpha`` (:func:`size_estimate_noise`) against a total of
-    at most ``C (M - 1)``: :func:`nodes_for_usable_estimate` gives the nodes
+    ``sqrt(C) M / alpha`` (:func:`~flwr_importance.sampling.size_estimate_noise`)
+    against a total of at most ``C (M - 1)``:
+    :func:`~flwr_importance.sampling.nodes_for_usable_estimate` gives the nodes
     holding at least ``M - 1`` samples each that a usable estimate needs.
     An estimate below ``K`` is logged with the nodes and the epsilon that
     would make it usable.

@@ -29,18 +29,16 @@ from flwr_importance.clientapps.fedsampling import (
     make_size_query_handler,
 )
 from flwr_importance.sampling import (
-    estimate_total_size,
-    ldp_alpha,
-    privatize_size,
-    size_reply_probabilities,
-)
-from flwr_importance.strategies.fedsampling import (
-    FedSampling,
     binomial_upper_tail,
     epsilon_for_usable_estimate,
+    estimate_total_size,
+    ldp_alpha,
     nodes_for_usable_estimate,
+    privatize_size,
     size_estimate_noise,
+    size_reply_probabilities,
 )
+from flwr_importance.strategies.fedsampling import FedSampling
 from flwr_importance.tasks import Objective
 from flwr_importance.tooling.testing import InProcessGrid
 from simulations.client_app import app as simulation_client_app

@@ -15,9 +15,9 @@ from flwr.server.strategy import Strategy
 from flwr_importance import compat
 from flwr_importance.compat.adapter import EvaluateFn
 from flwr_importance.registry import methods
-from flwr_importance.sampling import ldp_alpha
-from flwr_importance.strategies.fedsampling import (
+from flwr_importance.sampling import (
     epsilon_for_usable_estimate,
+    ldp_alpha,
     nodes_for_usable_estimate,
 )
 from flwr_importance.tasks import evaluate, get_weights, set_weights
