@@ -48,8 +48,8 @@ from benchmarks.evidence import (
     write_outputs,
 )
 from benchmarks.harness import benchmark_parser, markdown_table, start_benchmark
+from flwr_importance.sampling import RepresentativeGradients
 from flwr_importance.strategies._multiset import MultisetSampling
-from flwr_importance.strategies.clustered import RepresentativeGradients
 from flwr_importance.tasks import Objective, evaluate
 from flwr_importance.tooling.testing import InProcessGrid
 from simulations.client_app import app as client_app

@@ -111,6 +111,7 @@ from flwr_importance.aggregation.isfedavg import realized_normalized_probs
 from flwr_importance.aggregation.variance_reduced import uniform_assignment_prob
 from flwr_importance.sampling import (
     Distance,
+    RepresentativeGradients,
     aocs_probs,
     assign_models,
     clustered_distributions_by_size,
@@ -125,7 +126,6 @@ from flwr_importance.sampling import (
     systematic_sample,
     uniform_client_set,
 )
-from flwr_importance.strategies.clustered import RepresentativeGradients
 from simulations.inprocess import default_run_config, load_preset
 
 #: The section title of this benchmark in docs/results.md.
@@ -274,7 +274,7 @@ def clustered_by_similarity(m: int, *, distance: Distance = "arccos") -> Sampler
     """Clustered sampling, Algorithm 2, on the previous round's updates.
 
     The representative gradients and their distances are the strategy's own
-    (:class:`~flwr_importance.strategies.clustered.RepresentativeGradients`).
+    (:class:`~flwr_importance.sampling.representatives.RepresentativeGradients`).
     """
 
     def positions(model: CapturedRound) -> Positions:

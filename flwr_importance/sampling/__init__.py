@@ -41,6 +41,7 @@ from flwr_importance.sampling.privacy import (
     privatize_size,
     size_reply_probabilities,
 )
+from flwr_importance.sampling.representatives import RepresentativeGradients
 from flwr_importance.sampling.schedule import uniform_client_set
 from flwr_importance.sampling.sketch import CountSketch, project_gradients
 from flwr_importance.sampling.variance_reduced import (
@@ -56,6 +57,7 @@ __all__ = [
     "USABLE_NOISE_FRACTION",
     "CountSketch",
     "Distance",
+    "RepresentativeGradients",
     "aggregation_weight_variance",
     "aocs_probs",
     "assign_models",

@@ -25,15 +25,13 @@ from flwr_importance.clientapps.sizes import make_sizes_handler
 from flwr_importance.sampling import (
     DISTANCES,
     Distance,
+    RepresentativeGradients,
     cross_distances,
     pairwise_distances,
 )
 from flwr_importance.strategies._multiset import MultisetSampling
 from flwr_importance.strategies.arrays import flatten
-from flwr_importance.strategies.clustered import (
-    ClusteredSampling,
-    RepresentativeGradients,
-)
+from flwr_importance.strategies.clustered import ClusteredSampling
 from flwr_importance.strategies.md import MDSampling
 from flwr_importance.tasks import Objective, build_model, load_dataset
 from flwr_importance.tooling.testing import InProcessGrid

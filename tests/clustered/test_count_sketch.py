@@ -11,12 +11,9 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from flwr_importance.sampling import Distance
+from flwr_importance.sampling import Distance, RepresentativeGradients
 from flwr_importance.sampling.sketch import CountSketch, project_gradients
-from flwr_importance.strategies.clustered import (
-    ClusteredSampling,
-    RepresentativeGradients,
-)
+from flwr_importance.strategies.clustered import ClusteredSampling
 
 
 def sketch_variance(x: NDArray[np.float64], y: NDArray[np.float64], dim: int) -> float:
