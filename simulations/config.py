@@ -9,9 +9,17 @@ each method module reads its own with :meth:`ExperimentConfig.option`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from flwr_importance.aggregation.server_optimizers import (
+    ServerAdagrad,
+    ServerAdam,
+    ServerMomentum,
+    ServerOptimizer,
+    ServerYogi,
+)
 
 RunConfig = Mapping[str, bool | int | float | str]
 
@@ -93,6 +101,36 @@ class ExperimentConfig:
             raise ValueError("batch-size must be >= 1")
         if self.proximal_mu < 0 or self.l2 < 0:
             raise ValueError("proximal-mu and l2 must be >= 0")
+
+    def server_optimizer(self) -> ServerOptimizer | None:
+        """The ``server-optimizer`` with its ``server-optimizer-*`` settings.
+
+        None for ``"none"``, the method's own step; an unknown name is a
+        ValueError naming the known ones.
+        """
+        name = str(self.option("server-optimizer"))
+        if name == "none":
+            return None
+        eta = float(self.option("server-optimizer-eta"))
+        tau = float(self.option("server-optimizer-tau"))
+        betas = {
+            "beta_1": float(self.option("server-optimizer-beta1")),
+            "beta_2": float(self.option("server-optimizer-beta2")),
+        }
+        optimizers: dict[str, Callable[[], ServerOptimizer]] = {
+            "adam": lambda: ServerAdam(eta=eta, tau=tau, **betas),
+            "yogi": lambda: ServerYogi(eta=eta, tau=tau, **betas),
+            "adagrad": lambda: ServerAdagrad(eta=eta, tau=tau),
+            "momentum": lambda: ServerMomentum(
+                lr=eta, momentum=float(self.option("server-optimizer-momentum"))
+            ),
+        }
+        if name not in optimizers:
+            raise ValueError(
+                f"unknown server-optimizer '{name}'; known: none, "
+                + ", ".join(optimizers)
+            )
+        return optimizers[name]()
 
     def option(self, key: str) -> bool | int | float | str:
         """A method-specific run-config value (``isfedavg-uniform``, ...)."""

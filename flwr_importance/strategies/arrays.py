@@ -19,6 +19,11 @@ from flwr.app import Array, ArrayRecord
 from flwr.common.constant import SType
 from numpy.typing import NDArray
 
+from flwr_importance.aggregation.server_optimizers import (
+    OptimizerState,
+    ServerOptimizer,
+)
+
 #: The first bytes of every ``.npy`` serialization.
 NPY_MAGIC = b"\x93NUMPY"
 
@@ -135,3 +140,26 @@ def combine_arrays(
             values.reshape(template.shape).astype(template.dtype, copy=False)
         )
     return ArrayRecord.from_array_dict(arrays)
+
+
+def optimizer_step(
+    optimizer: ServerOptimizer,
+    state: OptimizerState,
+    current: ArrayRecord,
+    aggregated: ArrayRecord,
+    server_round: int,
+) -> tuple[ArrayRecord, OptimizerState]:
+    """``optimizer``'s step from ``current`` to the new model, on ArrayRecords.
+
+    ``aggregated - current`` is the round's update estimate (the model a
+    strategy's own step reaches, minus the model the round started from); the
+    arrays keep their names, order and dtypes.
+    """
+    new_model, new_state = optimizer.step(
+        {key: array_values(array) for key, array in current.items()},
+        {key: array_values(array) for key, array in aggregated.items()},
+        state,
+        server_round,
+    )
+    record = ArrayRecord({key: Array(value) for key, value in new_model.items()})
+    return record, new_state

@@ -35,6 +35,12 @@ from flwr.serverapp.strategy import FedAvg, Result
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from flwr_importance import protocol
+from flwr_importance.aggregation.server_optimizers import (
+    OptimizerState,
+    ServerOptimizer,
+    check_server_optimizer,
+)
+from flwr_importance.strategies.arrays import optimizer_step
 from flwr_importance.strategies.checks import check_count, check_keys, check_positive
 from flwr_importance.strategies.messages import (
     SharedArrays,
@@ -101,6 +107,7 @@ class StrategyOptions(TypedDict, total=False):
     arrayrecord_key: str
     configrecord_key: str
     evaluate_metrics_aggr_fn: MetricsAggregation | None
+    server_optimizer: ServerOptimizer | None
 
 
 def log_settings(
@@ -141,6 +148,7 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
       run) when one reply lacks the weighting metric and divides by zero when
       the weights sum to zero; here :func:`check_replies` drops and logs such
       replies by node.
+    * One seam for the server step, :meth:`server_step`.
     * :meth:`summary`, logging only the settings that apply; subclasses log
       their own first and then call ``super().summary()``.
     * ``self.reply_ledger`` (:class:`~flwr_importance.strategies.replies.ReplyLedger`),
@@ -185,6 +193,9 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
         Averages the train replies' metrics, in the classes that do
         (:attr:`aggregates_train_metrics`); None: a mean weighted by
         ``weighted_by_key``.
+    server_optimizer : ServerOptimizer or None (default: None)
+        ``ServerAdam``, ``ServerYogi``, ``ServerAdagrad`` or ``ServerMomentum``:
+        steps on the round's update estimate; None: the method's own step.
 
     Other Parameters
     ----------------
@@ -234,6 +245,7 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
         configrecord_key: str = protocol.CONFIG_RECORD,
         evaluate_metrics_aggr_fn: MetricsAggregation | None = None,
         train_metrics_aggr_fn: MetricsAggregation | None = None,
+        server_optimizer: ServerOptimizer | None = None,
         **unknown: Any,
     ) -> None:
         self._refuse_fedavg_only(unknown, train_metrics_aggr_fn)
@@ -262,6 +274,8 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
         self.arrayrecord_key = arrayrecord_key
         self.configrecord_key = configrecord_key
         self.rng = np.random.default_rng(self.seed)
+        self.server_optimizer = check_server_optimizer(server_optimizer)
+        self.optimizer_state = OptimizerState()
         self._plan: PlanT | None = None
         self.reply_ledger = ReplyLedger(type(self).__name__, self.client_side)
 
@@ -310,9 +324,11 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
 
         The replies dropped during the run are counted from zero and logged
         by message type and reason when it ends, also when it ends with an
-        error (e.g. :class:`ClientSideMissingError`).
+        error (e.g. :class:`ClientSideMissingError`). The server optimizer
+        starts from zero moments.
         """
         self.reply_ledger = ReplyLedger(type(self).__name__, self.client_side)
+        self.optimizer_state = OptimizerState()
         try:
             return super().start(
                 grid,
@@ -379,10 +395,9 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """The new model and the round's metrics, by :meth:`aggregate_round`.
+        """The new model (by :meth:`server_step`) and the round's metrics.
 
-        Without a plan for ``server_round`` (:meth:`plan_for` logs why) the
-        model is left unchanged: ``(None, None)``.
+        No plan for ``server_round`` (:meth:`plan_for` logs why): ``(None, None)``.
         """
         plan = self.plan_for(server_round)
         if plan is None:
@@ -390,7 +405,29 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
         replies = list(replies)
         replied = {reply.metadata.src_node_id for reply in replies}
         self.reply_ledger.record(MessageType.TRAIN, NO_REPLY, len(plan.nodes - replied))
-        return self.aggregate_round(plan, replies)
+        arrays, metrics = self.aggregate_round(plan, replies)
+        return self.server_step(plan, arrays), metrics
+
+    def server_step(
+        self, plan: PlanT, aggregated: ArrayRecord | None
+    ) -> ArrayRecord | None:
+        """The new model from ``aggregated``, the model the method's step gives.
+
+        With a ``server_optimizer``, ``aggregated - plan.arrays`` (the round's
+        update estimate) is its pseudo-gradient (docs/methods.md, section
+        "Server optimizers"); without one, ``aggregated`` itself. None stays
+        None and does not step the optimizer, as in Flower's ``FedOpt``.
+        """
+        if aggregated is None or self.server_optimizer is None:
+            return aggregated
+        new_model, self.optimizer_state = optimizer_step(
+            self.server_optimizer,
+            self.optimizer_state,
+            plan.arrays,
+            aggregated,
+            plan.server_round,
+        )
+        return new_model
 
     @abstractmethod
     def aggregate_round(
@@ -542,6 +579,10 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
             shared["Query timeout"] = f"{self.query_timeout:g} s"
         shared["Minimum available nodes"] = self.min_available_nodes
         log_settings("Shared settings", shared)
+        if self.server_optimizer is not None:
+            optimizer = self.server_optimizer
+            settings = {name: f"{x:g}" for name, x in optimizer.settings().items()}
+            log_settings(f"Server optimizer: {optimizer.title()}", settings)
         if self.fraction_evaluate == 0.0:
             evaluation: dict[str, object] = {
                 "Off": self.no_federated_evaluation or "fraction_evaluate = 0"

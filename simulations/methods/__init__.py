@@ -90,7 +90,8 @@ class RegistryMethod:
     def build_strategy(self, config: ExperimentConfig, num_clients: int) -> Strategy:
         """The strategy with ``clients-per-round``, ``seed`` and its options.
 
-        Federated evaluation is off: the ServerApp evaluates centrally.
+        Federated evaluation is off: the ServerApp evaluates centrally; the
+        server optimizer is the run config's (``server-optimizer``).
         """
         options = {
             argument: config.option(key)
@@ -98,7 +99,12 @@ class RegistryMethod:
         }
         if self.spec.clients_per_round:
             options["clients_per_round"] = min(config.clients_per_round, num_clients)
-        return self.spec.build(seed=config.seed, fraction_evaluate=0.0, **options)
+        return self.spec.build(
+            seed=config.seed,
+            fraction_evaluate=0.0,
+            server_optimizer=config.server_optimizer(),
+            **options,
+        )
 
     def client_handlers(self, task_factory: TaskFactory) -> dict[str, ClientHandler]:
         """The registry's ready-made client side of the method."""

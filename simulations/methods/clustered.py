@@ -26,6 +26,7 @@ def build_strategy(config: ExperimentConfig, num_clients: int) -> ClusteredSampl
         distance=cast(Distance, str(config.option("clustered-distance"))),
         projection_dim=projection_dim or None,
         seed=config.seed,
+        server_optimizer=config.server_optimizer(),
         # The ServerApp evaluates centrally.
         fraction_evaluate=0.0,
     )

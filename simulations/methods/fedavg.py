@@ -27,11 +27,17 @@ from flwr.app import (
     Context,
     Message,
     MessageType,
+    MetricRecord,
     RecordDict,
 )
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
+from flwr_importance.aggregation.server_optimizers import (
+    OptimizerState,
+    ServerOptimizer,
+    check_server_optimizer,
+)
 from flwr_importance.clientapps import (
     ClientHandler,
     LocalTask,
@@ -42,6 +48,7 @@ from flwr_importance.clientapps import (
 )
 from flwr_importance.protocol import SERVER_ROUND
 from flwr_importance.sampling import uniform_client_set
+from flwr_importance.strategies.arrays import optimizer_step
 from flwr_importance.strategies.messages import connected_nodes
 from flwr_importance.tasks import random_local_steps
 from simulations.config import ExperimentConfig
@@ -60,17 +67,32 @@ class ScheduledFedAvg(FedAvg):
     ``min_available_nodes``, same messages), so that strategies given the same
     ``seed`` train the same nodes each round.
 
+    With a ``server_optimizer``, FedAvg's average goes through the same
+    step as the library's strategies take (``FedAdam`` and the others with
+    the shared draws), so a method and its baseline differ in sampling alone.
+
     Parameters
     ----------
     seed : int
         Seeds the node draws (>= 0), with the round.
+    server_optimizer : ServerOptimizer or None
+        The server optimizer; None: FedAvg's model replacement.
     **kwargs
         Flower's ``FedAvg`` arguments.
     """
 
-    def __init__(self, *, seed: int = 0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        seed: int = 0,
+        server_optimizer: ServerOptimizer | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.seed = seed
+        self.server_optimizer = check_server_optimizer(server_optimizer)
+        self.optimizer_state = OptimizerState()
+        self.round_start: ArrayRecord | None = None
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -93,12 +115,33 @@ class ScheduledFedAvg(FedAvg):
         record = RecordDict(
             {self.arrayrecord_key: arrays, self.configrecord_key: config}
         )
+        self.round_start = arrays
         return self._construct_messages(record, node_ids, MessageType.TRAIN)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Flower's average, then the server optimizer's step where there is one."""
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        if arrays is None or self.server_optimizer is None or not self.round_start:
+            return arrays, metrics
+        arrays, self.optimizer_state = optimizer_step(
+            self.server_optimizer,
+            self.optimizer_state,
+            self.round_start,
+            arrays,
+            server_round,
+        )
+        return arrays, metrics
 
 
 def build_strategy(config: ExperimentConfig, num_clients: int) -> ScheduledFedAvg:
     """``FedAvg`` sampling ``clients-per-round`` nodes on the shared schedule."""
-    return ScheduledFedAvg(seed=config.seed, **uniform_sampling(config, num_clients))
+    return ScheduledFedAvg(
+        seed=config.seed,
+        server_optimizer=config.server_optimizer(),
+        **uniform_sampling(config, num_clients),
+    )
 
 
 def round_local_work(task: LocalTask, server_round: int) -> LocalTask:

@@ -21,6 +21,7 @@ def build_strategy(config: ExperimentConfig, num_clients: int) -> FedSampling:
         server_lr=float(config.option("fedsampling-server-lr")),
         local_steps=int(config.option("fedsampling-local-steps")),
         min_available_nodes=1,
+        server_optimizer=config.server_optimizer(),
     )
 
 

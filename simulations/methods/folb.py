@@ -42,6 +42,7 @@ def build_strategy(config: ExperimentConfig, num_clients: int) -> FOLB:
         negative=cast(NegativeRule, str(config.option("folb-negative"))),
         denominator=cast(Denominator, str(config.option("folb-denominator"))),
         seed=config.seed,
+        server_optimizer=config.server_optimizer(),
         fraction_evaluate=0.0,
         min_available_nodes=clients_per_round,
     )

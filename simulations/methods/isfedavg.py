@@ -39,6 +39,7 @@ def build_strategy(config: ExperimentConfig, num_clients: int) -> ISFedAvg:
             config.option("isfedavg-min-relative-sample-prob")
         ),
         seed=config.seed,
+        server_optimizer=config.server_optimizer(),
         fraction_evaluate=0.0,
         min_available_nodes=clients_per_round,
     )

@@ -15,5 +15,6 @@ def build_strategy(config: ExperimentConfig, num_clients: int) -> MDSampling:
     return MDSampling(
         clients_per_round=config.clients_per_round,
         seed=config.seed,
+        server_optimizer=config.server_optimizer(),
         fraction_evaluate=0.0,
     )

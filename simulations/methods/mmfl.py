@@ -104,6 +104,7 @@ def build_strategy(config: ExperimentConfig, num_clients: int) -> MultiModelSamp
         variant=_variant(variant),
         server_lr=float(config.option("mmfl-server-lr")),
         seed=config.seed,
+        server_optimizer=config.server_optimizer(),
     )
 
 

@@ -24,6 +24,7 @@ def build_strategy(config: ExperimentConfig, num_clients: int) -> OptimalClientS
         uniform=bool(config.option("ocs-uniform")),
         server_lr=float(config.option("ocs-server-lr")),
         seed=config.seed,
+        server_optimizer=config.server_optimizer(),
         # The ServerApp evaluates centrally.
         fraction_evaluate=0.0,
     )
