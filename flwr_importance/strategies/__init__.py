@@ -2,9 +2,18 @@
 
 Each is a subclass of Flower's ``flwr.serverapp.strategy.FedAvg``: sampling in
 ``configure_train``, reweighted aggregation in ``aggregate_train``. Each class
-docstring states its paper, its parameters and its client contract.
+docstring states its paper, its parameters and its client contract. Any of
+them takes a server optimizer (``server_optimizer=ServerAdam()``, re-exported
+here from :mod:`flwr_importance.aggregation.server_optimizers`).
 """
 
+from flwr_importance.aggregation.server_optimizers import (
+    ServerAdagrad,
+    ServerAdam,
+    ServerMomentum,
+    ServerOptimizer,
+    ServerYogi,
+)
 from flwr_importance.strategies.clustered import ClusteredSampling
 from flwr_importance.strategies.fedsampling import FedSampling
 from flwr_importance.strategies.folb import FOLB
@@ -29,6 +38,11 @@ __all__ = [
     "MultiModelSampling",
     "OptimalClientSampling",
     "PowerOfChoice",
+    "ServerAdagrad",
+    "ServerAdam",
+    "ServerMomentum",
+    "ServerOptimizer",
+    "ServerYogi",
     "pack_models",
     "unpack_models",
 ]
