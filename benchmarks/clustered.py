@@ -48,6 +48,7 @@ from benchmarks.evidence import (
     write_outputs,
 )
 from benchmarks.harness import benchmark_parser, markdown_table, start_benchmark
+from benchmarks.variance_reduced import FEDADAM, FEDADAM_ETAS, fedadam_note
 from flwr_importance.sampling import RepresentativeGradients
 from flwr_importance.strategies._multiset import MultisetSampling
 from flwr_importance.tasks import Objective, evaluate
@@ -223,8 +224,20 @@ def descriptions(full: bool) -> tuple[PaperComparison, PaperComparison]:
                 note="Clustered and MD sampling aggregate the same plain mean "
                 "with the same local step: only the draws differ.",
             ),
+            Comparison(
+                name="one class per client, FedAdam server step",
+                methods={m: METHODS[m] for m in (BASELINE, MAIN_METHOD)},
+                baseline=BASELINE,
+                claimed=(MAIN_METHOD,),
+                shared={**load_preset("clustered-digits"), **FEDADAM},
+                tuned=full,
+                note=fedadam_note(full),
+            ),
         ),
         main_row=("one class per client, same step", MAIN_METHOD),
+        # Only the FedAdam row is tuned (--full): the server step's eta.
+        learning_rates=FEDADAM_ETAS,
+        learning_rate_key="server-optimizer-eta",
         **common,
     )
     sweep_methods = METHODS if full else {m: METHODS[m] for m in (BASELINE, *CLAIMED)}

@@ -81,6 +81,12 @@ from benchmarks.evidence import (
     write_claims,
 )
 from benchmarks.harness import benchmark_parser, prepare_run
+from flwr_importance.aggregation.server_optimizers import (
+    OptimizerState,
+    ServerAdam,
+    ServerOptimizer,
+    ServerYogi,
+)
 from flwr_importance.clientapps.fedsampling import (
     KEEP_STREAM,
     REPLY_STREAM,
@@ -102,6 +108,17 @@ TITLE = "FedSampling vs client-level sampling (Qi et al., IJCAI 2023)"
 
 PAPER = "Qi et al. 2023, FedSampling: a better sampling strategy for FL"
 LEARNING_RATE = "learning-rate"
+#: The server optimizers a run's ``server-optimizer`` key names (the app's keys).
+SERVER_OPTIMIZERS = {"adam": ServerAdam, "yogi": ServerYogi}
+#: The FedAdam row's server step, on both sides: Flower's FedAdam defaults
+#: (``eta`` 0.1, ``beta_1`` 0.9, ``beta_2`` 0.99) and the app's ``tau``.
+FEDADAM: dict[str, bool | int | float | str] = {
+    "server-optimizer": "adam",
+    "server-optimizer-eta": 0.1,
+    "server-optimizer-beta1": 0.9,
+    "server-optimizer-beta2": 0.99,
+    "server-optimizer-tau": 0.001,
+}
 #: The extras column of the mean sample gradients a round's step is made of.
 SAMPLE_GRADIENTS = "sample gradients / round"
 
@@ -297,13 +314,37 @@ class TrainedRound:
     size_estimate: float | None
 
 
+def server_optimizer(
+    overrides: Mapping[str, bool | int | float | str],
+) -> ServerOptimizer | None:
+    """The run's server optimizer from the app's ``server-optimizer*`` keys.
+
+    None without the key or at ``"none"``: the round's step is the model.
+    """
+    name = str(overrides.get("server-optimizer", "none"))
+    if name == "none":
+        return None
+    return SERVER_OPTIMIZERS[name](
+        eta=float(overrides["server-optimizer-eta"]),
+        beta_1=float(overrides["server-optimizer-beta1"]),
+        beta_2=float(overrides["server-optimizer-beta2"]),
+        tau=float(overrides["server-optimizer-tau"]),
+    )
+
+
 def train_rounds(
     setting: Setting,
     overrides: Mapping[str, bool | int | float | str],
     seed: int,
     model: torch.nn.Module,
 ) -> Iterator[TrainedRound]:
-    """Train ``model`` in place, one step per round, yielding after each round."""
+    """Train ``model`` in place, one step per round, yielding after each round.
+
+    With a ``server-optimizer`` the round's step, ``-lr`` times the weighted
+    gradient, is the update estimate ``Delta_t`` that the optimizer's
+    :meth:`~flwr_importance.aggregation.server_optimizers.ServerOptimizer.step`
+    takes, as the strategies' server step does.
+    """
     method = str(overrides["method"])
     data = pooled_data(setting, seed)
     total, clip = int(data.sizes.sum()), clipped_total(data.sizes, setting.max_size)
@@ -312,6 +353,7 @@ def train_rounds(
         lr *= total / clip
     num_draws = setting.samples_per_round // setting.batch_size
     objective = Objective("classification")
+    optimizer, state = server_optimizer(overrides), OptimizerState()
     for server_round in range(1, setting.rounds + 1):
         # One stream per seed and round for the client-level methods and the
         # reference, whatever the method: common random numbers. FedSampling
@@ -343,10 +385,35 @@ def train_rounds(
         gradients = torch.autograd.grad(
             (losses * torch.from_numpy(weights).float()).sum(), parameters
         )
-        with torch.no_grad():
-            for parameter, gradient in zip(parameters, gradients, strict=True):
-                parameter.sub_(lr * gradient)
+        if optimizer is None:
+            with torch.no_grad():
+                for parameter, gradient in zip(parameters, gradients, strict=True):
+                    parameter.sub_(lr * gradient)
+        else:
+            state = server_step(optimizer, state, model, gradients, lr, server_round)
         yield TrainedRound(int(indices.size), estimate)
+
+
+def server_step(
+    optimizer: ServerOptimizer,
+    state: OptimizerState,
+    model: torch.nn.Module,
+    gradients: Sequence[torch.Tensor],
+    lr: float,
+    server_round: int,
+) -> OptimizerState:
+    """Set ``model`` to ``optimizer``'s step from the plain step; the new state."""
+    named = dict(model.named_parameters())
+    current = {name: value.detach().numpy().copy() for name, value in named.items()}
+    plain = {
+        name: current[name] - lr * gradient.numpy()
+        for name, gradient in zip(named, gradients, strict=True)
+    }
+    moved, state = optimizer.step(current, plain, state, server_round)
+    with torch.no_grad():
+        for name, parameter in named.items():
+            parameter.copy_(torch.from_numpy(moved[name]))
+    return state
 
 
 def run_seed(
@@ -439,6 +506,20 @@ def descriptions(setting: Setting, full: bool) -> list[PaperComparison]:
                     claimed=(default,),
                     shared=matched,
                     note=note,
+                ),
+                Comparison(
+                    name="matched, FedAdam server step",
+                    methods={"fedavg": clients["fedavg"], default: private[default]},
+                    baseline="fedavg",
+                    claimed=(default,),
+                    shared={**matched, **FEDADAM},
+                    note=f"{note} Both then take the same FedAdam server step "
+                    "(the app's `server-optimizer = adam`: eta "
+                    f"{FEDADAM['server-optimizer-eta']:g}, Flower's FedAdam "
+                    "default, beta1 0.9, beta2 0.99, tau 0.001) with that step as "
+                    "the round's update estimate: the paper's FedAdam baseline "
+                    "against FedSampling under FedAdam. eta is fixed, not tuned: "
+                    "the description's grid tunes the client step.",
                 ),
                 Comparison(
                     name="tuned",

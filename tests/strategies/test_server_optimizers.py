@@ -33,7 +33,11 @@ from simulations.inprocess import resolve_run_config
 from tests.testing.test_grid import app as echo_app
 
 ROUNDS = 8
-FLOWER_SAMPLING = {"fraction_train": 1.0, "min_train_nodes": 1, "min_available_nodes": 1}
+FLOWER_SAMPLING = {
+    "fraction_train": 1.0,
+    "min_train_nodes": 1,
+    "min_available_nodes": 1,
+}
 
 #: Ours and Flower's with the same non-default settings.
 PAIRS: dict[str, tuple[ServerOptimizer, Callable[[], Strategy]]] = {
