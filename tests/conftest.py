@@ -23,7 +23,8 @@ def flwr_simulation(tmp_path: Path) -> FlwrSimulation:
 
     The returned function takes run-config overrides and the number of virtual
     SuperNodes, checks that the run succeeded, wrote its history and plot, and
-    left no process running, and returns the ``history.json`` rows.
+    left no process running, and returns the ``history.json`` rows; the run's
+    output is kept in ``flwr-run.log`` of the test's ``tmp_path``.
     """
 
     def run(
@@ -41,6 +42,7 @@ def flwr_simulation(tmp_path: Path) -> FlwrSimulation:
             capture=True,
             timeout=timeout,
         )
+        (tmp_path / "flwr-run.log").write_text(completed.stdout + completed.stderr)
         log = completed.stdout[-4000:] + completed.stderr[-4000:]
         assert completed.returncode == 0, log
         assert processes_mentioning(str(flwr_home.resolve())) == []

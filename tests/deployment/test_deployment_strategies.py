@@ -66,6 +66,15 @@ RUNS: dict[str, tuple[str | None, Mapping[str, RunConfigValue]]] = {
     "fedavg": (None, {"strategy": "fedavg", "partitioning": "iid"}),
     **{spec.name: declaration(spec.name).smoke_run for spec in methods()},
 }
+# One strategy takes a server optimizer on the deployment engine (issue 26):
+# FedAvgM's step, whose first round is OCS's own step at lr 1.
+OPTIMIZED = "ocs"
+SERVER_OPTIMIZER = {
+    "server-optimizer": "momentum",
+    "server-optimizer-eta": 1.0,
+    "server-optimizer-momentum": 0.5,
+}
+RUNS[OPTIMIZED] = (RUNS[OPTIMIZED][0], {**RUNS[OPTIMIZED][1], **SERVER_OPTIMIZER})
 CAPTURED = "fedsampling"
 
 
@@ -142,6 +151,15 @@ def run_deployment(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def test_deployment_leaves_no_process(deployment_runs: Mapping[str, Any]) -> None:
     assert deployment_runs["leftover"] == []
+
+
+def test_deployment_runs_a_strategy_with_a_server_optimizer(
+    deployment_runs: Mapping[str, Any],
+) -> None:
+    assert deployment_runs["statuses"][OPTIMIZED] == "finished:completed"
+    logs = Path(deployment_runs["logs"])
+    summary = "Server optimizer: ServerMomentum (Flower's FedAvgM step)"
+    assert any(summary in path.read_text() for path in logs.glob("*.log")), logs
 
 
 @pytest.mark.parametrize("strategy", list(RUNS))
