@@ -21,6 +21,7 @@ from flwr_importance.clientapps import ClientHandler, TaskFactory
 from flwr_importance.clientapps.standard import method_handlers
 from flwr_importance.compat import legacy_class
 from flwr_importance.registry import MethodSpec, method, methods
+from flwr_importance.strategies import ServerAdam
 from flwr_importance.tooling.declarations import (
     CannedSetup,
     canned,
@@ -93,4 +94,38 @@ def test_legacy_strategy_gives_the_message_api_model(case: Case) -> None:
     )
 
     assert max_difference(message_model, federation.initial) > 100 * ATOL
+    assert max_difference(legacy_model, message_model) <= ATOL
+
+
+#: One case per legacy method (its plain configuration), under a server optimizer.
+OPTIMIZED_CASES = list({case.spec.name: case for case in reversed(CASES)}.values())
+
+
+@pytest.mark.parametrize(
+    "case", OPTIMIZED_CASES, ids=[case.spec.name for case in OPTIMIZED_CASES]
+)
+def test_legacy_strategy_with_a_server_optimizer_gives_the_message_api_model(
+    case: Case,
+) -> None:
+    overrides: dict[str, bool | int | float | str] = {
+        "strategy": case.spec.name,
+        "local-steps": 5,
+        "samples-per-client": SAMPLES_PER_CLIENT,
+    }
+    optimizer = ServerAdam(eta=0.01)
+    arguments = {**case.arguments, "server_optimizer": optimizer}
+    # A federation per run: nodes keep state between rounds (ISFedAvg's sampler).
+    plain_model = TwinFederation(overrides, NUM_NODES).run_message_api(
+        case.spec.build(**case.arguments), NUM_ROUNDS
+    )
+    federation = TwinFederation(overrides, NUM_NODES)
+    message_model = federation.run_message_api(case.spec.build(**arguments), NUM_ROUNDS)
+    legacy = legacy_class(case.spec.name)(
+        legacy=federation.legacy_options(), **arguments
+    )
+    legacy_model = run_legacy(
+        legacy, federation.legacy_client_manager(case.handlers), NUM_ROUNDS
+    )
+
+    assert max_difference(message_model, plain_model) > 100 * ATOL
     assert max_difference(legacy_model, message_model) <= ATOL
