@@ -124,15 +124,15 @@ def run_function(output_dir: Path) -> RunFunction:
 
 def fedadam_note(full: bool) -> str:
     """What a FedAdam row matches: the server step, on both sides."""
+    etas = ", ".join(f"{eta:g}" for eta in FEDADAM_ETAS)
+    eta = FEDADAM["server-optimizer-eta"]
     step = (
-        "each side picks `server-optimizer-eta` from "
-        f"{', '.join(f'{eta:g}' for eta in FEDADAM_ETAS)} on the tuning seeds "
+        f"each side picks `server-optimizer-eta` from {etas} on the tuning seeds "
         "(each at its best)"
         if full
-        else f"both sides at `server-optimizer-eta` {FEDADAM['server-optimizer-eta']:g}, "
-        "Flower's FedAdam default (a matched server step: tuning it would more "
-        "than double this row's runs, beyond quick mode's budget; `--full` tunes "
-        "it)"
+        else f"both sides at `server-optimizer-eta` {eta:g}, Flower's FedAdam "
+        "default (a matched server step: tuning it would more than double this "
+        "row's runs, beyond quick mode's budget; `--full` tunes it)"
     )
     return (
         "Both sides run the same FedAdam server step (the app's "

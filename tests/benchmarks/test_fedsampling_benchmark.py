@@ -16,15 +16,20 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.clientapp import ClientApp
 
 from benchmarks.fedsampling import (
+    FEDADAM,
+    FEDADAM_ETAS,
     LEARNING_RATE,
     SAMPLE_GRADIENTS,
     Setting,
     clipped_total,
+    descriptions,
     pooled_data,
     run_seed,
+    server_optimizer,
     setting,
     train_rounds,
 )
+from flwr_importance.aggregation.server_optimizers import OptimizerState, ServerAdam
 from flwr_importance.clientapps import LocalTask, register_handlers
 from flwr_importance.clientapps.fedsampling import make_fedsampling_handlers
 from flwr_importance.strategies import FedSampling
@@ -100,7 +105,7 @@ def test_the_pooled_path_finds_the_products_model_every_round(epsilon: float) ->
     models, metrics = product_models(PRODUCT_SETTING, epsilon, lr, seed)
     split = pooled_data(PRODUCT_SETTING, seed).split
     model = build_model("logreg", split.input_shape, split.num_outputs, seed)
-    overrides = {
+    overrides: dict[str, bool | int | float | str] = {
         "method": "fedsampling",
         "epsilon": epsilon,
         "matched": True,
@@ -191,3 +196,59 @@ def test_client_level_methods_spend_at_most_k_sample_gradients(tiny: Setting) ->
         tiny, {"method": "centralized", "matched": True, "learning-rate": 0.1}, 5
     )
     assert reference.extras[SAMPLE_GRADIENTS] == tiny.samples_per_round
+
+
+def test_a_server_optimizer_steps_from_the_plain_round_update(tiny: Setting) -> None:
+    """FedAdam's row: ServerAdam.step of the plain step's model, seeded runs."""
+    plain: dict[str, str | float | bool] = {
+        "method": "fedsampling",
+        "epsilon": 3.0,
+        "matched": True,
+        LEARNING_RATE: 0.1,
+    }
+    overrides = {**plain, **FEDADAM}
+    optimizer = server_optimizer(overrides)
+    assert isinstance(optimizer, ServerAdam)
+    assert optimizer.eta == FEDADAM["server-optimizer-eta"]
+    assert server_optimizer(plain) is None
+    split = pooled_data(tiny, 5).split
+    one_round = dataclasses.replace(tiny, rounds=1)
+    models = [
+        build_model("logreg", split.input_shape, split.num_outputs, 5) for _ in range(2)
+    ]
+    start = {k: v.detach().numpy().copy() for k, v in models[0].named_parameters()}
+    next(train_rounds(one_round, plain, 5, models[0]))
+    next(train_rounds(one_round, overrides, 5, models[1]))
+    stepped, _ = optimizer.step(
+        start,
+        {k: v.detach().numpy() for k, v in models[0].named_parameters()},
+        OptimizerState(),
+        1,
+    )
+    for name, value in models[1].named_parameters():
+        np.testing.assert_allclose(
+            value.detach().numpy(),
+            np.asarray(stepped[name], float),
+            rtol=1e-6,
+            atol=1e-7,
+        )
+    first = run_seed(tiny, overrides, 5)
+    assert np.all(np.isfinite(first.curve)) and run_seed(tiny, overrides, 5) == first
+    assert first.curve != run_seed(tiny, plain, 5).curve
+
+
+def test_the_fedadam_row_shares_its_server_step(tiny: Setting) -> None:
+    description = descriptions(tiny, full=False)[0]
+    names = [comparison.name for comparison in description.comparisons]
+    assert description.main_row == ("matched", "fedsampling eps=3")
+    fedadam = next(item for item in description.comparisons if "FedAdam" in item.name)
+    assert names.index(fedadam.name) > names.index("matched")
+    assert fedadam.baseline == "fedavg"
+    assert fedadam.claimed == ("fedsampling eps=3",)
+    assert not fedadam.tuned
+    # Both sides take the shared server step and override none of it.
+    assert {key: fedadam.shared[key] for key in FEDADAM} == FEDADAM
+    assert fedadam.shared["server-optimizer"] == "adam"
+    for overrides in fedadam.methods.values():
+        assert not any(key.startswith("server-optimizer") for key in overrides)
+    assert FEDADAM["server-optimizer-eta"] in FEDADAM_ETAS
