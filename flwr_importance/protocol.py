@@ -48,6 +48,12 @@ Conventions shared by every method
   steps, each taken before its step) and ``num-steps`` (:data:`NUM_STEPS`,
   the local steps taken); they are averaged like any reply metric unless a
   section reads them.
+- **Errors.** A client helper that finds the project's own function
+  replying without a key it was told to read raises an error whose text
+  begins ``client side misconfigured`` (:data:`CLIENT_SIDE_MISCONFIGURED`);
+  a strategy whose every answering node sends it for a message type stops
+  the run with ``ClientSideMissingError`` quoting the text, as for a
+  missing handler. Other errors are faults: the reply is dropped.
 - **Size weights.** Wherever a method weights nodes by their data share
   ``d_i = n_i / sum_j n_j``, the *server* computes it from the reported
   ``num-examples`` (over the nodes whose reply it could use) and multiplies;
@@ -259,7 +265,8 @@ model, never scaled by ``d_i`` or ``1/p_i``.
   round's ``server-round`` (dropping older ones) and replies
   ``update-norm-<s>`` (:data:`UPDATE_NORM`, ``||U_s||``: the plain Euclidean
   norm over all arrays, ``>= 0``), ``num-examples-<s>`` (``n_is >= 0``, its
-  samples of task ``s``) and, from the helpers, ``train-loss-<s>`` (unused).
+  samples of task ``s``) and, from the helpers where the train reports one,
+  ``train-loss-<s>`` (unused).
   **Send ``||U_s||``, not ``||d_is U_s||``**: the server computes
   ``d_is = n_is / sum_j n_js`` over the nodes whose reply was usable and
   the score ``u_is = d_is ||U_s||``.
@@ -292,14 +299,15 @@ model, never scaled by ``d_i`` or ``1/p_i``.
 - ``train`` reply: the ArrayRecord ``update`` (:data:`UPDATE_RECORD`,
   ``U_s``, keyed and shaped like model ``s``) and one MetricRecord with
   ``model-index`` (must be the message's, else the reply is dropped),
-  ``train-loss`` (:data:`TRAIN_LOSS`, the mean training loss, finite) and
+  ``train-loss`` (:data:`TRAIN_LOSS`, the mean training loss: optional,
+  finite where given, averaged into the round's metrics only) and
   ``num-examples`` (``>= 0``; checked, the step's ``d_is`` come from the
   query or size replies).
 - Server: ``w_s <- w_s + server_lr * sum_{i in A_s} (d_is / p_is) U_is``
   over the usable replies (``d_is`` and ``p_is`` are the server's; a
   missing reply's term is missing, not made up). Round metrics:
   ``num-sampled``, ``num-received`` (``num-received-<s>`` for MMFL),
-  ``train-loss`` (plain mean), ``expected-participants`` and, with exact
+  ``train-loss`` (mean of those reported), ``expected-participants`` and, with exact
   update norms, ``variance`` and ``uniform-variance`` (OCS) or
   ``random-variance`` (MMFL gradnorm).
 - ``evaluate``: OCS as in the shared conventions; MMFL has none (evaluate
@@ -370,6 +378,11 @@ CONFIG_RECORD = "config"
 METRIC_RECORD = "metrics"
 #: The round a message belongs to (in every message's config).
 SERVER_ROUND = "server-round"
+#: How the client helpers begin an error that is the project's wiring, not a
+#: fault (the user's function replied without a key the helper needs): it is
+#: the same on every node, so when every node answers a message with it the
+#: strategy stops the run with ``ClientSideMissingError`` and the helper's text.
+CLIENT_SIDE_MISCONFIGURED = "client side misconfigured"
 #: The node's number of local training samples (train and size-query replies).
 NUM_EXAMPLES = "num-examples"
 #: Mean local training loss of the round (train replies, optional).

@@ -34,9 +34,12 @@ SCANNED_PACKAGES = ("strategies", "clientapps", "compat")
 #: conventions section, not to a method's.
 SHARED_STRATEGY_MODULES = ("base", "messages", "replies")
 CONVENTIONS_HEADING = "Conventions shared by every method"
-#: The default record names: every method's messages and replies use them,
-#: and the conventions section documents them once for all.
-RECORD_NAMES = frozenset({"ARRAY_RECORD", "CONFIG_RECORD", "METRIC_RECORD"})
+#: The default record names and the helpers' error marker: every method's
+#: messages and replies use them, and the conventions section documents them
+#: once for all.
+RECORD_NAMES = frozenset(
+    {"ARRAY_RECORD", "CONFIG_RECORD", "METRIC_RECORD", "CLIENT_SIDE_MISCONFIGURED"}
+)
 LEGACY_HEADING = "Legacy API"
 
 #: The runs whose messages are checked: each registry method as the app runs

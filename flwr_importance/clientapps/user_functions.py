@@ -84,14 +84,19 @@ def user_reply_metrics(reply: Message, keys: list[str], handler: str) -> MetricR
         raise RuntimeError(f"the {handler} function failed: {reply.error.reason}")
     records = list(reply.content.metric_records.values())
     if len(records) != 1:
-        raise ValueError(f"the {handler} reply has {len(records)} MetricRecords, not 1")
+        raise ValueError(
+            f"{protocol.CLIENT_SIDE_MISCONFIGURED}: the {handler} reply has "
+            f"{len(records)} MetricRecords, not 1"
+        )
     (metrics,) = records
     missing = [key for key in keys if key not in metrics]
     if missing:
         raise ValueError(
-            f"the {handler} reply lacks {missing} (it has {sorted(metrics)}); "
-            "a train reply needs the train loss under the key given as "
-            "train_loss_key, an evaluate reply the loss under loss_key"
+            f"{protocol.CLIENT_SIDE_MISCONFIGURED}: the {handler} reply lacks "
+            f"{missing} (it has {sorted(metrics)}); "
+            "a reply needs 'num-examples', and an evaluate reply its loss under "
+            "the key passed as loss_key= (Flower's quickstart-pytorch: "
+            "loss_key='eval_loss')"
         )
     return metrics
 

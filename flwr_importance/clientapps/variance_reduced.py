@@ -171,28 +171,24 @@ def _train_update(
 ) -> tuple[ArrayRecord, MetricRecord]:
     """Run the user's train on model ``s``: the update and the reply's metrics.
 
-    The metrics are the user's, plus ``train-loss`` (copied from
-    ``train_loss_key``) and ``model-index``, as the strategy expects them.
+    The metrics are the user's, plus ``model-index`` and ``train-loss``
+    (copied from ``train_loss_key`` when the user's train reports it: the
+    strategy only averages it into the round's metrics).
     """
     reply = train_fn(
         message_for_user(message, MessageType.TRAIN, global_model, model_index),
         context,
     )
-    metrics = user_reply_metrics(
-        reply, [protocol.NUM_EXAMPLES, train_loss_key], "train"
-    )
+    metrics = user_reply_metrics(reply, [protocol.NUM_EXAMPLES], "train")
     local_models = list(reply.content.array_records.values())
     if len(local_models) != 1:
         raise ValueError(
-            f"the train reply has {len(local_models)} ArrayRecords, not 1 (the model)"
+            f"{protocol.CLIENT_SIDE_MISCONFIGURED}: the train reply has "
+            f"{len(local_models)} ArrayRecords, not 1 (the model)"
         )
-    strategy_metrics = MetricRecord(
-        {
-            **metrics,
-            protocol.TRAIN_LOSS: metric_number(metrics, train_loss_key),
-            protocol.MODEL_INDEX: model_index,
-        }
-    )
+    strategy_metrics = MetricRecord({**metrics, protocol.MODEL_INDEX: model_index})
+    if train_loss_key in metrics:
+        strategy_metrics[protocol.TRAIN_LOSS] = metric_number(metrics, train_loss_key)
     return model_update(global_model, local_models[0]), strategy_metrics
 
 
@@ -263,8 +259,9 @@ class KeptUpdateMod:
     ----------
     train_loss_key : str (default: ``"train-loss"``)
         The metric of the train function's reply holding its training loss
-        (Flower's quickstart replies ``"train_loss"``); the reply must also
-        carry ``num-examples``.
+        (Flower's quickstart replies ``"train_loss"``), passed on as the
+        round's ``train-loss`` when the reply has it; the reply must carry
+        ``num-examples``.
 
     Examples
     --------
@@ -331,7 +328,7 @@ def norm_query_handler(
         model as its one ArrayRecord and ``num-examples`` and the train loss
         in its one MetricRecord.
     train_loss_key : str (default: ``"train-loss"``)
-        The reply metric holding the training loss.
+        The reply metric holding the training loss, if the reply has one.
     """
 
     def query_norm(message: Message, context: Context) -> Message:
@@ -346,9 +343,10 @@ def norm_query_handler(
                 update_norm(update)
             )
             for key in (protocol.NUM_EXAMPLES, protocol.TRAIN_LOSS):
-                reply[protocol.per_model_key(key, model_index)] = metric_number(
-                    metrics, key
-                )
+                if key in metrics:  # the train loss only where the user's has one
+                    reply[protocol.per_model_key(key, model_index)] = metric_number(
+                        metrics, key
+                    )
         _keep_updates(context, server_round_of(message), kept)
         return metrics_reply(message, reply)
 
@@ -374,8 +372,8 @@ def add_norm_query(
     train_fn : callable
         The user's train function (what ``@app.train()`` decorated).
     train_loss_key : str (default: ``"train-loss"``)
-        The metric of its reply holding the training loss (quickstart:
-        ``"train_loss"``).
+        The metric of its reply holding the training loss, if it reports one
+        (quickstart: ``"train_loss"``).
     """
     app.query(protocol.NORM_QUERY)(
         norm_query_handler(train_fn, train_loss_key=train_loss_key)

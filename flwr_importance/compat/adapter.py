@@ -373,7 +373,7 @@ class LegacyStrategyAdapter(FedAvg):
 
 #: The legacy API's client lines, added to a missing client side's error.
 LEGACY_CLIENT_LINES = (
-    "on the legacy API, keep your NumPyClient and wrap its client_fn: "
+    "keep your NumPyClient and wrap its client_fn: "
     "`ClientApp(client_fn=compat.importance_client_fn(client_fn))` (methods whose "
     "client reports sizes, update norms or losses), or serve the method with "
     "`compat.handler_client_fn(task, handlers)`"
@@ -392,7 +392,10 @@ def legacy_client_hint() -> Iterator[None]:
         yield
     except ClientSideMissingError as error:
         client_side = ClientSide(
-            lines=f"{error.client_side.lines}; {LEGACY_CLIENT_LINES}",
+            lines=(
+                f"{LEGACY_CLIENT_LINES} (in a Message-API ClientApp: "
+                f"{error.client_side.lines})"
+            ),
             docs=error.client_side.docs,
         )
         raise ClientSideMissingError(

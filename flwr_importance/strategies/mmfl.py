@@ -160,7 +160,7 @@ class MultiModelSampling(UnbiasedSampling):
     ``kept-update`` (true for gradnorm: no model attached, send the kept
     update; false: ArrayRecord ``model-<s>`` attached, train it); reply
     ArrayRecord ``update`` (``w_local - w_s``) and metrics ``num-examples``,
-    ``train-loss``, ``model-index``. Federated evaluation is not used (the
+    ``model-index`` (and ``train-loss`` if any). Federated evaluation is not used (the
     ServerApp evaluates each model centrally).
 
     Handlers: :mod:`flwr_importance.clientapps.variance_reduced`.

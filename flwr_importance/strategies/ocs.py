@@ -109,8 +109,8 @@ class OptimalClientSampling(UnbiasedSampling):
     ``train``: config ``server-round``, ``model-index = 0``,
     ``kept-update = true``, no arrays; reply ArrayRecord ``update``
     (``w_local - w_global``, the model's keys and shapes) and metrics
-    ``num-examples``, ``train-loss``, ``model-index``. A node that lost its kept
-    update replies with an error and is skipped.
+    ``num-examples``, ``model-index`` (and ``train-loss`` if any). A node
+    that lost its kept update replies with an error and is skipped.
     ``evaluate`` (if ``fraction_evaluate > 0``): Flower's usual evaluate message.
 
     Handlers: :mod:`flwr_importance.clientapps.variance_reduced`.

@@ -53,6 +53,13 @@ MISSING_HANDLER_REASON = re.compile(
     r"|Client does not implement `\w+`"
 )
 
+#: The reason of an error reply the client helpers raise for the project's
+#: wiring (:data:`flwr_importance.protocol.CLIENT_SIDE_MISCONFIGURED`), with
+#: the helper's own text, up to the end of the exception's text in the reason.
+MISCONFIGURED_REASON = re.compile(
+    re.escape(protocol.CLIENT_SIDE_MISCONFIGURED) + r": (.*?)(?:'>)?$", re.S
+)
+
 #: The summary's reason for a node that did not reply in time.
 NO_REPLY = "no reply (time-out or node gone)"
 #: The summary's reason for an error reply saying no handler is registered.
@@ -154,13 +161,18 @@ def _bad_value(detail: str) -> ReplyProblem:
 
 
 def error_problem(reply: Message) -> ReplyProblem:
-    """Why an error reply failed: no handler for its message type, or another error."""
+    """Why an error reply failed: no handler, a misconfigured helper, or a fault."""
     reason = reply.error.reason or ""
     detail = f"error reply ({reason})"
-    if reply.error.code == ErrorCode.CLIENT_APP_RAISED_EXCEPTION and (
-        MISSING_HANDLER_REASON.search(reason)
-    ):
+    if reply.error.code != ErrorCode.CLIENT_APP_RAISED_EXCEPTION:
+        return ReplyProblem(detail, "error reply")
+    if MISSING_HANDLER_REASON.search(reason):
         return ReplyProblem(detail, NO_HANDLER, missing=NO_HANDLER)
+    misconfigured = MISCONFIGURED_REASON.search(reason)
+    if misconfigured:
+        return ReplyProblem(
+            detail, protocol.CLIENT_SIDE_MISCONFIGURED, missing=misconfigured[1]
+        )
     return ReplyProblem(detail, "error reply")
 
 
@@ -291,6 +303,7 @@ class ReplyChecks(TypedDict, total=False):
 
     metric_keys: Sequence[str]
     nonnegative_keys: Sequence[str]
+    optional_keys: Sequence[str]
     expected_arrays: ExpectedArrays
     expected_nodes: Collection[int] | None
     context: str
@@ -369,6 +382,7 @@ def check_replies(
     *,
     metric_keys: Sequence[str] = (),
     nonnegative_keys: Sequence[str] = (),
+    optional_keys: Sequence[str] = (),
     expected_arrays: ExpectedArrays = None,
     expected_nodes: Collection[int] | None = None,
     context: str = "aggregate_train",
@@ -392,6 +406,8 @@ def check_replies(
         Metrics every reply must carry, as finite numbers.
     nonnegative_keys : Sequence[str]
         Those of ``metric_keys`` (or others) that must also be ``>= 0``.
+    optional_keys : Sequence[str]
+        Metrics a reply may leave out; checked as ``metric_keys`` when there.
     expected_arrays : ArrayRecord or Mapping[str, ArrayRecord], optional
         An ArrayRecord: the reply must carry exactly one ArrayRecord shaped like
         it. A mapping: the reply must carry an ArrayRecord under each key,
@@ -431,7 +447,12 @@ def check_replies(
             metric_records = reply.content.metric_records
             arrays = dict(reply.content.array_records)
             problem = _content_problem(
-                metric_records, arrays, required, nonnegative_keys, expected_arrays
+                metric_records,
+                arrays,
+                [*required, *optional_keys],
+                nonnegative_keys,
+                expected_arrays,
+                optional_keys,
             )
             answered.setdefault(message_type, []).append(problem)
         elif reply.has_error():
@@ -485,6 +506,7 @@ def _content_problem(
     required: Sequence[str],
     nonnegative_keys: Sequence[str],
     expected_arrays: ExpectedArrays,
+    optional_keys: Sequence[str] = (),
 ) -> ReplyProblem | None:
     if not metric_records and not arrays and (required or expected_arrays):
         # Nothing at all: a reply that came back empty (a failure of the
@@ -496,6 +518,8 @@ def _content_problem(
         )
     metric_record = next(iter(metric_records.values()), None)
     for key in required:
+        if key in optional_keys and (metric_record is None or key not in metric_record):
+            continue
         problem = _metric_problem(metric_record, key, key in nonnegative_keys)
         if problem is not None:
             return problem

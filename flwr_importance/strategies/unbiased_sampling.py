@@ -230,14 +230,16 @@ class UnbiasedSampling(ImportanceStrategy[SamplePlan]):
         tuple
             The new models and the round's metrics: ``num-sampled``,
             ``num-received``, ``num-received-<s>`` (S > 1 only) and
-            ``train-loss`` (mean over the usable replies, when there are any).
+            ``train-loss`` (mean over the usable replies that report one).
         """
         usable = [
             reply
             for reply in self.check_replies(
                 replies,
-                metric_keys=[protocol.TRAIN_LOSS, protocol.MODEL_INDEX],
+                metric_keys=[protocol.MODEL_INDEX],
                 nonnegative_keys=[protocol.NUM_EXAMPLES],
+                # Only a round metric: a project's train may not report a loss.
+                optional_keys=[protocol.TRAIN_LOSS],
                 expected_nodes=plan.nodes,
             )
             if _update_is_usable(reply, plan, self.reply_ledger)
@@ -263,10 +265,13 @@ class UnbiasedSampling(ImportanceStrategy[SamplePlan]):
                 plan.probs[rows, model_index],
                 self.server_lr,
             )
-        if usable:
-            metrics[protocol.TRAIN_LOSS] = float(
-                np.mean([reply.metrics[protocol.TRAIN_LOSS] for reply in usable])
-            )
+        losses = [
+            reply.metrics[protocol.TRAIN_LOSS]
+            for reply in usable
+            if protocol.TRAIN_LOSS in reply.metrics
+        ]
+        if losses:
+            metrics[protocol.TRAIN_LOSS] = float(np.mean(losses))
         return new_models, metrics
 
 

@@ -233,11 +233,17 @@ def test_the_users_fit_sees_the_servers_config_without_transport_keys() -> None:
     assert calls["config-keys"] == 3
 
 
-def test_norm_query_needs_the_users_train_loss() -> None:
+def test_a_fit_without_a_train_loss_still_answers_the_norm_query() -> None:
+    # Flower's NumPyClient quickstart reports val_loss and val_accuracy only.
     client, _ = wrapped(Counter(), train_loss_key="loss_of_training")
 
-    with pytest.raises(ValueError, match="train_loss_key"):
-        norm_query(client)
+    metrics = norm_query(client)
+    _, train_metrics = kept_update_train(client)
+
+    assert metrics["update-norm-0"] > 0
+    assert "train-loss-0" not in metrics
+    assert protocol.TRAIN_LOSS not in train_metrics
+    assert train_metrics[protocol.NUM_EXAMPLES] == TRAIN_SIZE
 
 
 def test_a_train_call_without_a_kept_update_fails() -> None:

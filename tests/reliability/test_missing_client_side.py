@@ -18,19 +18,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
 from flwr.common import NDArrays, Scalar
 
 from flwr_importance import compat, protocol, registry
+from flwr_importance.clientapps.loss import add_loss_query
+from flwr_importance.clientapps.sizes import add_size_query
 from flwr_importance.registry import MethodSpec
 from flwr_importance.strategies import (
     ClientSideMissingError,
     MDSampling,
+    PowerOfChoice,
     pack_models,
 )
-from flwr_importance.strategies.replies import NO_HANDLER, error_problem
+from flwr_importance.strategies.replies import NO_HANDLER, ReplyLedger, error_problem
 from flwr_importance.tooling.declarations import CannedSetup, declaration
 from flwr_importance.tooling.testing import InProcessGrid
 from tests.compat.compat_harness import InProcessClientProxy, run_legacy
@@ -239,3 +242,42 @@ def test_empty_replies_from_every_node_are_a_failure_not_a_missing_client_side(
     assert strategy.sizes == {}
     assert not result.arrays  # no round had a client to train
     assert "query.sizes: 4 x empty reply" in caplog.text
+
+
+#: The quickstart's app with Power-of-Choice's loss query, wired without
+#: ``loss_key=``: its evaluate replies ``eval_loss``, the helper looks for ``loss``.
+miswired_app = ClientApp()
+miswired_app.train()(plain_fedavg_app.train)
+miswired_app.evaluate()(plain_fedavg_app.evaluate)
+add_size_query(miswired_app, num_examples=lambda context: plain_fedavg_app.NUM_EXAMPLES)
+add_loss_query(miswired_app, plain_fedavg_app.evaluate)
+
+
+def test_a_helper_wired_to_a_key_the_project_lacks_fails_the_run_naming_it() -> None:
+    strategy = PowerOfChoice(clients_per_round=2, candidates=4)
+    with pytest.raises(ClientSideMissingError) as raised:
+        strategy.start(
+            grid=InProcessGrid(miswired_app, NUM_NODES),
+            initial_arrays=MODEL,
+            num_rounds=2,
+        )
+    assert raised.value.message_type == "query.loss"
+    assert "lacks ['loss']" in raised.value.missing
+    assert "eval_loss" in raised.value.missing and "loss_key=" in str(raised.value)
+
+
+def test_a_misconfigured_helper_on_some_nodes_only_is_dropped_not_fatal() -> None:
+    problem = error_problem(
+        Message(
+            Error(
+                2,
+                f"<class 'ValueError'>:<'{protocol.CLIENT_SIDE_MISCONFIGURED}: "
+                "the evaluate reply lacks ['loss']'>",
+            ),
+            reply_to=Message(RecordDict(), 1, "query.loss"),
+        )
+    )
+    assert problem.missing == "the evaluate reply lacks ['loss']"
+    ledger_problems = [problem, None]
+    ledger = ReplyLedger("PowerOfChoice", PowerOfChoice.client_side)
+    ledger.settle("query.loss", ledger_problems)  # one usable reply: no error

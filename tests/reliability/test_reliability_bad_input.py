@@ -77,6 +77,9 @@ HUGE = 1e300
 #: Metrics that may be negative: OCS/MMFL only report the mean train loss, and
 #: a loss may be negative (e.g. a Gaussian negative log-likelihood).
 SIGNED_METRICS = {"train-loss"}
+#: Metrics a reply may leave out (checked only when there): OCS/MMFL's train
+#: loss, a round metric a project's train function may not report.
+OPTIONAL_METRICS = {"train-loss"}
 MAX_EXAMPLES = 8
 
 
@@ -118,6 +121,8 @@ class Spoil:
         """The metric keys this spoil may alter."""
         if self.kind == "negative-metric":
             return [key for key in values if key not in SIGNED_METRICS]
+        if self.kind == "missing-metric":
+            return [key for key in values if key not in OPTIONAL_METRICS]
         return list(values)
 
     def apply(self, message: Message, content: RecordDict) -> list[Message]:
