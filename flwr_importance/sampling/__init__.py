@@ -47,6 +47,7 @@ from flwr_importance.sampling.sketch import CountSketch, project_gradients
 from flwr_importance.sampling.variance_reduced import (
     aocs_probs,
     assign_models,
+    available_pool,
     estimator_variance,
     mmfl_probs,
     optimal_client_probs,
@@ -61,6 +62,7 @@ __all__ = [
     "aggregation_weight_variance",
     "aocs_probs",
     "assign_models",
+    "available_pool",
     "bernoulli_keep",
     "binomial_upper_tail",
     "capped_inclusion_probs",

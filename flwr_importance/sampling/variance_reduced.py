@@ -83,6 +83,59 @@ def optimal_client_probs(norms: ArrayLike, m: int) -> NDArray[np.float64]:
     return capped_inclusion_probs(norms, budget)
 
 
+def available_pool(
+    node_ids: ArrayLike, pool_size: int, rng: np.random.Generator
+) -> NDArray[np.int64]:
+    """The round's available pool: ``n`` of the nodes, uniformly, without repeats.
+
+    The authors' cross-device setting (their public code draws
+    ``train_clients_per_round`` available clients uniformly each round, then
+    samples among them): only the pool is asked for its update norms, so a
+    round trains ``n`` nodes, not every one. Within the pool, ``d_i =
+    n_i / sum_{j in pool} n_j`` (the authors' normalized form): given the
+    pool the step is unbiased for the pool's weighted mean update, and over
+    the pools (each node in it with probability ``n / N``) for the
+    population's mean when the nodes' sizes are equal; with unequal sizes it
+    is a ratio estimator of the population's weighted mean (docs/methods.md
+    §5, "Available pool").
+
+    Parameters
+    ----------
+    node_ids : ArrayLike
+        The connected nodes, integers (their order does not matter: they are
+        sorted first, so a draw depends only on the set and ``rng``).
+    pool_size : int
+        ``n >= 1``; every node when ``n`` is at least their number.
+    rng : numpy.random.Generator
+        The draw's generator.
+
+    Returns
+    -------
+    NDArray[np.int64]
+        The pool, sorted.
+
+    Raises
+    ------
+    ValueError
+        If ``pool_size`` is not a positive integer.
+
+    Examples
+    --------
+    >>> pool = available_pool([5, 1, 9, 7], 2, np.random.default_rng(0))
+    >>> pool.size, set(pool.tolist()) <= {1, 5, 7, 9}
+    (2, True)
+    >>> available_pool([3, 1], 5, np.random.default_rng(0)).tolist()
+    [1, 3]
+    """
+    size = nonnegative_integer("pool_size", pool_size)
+    if size < 1:
+        raise ValueError(f"pool_size must be >= 1, got {pool_size}")
+    nodes = np.sort(np.asarray(node_ids, dtype=np.int64))
+    if size >= nodes.size:
+        return nodes
+    return np.sort(rng.choice(nodes, size, replace=False))
+
+
 def uniform_client_probs(num_clients: int, m: int) -> NDArray[np.float64]:
     """Uniform independent participation: ``p_i = m / N`` for every client.
 

@@ -26,7 +26,10 @@ from flwr_importance.sampling import (
     optimal_client_probs,
     poisson_sample,
 )
-from flwr_importance.sampling.variance_reduced import uniform_client_probs
+from flwr_importance.sampling.variance_reduced import (
+    available_pool,
+    uniform_client_probs,
+)
 from flwr_importance.strategies.base import log_settings
 from flwr_importance.strategies.checks import check_count
 from flwr_importance.strategies.replies import ClientSide
@@ -49,9 +52,11 @@ class OptimalClientSampling(UnbiasedSampling):
 
     The single-model closed form, as quoted in Zhang et al. 2024. Every round:
 
-    1. ``query.norm`` to every connected node: each trains from the global model,
-       keeps its update ``U_i`` in its node state and replies ``||U_i||`` and
-       ``n_i``; the server forms ``d_i = n_i / sum_j n_j`` and
+    1. ``query.norm`` to every connected node (or to an available pool of
+       ``pool_size`` of them, drawn uniformly each round): each trains from
+       the global model, keeps its update ``U_i`` in its node state and
+       replies ``||U_i||`` and ``n_i``; the server forms
+       ``d_i = n_i / sum_j n_j`` and
        ``u_i = d_i ||U_i||``.
     2. ``p = optimal_client_probs(u, m)`` (``aocs_probs`` when ``approximate``);
        each node is sampled independently with probability ``p_i``
@@ -85,6 +90,12 @@ class OptimalClientSampling(UnbiasedSampling):
         not with ``approximate``.
     server_lr : float (default: 1.0)
         Server step on the estimate (1 is the authors' setting with deltas).
+    pool_size : int or None (default: None)
+        ``n``: each round only ``n`` connected nodes, drawn uniformly without
+        repeats (``available_pool``), are queried (and train), and ``m`` are
+        sampled among them, as in the authors' cross-device code (``n = 32``,
+        ``m = 2-3``); ``d_i`` is then normalized over the pool. None: every
+        connected node. At least ``clients_per_round``.
 
     Other Parameters
     ----------------
@@ -146,12 +157,16 @@ class OptimalClientSampling(UnbiasedSampling):
         aocs_iterations: int = 4,
         uniform: bool = False,
         server_lr: float = 1.0,
+        pool_size: int | None = None,
         **options: Unpack[StrategyOptions],
     ) -> None:
         if uniform and approximate:
             raise ValueError(
                 "uniform=True samples with p = m / N: it takes no approximate=True"
             )
+        if pool_size is not None:
+            check_count("pool_size", pool_size, clients_per_round)
+        self.pool_size = pool_size
         self.approximate = approximate
         self.aocs_iterations = check_count("aocs_iterations", aocs_iterations, 0)
         self.uniform = uniform
@@ -167,6 +182,8 @@ class OptimalClientSampling(UnbiasedSampling):
         }
         if self.approximate:
             settings["AOCS iterations"] = self.aocs_iterations
+        if self.pool_size is not None:
+            settings["Available pool n"] = self.pool_size
         log_settings(f"OptimalClientSampling ({self.mode_name})", settings)
         super().summary()
 
@@ -180,8 +197,13 @@ class OptimalClientSampling(UnbiasedSampling):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Query every node's update norm, compute ``p``, sample independently."""
+        """Query the nodes' update norms, compute ``p``, sample independently.
+
+        The nodes are every connected one, or the round's available pool.
+        """
         node_ids, query_config = self.round_population(grid, server_round, config)
+        if self.pool_size is not None:
+            node_ids = available_pool(node_ids, self.pool_size, self.rng).tolist()
         answered, (norms, sizes) = self.query_matrix(
             grid,
             dict.fromkeys(node_ids, query_config),

@@ -3,7 +3,8 @@
 Options: ``ocs-approximate`` (AOCS instead of the exact probabilities),
 ``ocs-aocs-iterations`` (its ``j_max``), ``ocs-uniform`` (OCS's uniform
 control: ``p_i = m / N`` with OCS's query, estimator and seeded draws),
-``ocs-server-lr`` (server step on the unbiased estimate).
+``ocs-server-lr`` (server step on the unbiased estimate), ``ocs-pool-size``
+(the available pool ``n`` queried each round; 0: every node).
 ``clients-per-round`` is the expected number of participants ``m``.
 """
 
@@ -23,6 +24,7 @@ def build_strategy(config: ExperimentConfig, num_clients: int) -> OptimalClientS
         aocs_iterations=int(config.option("ocs-aocs-iterations")),
         uniform=bool(config.option("ocs-uniform")),
         server_lr=float(config.option("ocs-server-lr")),
+        pool_size=int(config.option("ocs-pool-size")) or None,
         seed=config.seed,
         server_optimizer=config.server_optimizer(),
         # The ServerApp evaluates centrally.
