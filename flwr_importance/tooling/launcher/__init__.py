@@ -37,12 +37,15 @@ The deployment engine on loopback (:func:`deployment`): a real
 node with its own ``partition-id``/``num-partitions`` node config, runs
 submitted with ``flwr run <app> <superlink>`` and followed with ``flwr ls``;
 every process started is stopped, with its descendants, on exit.
+:func:`secure_deployment` is the same with TLS and SuperNode authentication,
+from a CA, a server certificate and node keys it makes for the run.
 
 Modules, by concern: :mod:`.processes` (ports, finding and stopping processes,
 Flower's environment), :mod:`.superlink` (the managed SuperLink of a
 simulation run), :mod:`.simulation` (:func:`flwr_run`), :mod:`.loopback`
-(:func:`deployment`), :mod:`.compare` (:func:`compare_strategies`) and
-:mod:`.cli` (the command line); their public names are re-exported here.
+(:func:`deployment`), :mod:`.secure` (:func:`secure_deployment`),
+:mod:`.compare` (:func:`compare_strategies`) and :mod:`.cli` (the command
+line); their public names are re-exported here.
 """
 
 from flwr_importance.tooling.launcher.cli import main
@@ -60,6 +63,10 @@ from flwr_importance.tooling.launcher.processes import (
     free_port,
     processes_mentioning,
     processes_with_environment,
+)
+from flwr_importance.tooling.launcher.secure import (
+    SecureDeployment,
+    secure_deployment,
 )
 from flwr_importance.tooling.launcher.simulation import (
     FAILED_RUN_RETURNCODE,
@@ -86,6 +93,7 @@ __all__ = [
     "ComparisonRun",
     "Deployment",
     "RunFailedError",
+    "SecureDeployment",
     "app_default_config",
     "compare_strategies",
     "deployment",
@@ -99,6 +107,7 @@ __all__ = [
     "processes_mentioning",
     "processes_with_environment",
     "run_command",
+    "secure_deployment",
     "server_app_error",
     "stop_local_superlink",
     "supernodes_for_run",

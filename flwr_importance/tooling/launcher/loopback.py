@@ -15,7 +15,7 @@ import json
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +36,38 @@ from flwr_importance.tooling.launcher.processes import (
 DEPLOYMENT_CONNECTION = "deployment"
 # `flwr ls` status prefix of a run that is over ("finished:completed", ...).
 RUN_FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class Transport:
+    """How a deployment's processes connect: the flags and settings each takes.
+
+    The default is the insecure loopback deployment of :func:`deployment`
+    (plaintext gRPC/HTTP, no node authentication); :mod:`.secure` builds one
+    with TLS and SuperNode authentication.
+
+    Attributes
+    ----------
+    connection : str
+        Lines of the ``config.toml`` connection after its ``address``.
+    superlink : tuple of str
+        Flags of ``flower-superlink``.
+    supernode : callable
+        Flags of SuperNode ``index`` (``supernode(index)``).
+    superlink_superexec, supernode_superexec : tuple of str
+        Flags of a SuperExec (``executor``) serving the SuperLink's and a
+        SuperNode's runtime API.
+    before_supernodes : callable, optional
+        Called with the deployment once the SuperLink listens, before any
+        SuperNode starts (e.g. to register the nodes' public keys).
+    """
+
+    connection: str = "insecure = true\n"
+    superlink: tuple[str, ...] = ("--insecure",)
+    supernode: Callable[[int], Sequence[str]] = lambda index: ("--insecure",)
+    superlink_superexec: tuple[str, ...] = ("--insecure",)
+    supernode_superexec: tuple[str, ...] = ("--insecure",)
+    before_supernodes: Callable[[Deployment], None] | None = None
 
 
 @dataclass
@@ -227,6 +259,35 @@ def deployment(
         :meth:`Deployment.wait`. On exit, normal or not, every process started
         here is stopped with its descendants.
     """
+    with deploy(
+        Transport(),
+        num_supernodes,
+        work_dir,
+        node_configs=node_configs,
+        executor=executor,
+        extra_env=extra_env,
+        startup_timeout=startup_timeout,
+    ) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def deploy(
+    transport: Transport,
+    num_supernodes: int,
+    work_dir: Path,
+    *,
+    node_configs: Sequence[Mapping[str, object]] | None = None,
+    executor: Sequence[str] | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    startup_timeout: float = 60.0,
+    running_type: type[Deployment] = Deployment,
+) -> Iterator[Deployment]:
+    """:func:`deployment` with the flags of ``transport``.
+
+    ``running_type`` is the class of the yielded deployment (a subclass of
+    :class:`Deployment` taking the same fields).
+    """
     if node_configs is None:
         node_configs = [
             {"partition-id": index, "num-partitions": num_supernodes}
@@ -246,12 +307,12 @@ def deployment(
     (flwr_home / "config.toml").write_text(
         f'[superlink]\ndefault = "{DEPLOYMENT_CONNECTION}"\n\n'
         f'[superlink.{DEPLOYMENT_CONNECTION}]\naddress = "{address}"\n'
-        "insecure = true\n"
+        + transport.connection
     )
     env = flower_environment(flwr_home)
     env.update(extra_env or {})
     isolation = ["--isolation=process"] if executor else []
-    running = Deployment(
+    running = running_type(
         address=address,
         flwr_home=flwr_home,
         work_dir=work_dir,
@@ -262,7 +323,7 @@ def deployment(
         superlink = start_logged(
             [
                 str(SCRIPTS_DIR / "flower-superlink"),
-                "--insecure",
+                *transport.superlink,
                 "--host=127.0.0.1",
                 f"--port={superlink_port}",
                 f"--database={work_dir / 'superlink.db'}",
@@ -274,6 +335,8 @@ def deployment(
         )
         running.processes.append(superlink)
         _wait_for_port(superlink_port, superlink, startup_timeout)
+        if transport.before_supernodes is not None:
+            transport.before_supernodes(running)
         runtime_apis = [(superlink_port, superlink, "superlink")]
         for index, node_config in enumerate(node_configs):
             node_port = free_port()
@@ -282,7 +345,7 @@ def deployment(
             supernode = start_logged(
                 [
                     str(SCRIPTS_DIR / "flower-supernode"),
-                    "--insecure",
+                    *transport.supernode(index),
                     f"--superlink={address}",
                     f"--node-config={format_run_config(node_config)}",
                     "--host=127.0.0.1",
@@ -297,7 +360,11 @@ def deployment(
         for port, parent, name in runtime_apis if executor else []:
             superexec_command = [
                 *(executor or []),
-                "--insecure",
+                *(
+                    transport.superlink_superexec
+                    if parent is superlink
+                    else transport.supernode_superexec
+                ),
                 f"--runtime-api-address=127.0.0.1:{port}",
                 f"--parent-pid={parent.pid}",
             ]
