@@ -17,8 +17,17 @@ Two ratios against FedAvg, measured in the same run:
   and MMFL-gradnorm train in ``query.norm``; their ``train`` only sends the
   kept update, so their cost is in the per-round column.
 
-    python -m benchmarks.client_overhead          # quick: 5 rounds, 20 nodes
-    python -m benchmarks.client_overhead --full   # 10 rounds, 50 nodes
+At scale (:data:`SCALE_NODES` nodes, in process, on generated data: the
+1,437 digits cannot be split over 1,000 nodes) a second table gives, per
+method, the client *trainings* per round (local training runs: ``train``
+messages that train, and each model a ``query.norm`` trains; OCS's and
+MMFL-gradnorm's ``train`` only sends the kept update) and the client seconds
+per round, against FedAvg's. OCS and AOCS appear with an available pool of
+``POOL_FACTOR * m`` nodes too, the cross-device setting that trains the pool
+only.
+
+    python -m benchmarks.client_overhead         # quick: 5 rounds, 20 nodes; 2 at 1,000
+    python -m benchmarks.client_overhead --full  # 10 rounds, 50 nodes; 3 at 1,000
 """
 
 from __future__ import annotations
@@ -59,6 +68,15 @@ LOCAL_STEPS = 10
 BATCH_SIZE = 16
 CLIENTS_PER_ROUND = 5
 BASELINE = "fedavg"
+#: Nodes of the scale table, and its data: generated, 40 samples per node.
+SCALE_NODES = 1_000
+SCALE_DATA: dict[str, bool | int | float | str] = {
+    "dataset": "synthetic-1-1",
+    "partitioning": "iid",
+    "samples-per-client": 40,
+}
+#: The available pool of the pooled OCS/AOCS rows, in multiples of ``m``.
+POOL_FACTOR = 4
 
 COMMON: dict[str, bool | int | float | str] = {
     "dataset": "digits",
@@ -85,6 +103,31 @@ METHODS: dict[str, Mapping[str, RunConfigValue]] = {
         for spec in methods()
     },
 }
+#: OCS and AOCS with an available pool: only the pool trains (scale table).
+POOLED: dict[str, Mapping[str, RunConfigValue]] = {
+    "ocs-pool": {"strategy": "ocs", "ocs-pool-size": POOL_FACTOR * CLIENTS_PER_ROUND},
+    "aocs-pool": {
+        "strategy": "ocs",
+        "ocs-approximate": True,
+        "ocs-pool-size": POOL_FACTOR * CLIENTS_PER_ROUND,
+    },
+}
+
+
+def trainings(message: Message) -> int:
+    """The local training runs ``message`` asks of a node.
+
+    A ``query.norm`` trains each model it carries; a ``train`` message trains
+    unless it asks for the update kept from the norm query.
+    """
+    message_type = message.metadata.message_type
+    if message_type == "query.norm":
+        return len(message.content.array_records)
+    if message_type == "train":
+        configs = message.content.config_records.values()
+        kept = any(bool(config.get("kept-update", False)) for config in configs)
+        return 0 if kept else 1
+    return 0
 
 
 class TimedClientApp(ClientApp):
@@ -95,9 +138,11 @@ class TimedClientApp(ClientApp):
         self.inner = inner
         self.seconds: defaultdict[str, float] = defaultdict(float)
         self.calls: Counter[str] = Counter()
+        self.trainings = 0
 
     def __call__(self, message: Message, context: Context) -> Message:
         """Run the wrapped ClientApp on ``message``, timing it."""
+        self.trainings += trainings(message)
         start = time.perf_counter()
         try:
             return self.inner(message, context)
@@ -115,6 +160,7 @@ class ClientCost:
     rounds: int
     seconds: Mapping[str, float]
     calls: Mapping[str, int]
+    trainings: int = 0
 
     @property
     def per_round(self) -> float:
@@ -128,13 +174,22 @@ class ClientCost:
 
 
 def measure(
-    method: str, num_nodes: int, rounds: int, seed: int, output_dir: Path
+    method: str,
+    num_nodes: int,
+    rounds: int,
+    seed: int,
+    output_dir: Path,
+    data: Mapping[str, RunConfigValue] | None = None,
 ) -> ClientCost:
-    """Run ``method`` for ``rounds`` rounds; the time spent in its ClientApp."""
+    """Run ``method`` for ``rounds`` rounds; the time spent in its ClientApp.
+
+    ``data`` overrides the dataset settings of :data:`COMMON`.
+    """
     run_config = resolve_run_config(
         {
             **COMMON,
-            **METHODS[method],
+            **(data or {}),
+            **{**METHODS, **POOLED}[method],
             "num-server-rounds": rounds,
             "num-supernodes": num_nodes,
             "seed": seed,
@@ -145,7 +200,13 @@ def measure(
     # Serialization would be counted as neither side's work: skip it.
     grid = InProcessGrid(timed_app, num_nodes, run_config, seed=seed, serialize=False)
     run_experiment(grid, ExperimentConfig.from_run_config(run_config), num_nodes)
-    return ClientCost(method, rounds, dict(timed_app.seconds), dict(timed_app.calls))
+    return ClientCost(
+        method,
+        rounds,
+        dict(timed_app.seconds),
+        dict(timed_app.calls),
+        timed_app.trainings,
+    )
 
 
 def rows(costs: Sequence[ClientCost]) -> list[dict[str, Any]]:
@@ -161,9 +222,33 @@ def rows(costs: Sequence[ClientCost]) -> list[dict[str, Any]]:
             "seconds_by_type": dict(cost.seconds),
             "calls_by_type": dict(cost.calls),
             "rounds": cost.rounds,
+            "trainings_per_round": cost.trainings / cost.rounds,
+            "ratio_trainings": cost.trainings / max(baseline.trainings, 1),
         }
         for cost in costs
     ]
+
+
+def scale_table(table: Sequence[Mapping[str, Any]]) -> str:
+    """Trainings and client seconds per round at scale, against FedAvg's."""
+    columns = [
+        "method",
+        "client trainings/round",
+        "vs FedAvg",
+        "client s/round (all nodes)",
+        "vs FedAvg",
+    ]
+    cells = [
+        [
+            row["method"],
+            f"{row['trainings_per_round']:.0f}",
+            f"{row['ratio_trainings']:.1f}",
+            f"{row['seconds_per_round']:.2f}",
+            f"{row['ratio_per_round']:.1f}",
+        ]
+        for row in table
+    ]
+    return markdown_table(columns, cells)
 
 
 def overhead_table(table: Sequence[Mapping[str, Any]]) -> str:
@@ -223,11 +308,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = benchmark_parser("client_overhead", __doc__).parse_args(argv)
     prepare_run()
     num_nodes, rounds = (50, 10) if args.full else (20, 5)
+    scale_rounds = 3 if args.full else 2
     args.output_dir.mkdir(parents=True, exist_ok=True)
     costs = [
         measure(method, num_nodes, rounds, 0, args.output_dir) for method in METHODS
     ]
     table = rows(costs)
+    at_scale = rows(
+        [
+            measure(method, SCALE_NODES, scale_rounds, 0, args.output_dir, SCALE_DATA)
+            for method in (*METHODS, *POOLED)
+        ]
+    )
     plot(table, args.output_dir / "client_overhead.png")
     results = {
         "mode": "full" if args.full else "quick",
@@ -235,6 +327,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "rounds": rounds,
         "settings": {**COMMON},
         "rows": table,
+        "scale": {
+            "num_nodes": SCALE_NODES,
+            "rounds": scale_rounds,
+            "data": SCALE_DATA,
+            "rows": at_scale,
+        },
     }
     (args.output_dir / "results.json").write_text(json.dumps(results, indent=1))
     text = (
@@ -243,7 +341,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{LOCAL_STEPS} local steps of {BATCH_SIZE} samples, MLP on digits; time "
         "inside the ClientApp only (size queries of the first round included in "
         "the mean). Times vary between runs and machines.\n\n"
-        f"{overhead_table(table)}\n\n![client overhead](client_overhead.png)\n"
+        f"{overhead_table(table)}\n\n![client overhead](client_overhead.png)\n\n"
+        f"At {SCALE_NODES:,} nodes ({scale_rounds} rounds, in process; "
+        "FedProx's Synthetic(1, 1), 40 samples per node; OCS and AOCS also "
+        f"with an available pool of {POOL_FACTOR}m nodes): local training runs "
+        "and client seconds per round.\n\n"
+        f"{scale_table(at_scale)}\n"
     )
     (args.output_dir / "summary.md").write_text(text)
     print(text)

@@ -68,6 +68,7 @@ from flwr_importance.aggregation import weighted_sum
 from flwr_importance.strategies.arrays import all_finite, array_values, combine_arrays
 from flwr_importance.strategies.clustered import ClusteredSampling
 from flwr_importance.strategies.mmfl import pack_models
+from flwr_importance.strategies.ocs import OptimalClientSampling
 from flwr_importance.tooling.declarations import canned_variants
 from flwr_importance.tooling.testing.canned import (
     CannedReplyGrid,
@@ -94,6 +95,8 @@ PROJECTION_DIM = 1024
 REPLY_POOL = 32
 
 NODE_COUNTS = (100, 1_000, 10_000)
+#: The available pool of the pooled OCS/AOCS rows, in multiples of ``m``.
+POOL_FACTOR = 4
 #: Timed rounds per size in quick mode: at 10,000 nodes one round of FedAvg over
 #: all nodes (FedSampling's baseline) alone takes about 20 s.
 QUICK_REPEATS = {100: 5, 1_000: 5, 10_000: 2}
@@ -101,7 +104,11 @@ FULL_REPEATS = 5
 SCALING_NOTE = (
     "At 10,000 nodes OCS and MMFL ask every node for its update norm each round, "
     "so their configure_train grows with the node count while FedAvg's, which "
-    "samples without asking, stays flat; Algorithm 2's hierarchical clustering "
+    "samples without asking, stays flat; with an available pool "
+    f"(pool_size = {POOL_FACTOR}m, the cross-device setting) OCS and AOCS ask "
+    "only the "
+    "pool, and their rows compare with FedAvg over m nodes; Algorithm 2's "
+    "hierarchical clustering "
     "grows with the square of the number of clients it clusters (the clustering "
     "column)."
 )
@@ -164,15 +171,28 @@ def build_strategy(method: str, num_nodes: int, fleet: Fleet) -> Strategy:
         )
     if method == "fedavg-all":
         return FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=1)
+    if method in POOLED:
+        return OptimalClientSampling(
+            clients_per_round=m,
+            pool_size=POOL_FACTOR * m,
+            fraction_evaluate=0.0,
+            approximate=POOLED[method],
+        )
     return canned_strategy(
         method, clients_per_round=m, fleet=fleet, projection_dim=PROJECTION_DIM
     )
 
 
+#: OCS and AOCS over an available pool of ``POOL_FACTOR * m`` nodes (the
+#: cross-device setting, ``pool_size``): only the pool is queried and trains,
+#: so their baseline is FedAvg over ``m`` nodes; their replies are OCS's. The
+#: value: whether the row is AOCS.
+POOLED: dict[str, bool] = {"ocs-pool": False, "aocs-pool": True}
 #: Compared methods: every canned variant of every registry method, each with
-#: the Flower FedAvg that does the same client work.
+#: the Flower FedAvg that does the same client work, and the pooled OCS/AOCS.
 METHODS: dict[str, str] = {
-    name: variant.baseline for name, (_, variant) in canned_variants().items()
+    **{name: variant.baseline for name, (_, variant) in canned_variants().items()},
+    **dict.fromkeys(POOLED, "fedavg"),
 }
 #: Flower's FedAvg over m nodes, over all nodes, over 2m nodes.
 BASELINES = ("fedavg", "fedavg-all", "fedavg-2m")
@@ -181,6 +201,8 @@ LABELS = {
     "fedavg-all": "Flower FedAvg (all nodes)",
     "fedavg-2m": "Flower FedAvg (2m nodes)",
     **{name: variant.label for name, (_, variant) in canned_variants().items()},
+    "ocs-pool": f"OptimalClientSampling (pool n = {POOL_FACTOR}m)",
+    "aocs-pool": f"OptimalClientSampling (AOCS, pool n = {POOL_FACTOR}m)",
 }
 
 
@@ -231,7 +253,7 @@ def time_strategy(method: str, num_nodes: int, repeats: int) -> Timing:
     """The fastest of rounds ``2..repeats+1`` of ``method``, server only."""
     fleet = benchmark_fleet(num_nodes)
     grid = CannedReplyGrid(num_nodes, {})
-    replier = "fedavg" if method in BASELINES else method
+    replier = "fedavg" if method in BASELINES else "ocs" if method in POOLED else method
     grid.responders = canned_responders(
         replier, fleet=fleet, node_index=grid.node_index
     )
@@ -240,7 +262,7 @@ def time_strategy(method: str, num_nodes: int, repeats: int) -> Timing:
     if method == "clustered-similarity":
         assert isinstance(strategy, ClusteredSampling)
         clock.attach(strategy)
-    packed = method in METHODS and canned_variants()[method][1].packed_models
+    packed = method in canned_variants() and canned_variants()[method][1].packed_models
     arrays = pack_models([fleet.model]) if packed else fleet.model
     timed_rounds = []
     for server_round in range(1, repeats + 2):
