@@ -6,7 +6,14 @@
   with 50,000-dimensional representative gradients: the loop-free version
   against the authors' approach, a Python loop over client pairs computing one
   arccos distance at a time with NumPy, followed by the same linkage and fill;
-  then the loop-free version alone at 2,000 clients.
+  then the loop-free version alone at 2,000 clients;
+- Algorithm 2's two-level clustering (used above ``EXACT_WARD_LIMIT``
+  clients, docs/methods.md §4) against exact Ward where Ward still runs
+  (1,000 and 2,000 clients of a Gaussian mixture of ``--classes`` classes):
+  class coverage (fraction of the classes in a round's sample, averaged over
+  draws) and the aggregation-weight variance (mean over clients, against MD
+  sampling's); then its time at 10,000 and 20,000 clients (d = 1,024, every
+  gradient non-zero: the worst case for level 1).
 
 Run ``python -m benchmarks.sampling_overhead`` (``--help`` for the sizes).
 Every time is the best of ``--repeats`` runs, except the pair loop, run once:
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import platform
@@ -36,8 +44,11 @@ from numpy.typing import NDArray
 
 from benchmarks.harness import benchmark_parser, markdown_table
 from flwr_importance.sampling.clustered import (
+    aggregation_weight_variance,
     clustered_distributions_by_similarity,
     clustered_distributions_from_distances,
+    md_aggregation_weight_variance,
+    sample_from_distributions,
 )
 from flwr_importance.sampling.distances import pairwise_distances
 from flwr_importance.sampling.pips import capped_inclusion_probs, systematic_sample
@@ -50,6 +61,10 @@ MIN_SPEEDUP = 50.0
 MAX_SECONDS_LARGE = 10.0
 #: Quick mode times this many random pairs of the Python loop and extrapolates.
 QUICK_LOOP_PAIRS = 20_000
+#: The two-level clustering's class coverage may trail exact Ward's by this much.
+MAX_COVERAGE_LOSS = 0.05
+#: Draws over which the class coverage is averaged.
+COVERAGE_DRAWS = 2_000
 
 
 @dataclass(frozen=True)
@@ -193,6 +208,101 @@ def at_scale_row(args: argparse.Namespace, rng: np.random.Generator) -> Row:
     )
 
 
+def class_coverage(
+    distributions: NDArray[np.float64],
+    labels: NDArray[np.intp],
+    rng: np.random.Generator,
+) -> float:
+    """Fraction of the classes in a round's sample, mean of ``COVERAGE_DRAWS``."""
+    classes = np.unique(labels).size
+    return float(
+        np.mean(
+            [
+                np.unique(labels[sample_from_distributions(distributions, rng)]).size
+                / classes
+                for _ in range(COVERAGE_DRAWS)
+            ]
+        )
+    )
+
+
+def two_level_quality_rows(
+    args: argparse.Namespace, rng: np.random.Generator
+) -> list[Row]:
+    """Two-level clustering against exact Ward: class coverage, weight variance."""
+    rows = []
+    m = args.m_two_level
+    for clients in (1_000, 2_000):
+        grads, labels = mixture_gradients(clients, args.classes, args.noise, rng)
+        sizes = rng.integers(50, 500, clients)
+        md = md_aggregation_weight_variance(sizes / sizes.sum(), m).mean()
+        results = {}
+        for name, limit in (("exact Ward", clients), ("two-level", 0)):
+            start = time.perf_counter()
+            distributions = clustered_distributions_by_similarity(
+                sizes, grads, m, exact_ward_limit=limit
+            )
+            seconds = time.perf_counter() - start
+            coverage = class_coverage(distributions, labels, rng)
+            variance = aggregation_weight_variance(distributions).mean() / md
+            results[name] = coverage
+            passed = None
+            target = ""
+            if name == "two-level":
+                target = f">= Ward - {MAX_COVERAGE_LOSS}"
+                passed = coverage >= results["exact Ward"] - MAX_COVERAGE_LOSS
+            rows.append(
+                Row(
+                    f"Alg. 2 {name} (K={args.classes}, m={m}): class coverage "
+                    f"(weight variance / MD's = {variance:.3f}; {seconds:.2f} s)",
+                    clients,
+                    f"{coverage:.3f}",
+                    target,
+                    passed,
+                )
+            )
+    return rows
+
+
+def mixture_gradients(
+    clients: int, classes: int, noise: float, rng: np.random.Generator
+) -> tuple[NDArray[np.float64], NDArray[np.intp]]:
+    """Gradients of a Gaussian mixture (d = 1,024) and each client's class.
+
+    Class centres are standard normal; a client's gradient is its class's
+    centre plus ``noise`` times standard normal noise.
+    """
+    centres = rng.standard_normal((classes, 1024))
+    labels = rng.integers(0, classes, clients)
+    return centres[labels] + noise * rng.standard_normal((clients, 1024)), labels
+
+
+def two_level_time_rows(
+    args: argparse.Namespace, rng: np.random.Generator
+) -> list[Row]:
+    """The two-level clustering's time where exact Ward cannot run."""
+    rows = []
+    m = 100
+    for clients in (10_000, 20_000):
+        grads = grouped_gradients(clients, 1024, rng, groups=args.classes).astype(
+            np.float32
+        )
+        sizes = rng.integers(50, 500, clients)
+        seconds = best_time(
+            functools.partial(clustered_distributions_by_similarity, sizes, grads, m),
+            args.repeats,
+        )
+        rows.append(
+            Row(
+                f"Alg. 2 two-level (arccos, d=1024, m={m}; N x N float64 would be "
+                f"{clients**2 * 8 / 1e9:.1f} GB)",
+                clients,
+                f"{seconds:.3f} s",
+            )
+        )
+    return rows
+
+
 def print_table(rows: list[Row], args: argparse.Namespace, load: float) -> None:
     """The results as a fixed-width table with a one-line environment header.
 
@@ -239,6 +349,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="pairs timed in the Python loop, extrapolated to all (0: all pairs; "
         f"default {QUICK_LOOP_PAIRS}, or all with --full)",
     )
+    parser.add_argument(
+        "--classes", type=int, default=20, help="mixture classes, two-level rows"
+    )
+    parser.add_argument(
+        "--noise", type=float, default=3.0, help="mixture noise, two-level rows"
+    )
+    parser.add_argument(
+        "--m-two-level", type=int, default=20, help="clients per round, two-level"
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -272,6 +391,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = pips_rows(args.clients, args.m, args.repeats, rng)
     rows += loop_comparison_rows(args, rng)
     rows.append(at_scale_row(args, rng))
+    rows += two_level_quality_rows(args, rng)
+    rows += two_level_time_rows(args, rng)
     print_table(rows, args, load)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     (args.output_dir / "summary.md").write_text(

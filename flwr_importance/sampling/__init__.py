@@ -5,6 +5,7 @@ function rejects invalid input with a ``ValueError`` that says what is wrong.
 """
 
 from flwr_importance.sampling.clustered import (
+    EXACT_WARD_LIMIT,
     aggregation_weight_variance,
     clustered_distributions_by_similarity,
     clustered_distributions_by_size,
@@ -44,6 +45,12 @@ from flwr_importance.sampling.privacy import (
 from flwr_importance.sampling.representatives import RepresentativeGradients
 from flwr_importance.sampling.schedule import uniform_client_set
 from flwr_importance.sampling.sketch import CountSketch, project_gradients
+from flwr_importance.sampling.two_level import (
+    capacity_blocks,
+    clustering_points,
+    two_level_tree,
+    weighted_ward_linkage,
+)
 from flwr_importance.sampling.variance_reduced import (
     aocs_probs,
     assign_models,
@@ -55,6 +62,7 @@ from flwr_importance.sampling.variance_reduced import (
 
 __all__ = [
     "DISTANCES",
+    "EXACT_WARD_LIMIT",
     "USABLE_NOISE_FRACTION",
     "CountSketch",
     "Distance",
@@ -65,10 +73,12 @@ __all__ = [
     "available_pool",
     "bernoulli_keep",
     "binomial_upper_tail",
+    "capacity_blocks",
     "capped_inclusion_probs",
     "clustered_distributions_by_similarity",
     "clustered_distributions_by_size",
     "clustered_distributions_from_distances",
+    "clustering_points",
     "cross_distances",
     "draw_candidates",
     "epsilon_for_usable_estimate",
@@ -91,6 +101,8 @@ __all__ = [
     "size_estimate_noise",
     "size_reply_probabilities",
     "systematic_sample",
+    "two_level_tree",
     "uniform_client_set",
     "update_sample_probs",
+    "weighted_ward_linkage",
 ]

@@ -17,7 +17,9 @@ exactly before the final division.
 
 - :func:`clustered_distributions_by_size` is Algorithm 1 (by sample size).
 - :func:`clustered_distributions_by_similarity` is Algorithm 2 (by similarity
-  of the clients' representative gradients, Ward hierarchical clustering).
+  of the clients' representative gradients, Ward hierarchical clustering;
+  above :data:`EXACT_WARD_LIMIT` clients, the two-level clustering of
+  :mod:`.two_level`, which forms no ``N x N`` array).
 - :func:`sample_from_distributions` draws one client from each distribution.
 
 The distances Algorithm 2 clusters are in :mod:`.distances`; the sketch that
@@ -25,6 +27,9 @@ compresses its representative gradients is in :mod:`.sketch`.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Callable
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -43,6 +48,7 @@ from flwr_importance.sampling.distances import (
     condensed_distances,
     pairwise_distances,
 )
+from flwr_importance.sampling.two_level import two_level_tree
 
 # scipy is imported inside the functions that cluster, not here: it costs
 # 0.25 s, half again the import of Flower's own strategies, and every strategy
@@ -51,6 +57,10 @@ from flwr_importance.sampling.distances import (
 # Units are compared with float linkage heights and divided into floats: below
 # 2**53 every unit count is an exact float64.
 _MAX_EXACT_UNITS = 2**53
+
+#: Above this many clients Algorithm 2 clusters in two levels
+#: (:mod:`.two_level`) instead of exact Ward on all pairs (docs/methods.md §4).
+EXACT_WARD_LIMIT = 2_000
 
 
 def clustered_distributions_by_size(sizes: ArrayLike, m: int) -> NDArray[np.float64]:
@@ -107,6 +117,9 @@ def clustered_distributions_by_similarity(
     representative_grads: ArrayLike,
     m: int,
     distance: Distance = "arccos",
+    *,
+    exact_ward_limit: int = EXACT_WARD_LIMIT,
+    seed: int = 0,
 ) -> NDArray[np.float64]:
     """Algorithm 2: ``m`` sampling distributions grouping similar clients.
 
@@ -119,7 +132,11 @@ def clustered_distributions_by_similarity(
        distributions of their own, as the paper prescribes (end of Section 5);
        the rest of their units, below ``M_tot``, go through the steps below;
     2. Ward hierarchical clustering of the pairwise distances between the
-       representative gradients of the clients with units left;
+       representative gradients of the clients with units left; with more
+       than ``exact_ward_limit`` clients, the two-level clustering of
+       :func:`~flwr_importance.sampling.two_level.two_level_tree` instead
+       (k-means into ``max(sqrt(n), m)`` groups, then Ward on their
+       centroids: no ``N x N`` array; docs/methods.md §4);
     3. the tree is cut into its largest subtrees holding at most ``M_tot``
        units each, ``K`` groups (``K >= m`` since the units total
        ``m M_tot``);
@@ -144,6 +161,11 @@ def clustered_distributions_by_similarity(
         gradients are at angle 0 from each other and at angle pi/2 (orthogonal)
         from every non-zero gradient, so clients never sampled are grouped
         together, as the paper intends, and no NaN arises.
+    exact_ward_limit : int
+        Largest number of clients ``N`` clustered by exact Ward on all pairs
+        (default :data:`EXACT_WARD_LIMIT`); above it, two levels.
+    seed : int
+        Seed of the two-level clustering's k-means (unused below the limit).
 
     Returns
     -------
@@ -169,7 +191,13 @@ def clustered_distributions_by_similarity(
     """
     units, total, m = _checked_units(sizes, m)
     grads = float_matrix("representative_grads", representative_grads, units.size)
-    return _allocate_by_similarity(units, total, m, pairwise_distances(grads, distance))
+    if units.size <= exact_ward_limit:
+        return _allocate_by_similarity(
+            units, total, m, _exact_ward_groups(pairwise_distances(grads, distance))
+        )
+    return _allocate_by_similarity(
+        units, total, m, _two_level_groups(grads, distance, m, seed)
+    )
 
 
 def clustered_distributions_from_distances(
@@ -212,7 +240,7 @@ def clustered_distributions_from_distances(
     """
     units, total, m = _checked_units(sizes, m)
     matrix = symmetric_matrix("distances", distances, units.size)
-    return _allocate_by_similarity(units, total, m, matrix)
+    return _allocate_by_similarity(units, total, m, _exact_ward_groups(matrix))
 
 
 def sample_from_distributions(
@@ -348,11 +376,50 @@ def _checked_units(sizes: ArrayLike, m: int) -> tuple[NDArray[np.int64], int, in
     return draws * counts.astype(np.int64), total, draws
 
 
+#: Groups of the clients with units left: ``(active clients, their units,
+#: M_tot)`` to a group label ``0..K-1`` per client, none above ``M_tot``.
+_Grouping = Callable[[NDArray[np.intp], NDArray[np.int64], int], NDArray[np.intp]]
+
+
+def _exact_ward_groups(distances: NDArray[np.float64]) -> _Grouping:
+    """Step 2 by Ward on all pairs of ``distances``, then the capacity cut."""
+
+    def groups(
+        active: NDArray[np.intp], units: NDArray[np.int64], total: int
+    ) -> NDArray[np.intp]:
+        from scipy.cluster.hierarchy import linkage  # scipy on first use, see top
+
+        tree = linkage(condensed_distances(distances, active), method="ward")
+        return _cut_by_capacity(tree, units, total)
+
+    return groups
+
+
+def _two_level_groups(
+    grads: NDArray[np.floating], distance: Distance, m: int, seed: int
+) -> _Grouping:
+    """Step 2 by the two-level clustering of :mod:`.two_level`, then the cut.
+
+    The tree's leaves are blocks of clients, each within ``M_tot`` units: the
+    cut groups whole blocks.
+    """
+
+    def groups(
+        active: NDArray[np.intp], units: NDArray[np.int64], total: int
+    ) -> NDArray[np.intp]:
+        level1 = min(active.size, max(math.isqrt(active.size - 1) + 1, m))
+        tree, block, block_units = two_level_tree(
+            grads[active], units, total, distance, groups=level1, seed=seed
+        )
+        if block_units.size == 1:
+            return np.zeros(active.size, np.intp)
+        return _cut_by_capacity(tree, block_units, total)[block]
+
+    return groups
+
+
 def _allocate_by_similarity(
-    units: NDArray[np.int64],
-    total: int,
-    m: int,
-    distances: NDArray[np.float64],
+    units: NDArray[np.int64], total: int, m: int, grouping: _Grouping
 ) -> NDArray[np.float64]:
     """Steps 1-4 of Algorithm 2 (see :func:`clustered_distributions_by_similarity`)."""
     table, open_rows, residual = _dedicate_heavy_clients(units, total, m)
@@ -363,10 +430,7 @@ def _allocate_by_similarity(
     # take no part in the clustering.  With rows open, at least two clients
     # have units left, since each has fewer than M_tot of them.
     active = np.flatnonzero(residual)
-    from scipy.cluster.hierarchy import linkage  # scipy on first use, see top
-
-    tree = linkage(condensed_distances(distances, active), method="ward")
-    group = _cut_by_capacity(tree, residual[active], total)
+    group = grouping(active, residual[active], total)
 
     group_units = np.zeros(group.max() + 1, np.int64)
     np.add.at(group_units, group, residual[active])

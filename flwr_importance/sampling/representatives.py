@@ -40,6 +40,12 @@ class RepresentativeGradients:
     seed : int
         Seed of the sketch.  The sketch is drawn once per update dimension
         ``d`` and kept, so rows stored in different rounds stay comparable.
+    matrix_limit : int or None
+        Keep the ``(N, N)`` distance matrix only while there are at most this
+        many nodes (None: always).  Above it, :meth:`distances` refuses and
+        no ``N x N`` array is allocated: Algorithm 2 clusters the rows
+        themselves (:meth:`rows`, docs/methods.md §4); when the nodes fall
+        back within the limit, the whole matrix is recomputed.
 
     Examples
     --------
@@ -55,11 +61,16 @@ class RepresentativeGradients:
     """
 
     def __init__(
-        self, distance: Distance, projection_dim: int | None, seed: int
+        self,
+        distance: Distance,
+        projection_dim: int | None,
+        seed: int,
+        matrix_limit: int | None = None,
     ) -> None:
         self.distance = distance
         self.projection_dim = projection_dim
         self.seed = seed
+        self.matrix_limit = matrix_limit
         self.node_ids: list[int] = []
         self._row_of: dict[int, int] = {}
         self._rows = np.zeros((0, 0), np.float32)
@@ -72,6 +83,21 @@ class RepresentativeGradients:
         """Bytes held by the gradients, the distance matrix and the sketch."""
         sketch_bytes = 0 if self._sketch is None else self._sketch.nbytes
         return self._rows.nbytes + self._distances.nbytes + sketch_bytes
+
+    @property
+    def keeps_matrix(self) -> bool:
+        """Whether the distance matrix is kept (at most ``matrix_limit`` nodes)."""
+        return self.matrix_limit is None or len(self.node_ids) <= self.matrix_limit
+
+    def rows(self) -> NDArray[np.float32]:
+        """The ``(N, width)`` representative gradients, row ``i`` node ``i``'s.
+
+        The stored array itself (no copy; do not modify it); one zero column
+        before the first update, when every gradient is zero.
+        """
+        if self._rows.shape[1] == 0:
+            return np.zeros((len(self.node_ids), 1), np.float32)
+        return self._rows
 
     def gradient(self, node_id: int) -> NDArray[np.float32]:
         """The node's representative gradient (zeros if it never returned a model)."""
@@ -88,22 +114,44 @@ class RepresentativeGradients:
         """
         if list(node_ids) == self.node_ids:
             return
+        had_matrix = self.keeps_matrix
         old_row = {node_id: row for row, node_id in enumerate(self.node_ids)}
         is_new = np.array([node_id not in old_row for node_id in node_ids], bool)
+        keeps_matrix = self.matrix_limit is None or len(node_ids) <= self.matrix_limit
+        # Above the limit the matrix is empty: no N x N array is allocated.
+        size = len(node_ids) if keeps_matrix else 0
+        distances = np.zeros((0, 0))
         if is_new.all():
             rows = np.zeros((len(node_ids), self._rows.shape[1]), np.float32)
-            distances = np.zeros((len(node_ids), len(node_ids)))
+            distances = np.zeros((size, size))
         else:
             # A new node copies old row 0 for now and is zeroed just below.
             source = np.array([old_row.get(node_id, 0) for node_id in node_ids])
             rows = self._rows.take(source, axis=0)
-            distances = self._distances.take(source, axis=0).take(source, axis=1)
             rows[is_new] = 0.0
-            distances[is_new, :] = 0.0
-            distances[:, is_new] = 0.0
+            if keeps_matrix and had_matrix:
+                distances = self._distances.take(source, axis=0).take(source, axis=1)
+                distances[is_new, :] = 0.0
+                distances[:, is_new] = 0.0
+        if not (keeps_matrix and had_matrix):
+            # No matrix above the limit; back within it, every row is stale.
+            if distances.shape != (size, size):
+                distances = np.zeros((size, size))
+            self._stale = set(node_ids)
+            self._set_nodes(node_ids, rows, distances)
+            return
         # New nodes (zero gradients) still need their distances computed.
         new_nodes = {node_id for node_id in node_ids if node_id not in old_row}
         self._stale = (self._stale & set(node_ids)) | new_nodes
+        self._set_nodes(node_ids, rows, distances)
+
+    def _set_nodes(
+        self,
+        node_ids: Sequence[int],
+        rows: NDArray[np.float32],
+        distances: NDArray[np.float64],
+    ) -> None:
+        """Adopt ``node_ids`` with their gathered rows and distances."""
         self.node_ids = list(node_ids)
         self._row_of = {node_id: row for row, node_id in enumerate(self.node_ids)}
         self._rows, self._distances = rows, distances
@@ -146,7 +194,17 @@ class RepresentativeGradients:
         round with updates every node is new, and only the ``m`` updated rows
         of the ``N`` stale ones are turned into distances (all ``N`` took
         25 s at 10,000 nodes).
+
+        Raises
+        ------
+        ValueError
+            Above ``matrix_limit`` nodes, where no matrix is kept.
         """
+        if not self.keeps_matrix:
+            raise ValueError(
+                f"no distance matrix above {self.matrix_limit} nodes "
+                f"({len(self.node_ids)} now): cluster rows() instead"
+            )
         if self._rows.shape[1] == 0:
             # No update yet: every gradient is zero, every distance 0.
             return self._distances

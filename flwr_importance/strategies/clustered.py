@@ -13,8 +13,10 @@ from numpy.typing import NDArray
 from flwr_importance import protocol
 from flwr_importance.method_spec import MethodSpec
 from flwr_importance.sampling import (
+    EXACT_WARD_LIMIT,
     Distance,
     RepresentativeGradients,
+    clustered_distributions_by_similarity,
     clustered_distributions_by_size,
     clustered_distributions_from_distances,
     sample_from_distributions,
@@ -76,6 +78,13 @@ class ClusteredSampling(MultisetSampling):
         1024), cosines move by about ``1 / sqrt(projection_dim)``; L1
         distances are *not* preserved (a projection keeps L2 geometry), so
         prefer ``arccos`` or ``l2`` with a projection.  ``None``: no projection.
+    exact_ward_limit : int (default: 2000)
+        ``EXACT_WARD_LIMIT``.  Up to this many clients, Algorithm 2 runs Ward
+        on all pairs of the distance matrix kept between rounds; above it,
+        the two-level
+        clustering (k-means groups, then Ward on their centroids) of
+        :mod:`~flwr_importance.sampling.two_level`, which keeps no ``N x N``
+        matrix (docs/methods.md §4).
 
     Other Parameters
     ----------------
@@ -104,9 +113,10 @@ class ClusteredSampling(MultisetSampling):
     returned model (Algorithm 2 keeps the last update per client).
 
     Memory (Algorithm 2): one float32 row per client (``d`` or
-    ``projection_dim`` entries) and the ``N x N`` float64 distance matrix,
-    of which only the rows of clients with a new update are recomputed each
-    round; with a projection, also the sketch's ``d`` int64 codes.  1,000
+    ``projection_dim`` entries) and, up to ``exact_ward_limit`` clients, the
+    ``N x N`` float64 distance matrix, of which only the rows of clients
+    with a new update are recomputed each round; with a projection, also
+    the sketch's ``d`` int64 codes.  1,000
     clients of a 1M-parameter model: 4 GB of float32 rows without
     projection, 4 MB with ``projection_dim=1024`` (+ 8 MB distances, + 8 MB
     codes).  The updates are projected one at a time, through one
@@ -124,17 +134,22 @@ class ClusteredSampling(MultisetSampling):
         method: ClusteringMethod = "similarity",
         distance: Distance = "arccos",
         projection_dim: int | None = None,
+        exact_ward_limit: int = EXACT_WARD_LIMIT,
         **options: Unpack[StrategyOptions],
     ) -> None:
         check_choice("method", method, ClusteringMethod)
         check_choice("distance", distance, Distance)
         if projection_dim is not None:
             check_count("projection_dim", projection_dim)
+        check_count("exact_ward_limit", exact_ward_limit)
         super().__init__(clients_per_round=clients_per_round, **options)
         self.method = method
         self.distance = distance
         self.projection_dim = projection_dim
-        self.gradients = RepresentativeGradients(distance, projection_dim, self.seed)
+        self.exact_ward_limit = exact_ward_limit
+        self.gradients = RepresentativeGradients(
+            distance, projection_dim, self.seed, matrix_limit=exact_ward_limit
+        )
         # Algorithm 1's distributions and the (nodes, sizes, m) they were built for.
         self._size_distributions: tuple[_SizeKey, NDArray[np.float64]] | None = None
 
@@ -190,8 +205,17 @@ class ClusteredSampling(MultisetSampling):
         """
         draws = min(self.clients_per_round, len(node_ids))
         if self.method == "similarity":
-            return clustered_distributions_from_distances(
-                sizes, self.gradients.distances(), draws
+            if self.gradients.keeps_matrix:
+                return clustered_distributions_from_distances(
+                    sizes, self.gradients.distances(), draws
+                )
+            return clustered_distributions_by_similarity(
+                sizes,
+                self.gradients.rows(),
+                draws,
+                self.distance,
+                exact_ward_limit=self.exact_ward_limit,
+                seed=self.seed,
             )
         key = (tuple(node_ids), tuple(sizes.tolist()), draws)
         if self._size_distributions is None or self._size_distributions[0] != key:
