@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 from flwr_importance.tooling.launcher.processes import (
     SCRIPTS_DIR,
@@ -218,15 +219,21 @@ def _wait_for_port(port: int, process: subprocess.Popen[bytes], timeout: float) 
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
 
 
+class DeploymentOptions(TypedDict, total=False):
+    """The keyword options of :func:`deployment` and ``secure_deployment``.
+
+    Documented on :func:`deployment`.
+    """
+
+    node_configs: Sequence[Mapping[str, object]] | None
+    executor: Sequence[str] | None
+    extra_env: Mapping[str, str] | None
+    startup_timeout: float
+
+
 @contextlib.contextmanager
 def deployment(
-    num_supernodes: int,
-    work_dir: Path,
-    *,
-    node_configs: Sequence[Mapping[str, object]] | None = None,
-    executor: Sequence[str] | None = None,
-    extra_env: Mapping[str, str] | None = None,
-    startup_timeout: float = 60.0,
+    num_supernodes: int, work_dir: Path, **options: Unpack[DeploymentOptions]
 ) -> Iterator[Deployment]:
     """Run a SuperLink and ``num_supernodes`` SuperNodes on loopback (insecure).
 
@@ -237,6 +244,11 @@ def deployment(
     work_dir : Path
         Folder for ``FLWR_HOME`` (``<work_dir>/flwr-home``), the SuperLink's
         database and the process logs (``<work_dir>/logs``).
+    **options
+        The :class:`DeploymentOptions` below.
+
+    Other Parameters
+    ----------------
     node_configs : sequence of mappings, optional
         Node config of each SuperNode; by default node ``i`` gets
         ``partition-id=i num-partitions=num_supernodes``.
@@ -259,15 +271,7 @@ def deployment(
         :meth:`Deployment.wait`. On exit, normal or not, every process started
         here is stopped with its descendants.
     """
-    with deploy(
-        Transport(),
-        num_supernodes,
-        work_dir,
-        node_configs=node_configs,
-        executor=executor,
-        extra_env=extra_env,
-        startup_timeout=startup_timeout,
-    ) as running:
+    with deploy(Transport(), num_supernodes, work_dir, **options) as running:
         yield running
 
 

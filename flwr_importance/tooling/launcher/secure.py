@@ -25,9 +25,10 @@ import contextlib
 import datetime
 import ipaddress
 import subprocess
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Unpack
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -37,6 +38,7 @@ from cryptography.x509.oid import NameOID
 from flwr_importance.tooling.launcher.loopback import (
     DEPLOYMENT_CONNECTION,
     Deployment,
+    DeploymentOptions,
     Transport,
     deploy,
 )
@@ -270,13 +272,7 @@ class SecureDeployment(Deployment):
 
 @contextlib.contextmanager
 def secure_deployment(
-    num_supernodes: int,
-    work_dir: Path,
-    *,
-    node_configs: Sequence[Mapping[str, object]] | None = None,
-    executor: Sequence[str] | None = None,
-    extra_env: Mapping[str, str] | None = None,
-    startup_timeout: float = 60.0,
+    num_supernodes: int, work_dir: Path, **options: Unpack[DeploymentOptions]
 ) -> Iterator[SecureDeployment]:
     """:func:`.loopback.deployment` with TLS and SuperNode authentication.
 
@@ -308,14 +304,7 @@ def secure_deployment(
         before_supernodes=register_all,
     )
     with deploy(
-        transport,
-        num_supernodes,
-        work_dir,
-        node_configs=node_configs,
-        executor=executor,
-        extra_env=extra_env,
-        startup_timeout=startup_timeout,
-        running_type=SecureDeployment,
+        transport, num_supernodes, work_dir, running_type=SecureDeployment, **options
     ) as running:
         assert isinstance(running, SecureDeployment)
         yield running
