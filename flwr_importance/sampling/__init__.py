@@ -42,6 +42,7 @@ from flwr_importance.sampling.privacy import (
     privatize_size,
     size_reply_probabilities,
 )
+from flwr_importance.sampling.reports import cap_reports, report_bounds
 from flwr_importance.sampling.representatives import RepresentativeGradients
 from flwr_importance.sampling.schedule import uniform_client_set
 from flwr_importance.sampling.sketch import CountSketch, project_gradients
@@ -73,6 +74,7 @@ __all__ = [
     "available_pool",
     "bernoulli_keep",
     "binomial_upper_tail",
+    "cap_reports",
     "capacity_blocks",
     "capped_inclusion_probs",
     "clustered_distributions_by_similarity",
@@ -96,6 +98,7 @@ __all__ = [
     "poisson_sample",
     "privatize_size",
     "project_gradients",
+    "report_bounds",
     "sample_from_distributions",
     "select_highest",
     "size_estimate_noise",

@@ -32,6 +32,7 @@ from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_s
 from flwr_importance.strategies.checks import check_count
 from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
 from flwr_importance.strategies.replies import CheckedReply, ClientSide
+from flwr_importance.strategies.report_bounds import bound_reports, check_report_cap
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -87,6 +88,10 @@ class MultisetSampling(ImportanceStrategy[DrawPlan], ABC):
     ----------
     clients_per_round : int
         ``m``, the number of draws per round (>= 1).
+    report_cap : float or None (default: None)
+        Clip each reported size above ``report_cap`` times the round's median
+        size (``> 1``, logged by node) before the draw; None: no bound
+        (docs/deployment.md, "A dishonest node's reach").
 
     Other Parameters
     ----------------
@@ -107,9 +112,14 @@ class MultisetSampling(ImportanceStrategy[DrawPlan], ABC):
     )
 
     def __init__(
-        self, *, clients_per_round: int, **options: Unpack[StrategyOptions]
+        self,
+        *,
+        clients_per_round: int,
+        report_cap: float | None = None,
+        **options: Unpack[StrategyOptions],
     ) -> None:
         self.clients_per_round = check_count("clients_per_round", clients_per_round)
+        self.report_cap = check_report_cap(report_cap)
         super().__init__(**options)
         self._sizes: dict[int, int] = {}
 
@@ -182,6 +192,17 @@ class MultisetSampling(ImportanceStrategy[DrawPlan], ABC):
         node_ids = sorted(self._sizes)
         self.track_nodes(node_ids)
         sizes = np.array([self._sizes[node_id] for node_id in node_ids], np.int64)
+        if self.report_cap is not None:
+            # Whole sample counts still: the bound is above 1 when it bites.
+            sizes = np.floor(
+                bound_reports(
+                    sizes,
+                    self.report_cap,
+                    node_ids,
+                    protocol.NUM_EXAMPLES,
+                    "configure_train",
+                )
+            ).astype(np.int64)
         if sizes.sum() == 0:
             log(WARNING, "configure_train: no client with a known, positive size")
             return []

@@ -26,6 +26,7 @@ from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_s
 from flwr_importance.strategies.checks import check_count
 from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
 from flwr_importance.strategies.replies import CheckedReply, ClientSide
+from flwr_importance.strategies.report_bounds import bound_reports, check_report_cap
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -80,6 +81,11 @@ class ISFedAvg(ImportanceStrategy[RoundPlan]):
     train_metrics_aggr_fn : callable or None (default: None)
         Averages the train replies' metrics, weighted by ``weighted_by_key``
         (as in Flower's ``FedAvg``).
+    report_cap : float or None (default: None)
+        Clip each reported ``sigma2_k`` and ``||grad P_k||^2`` above
+        ``report_cap`` times the round's median of the participants' (``> 1``,
+        logged by node) before eq. 28; None: no bound (docs/deployment.md,
+        "A dishonest node's reach").
 
     Other Parameters
     ----------------
@@ -131,9 +137,11 @@ class ISFedAvg(ImportanceStrategy[RoundPlan]):
         min_relative_client_prob: float = DEFAULT_MIN_RELATIVE_CLIENT_PROB,
         min_relative_sample_prob: float = DEFAULT_MIN_RELATIVE_SAMPLE_PROB,
         train_metrics_aggr_fn: MetricsAggregation | None = None,
+        report_cap: float | None = None,
         **options: Unpack[StrategyOptions],
     ) -> None:
         self.clients_per_round = check_count("clients_per_round", clients_per_round)
+        self.report_cap = check_report_cap(report_cap)
         for name, (low, high) in (
             ("local_steps_range", local_steps_range),
             ("batch_size_range", batch_size_range),
@@ -312,11 +320,21 @@ class ISFedAvg(ImportanceStrategy[RoundPlan]):
         node_ids = sorted(self.client_probs)
         position = {node: index for index, node in enumerate(node_ids)}
         participants = [reply.node_id for reply in checked]
+        sigma2, gradient_sq_norms = (
+            bound_reports(
+                np.array([reply.metrics[key] for reply in checked]),
+                self.report_cap,
+                participants,
+                key,
+                "aggregate_train",
+            )
+            for key in (protocol.ISFEDAVG_SIGMA2, protocol.ISFEDAVG_GRADIENT_SQ_NORM)
+        )
         updated = update_client_probs(
             self.probability_vector(node_ids),
             [position[node] for node in participants],
-            [reply.metrics[protocol.ISFEDAVG_SIGMA2] for reply in checked],
-            [reply.metrics[protocol.ISFEDAVG_GRADIENT_SQ_NORM] for reply in checked],
+            sigma2,
+            gradient_sq_norms,
             [self.local_steps[node] for node in participants],
             [self.batch_sizes[node] for node in participants],
             self.min_relative_client_prob,

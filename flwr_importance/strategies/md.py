@@ -37,6 +37,10 @@ class MDSampling(MultisetSampling):
     ----------
     clients_per_round : int
         ``m``, draws per round.
+    report_cap : float or None (default: None)
+        Clip each reported size above ``report_cap`` times the round's median
+        size (``> 1``, logged by node) before the draw; None: no bound
+        (docs/deployment.md, "A dishonest node's reach").
 
     Other Parameters
     ----------------

@@ -137,6 +137,10 @@ class MultiModelSampling(UnbiasedSampling):
         How ``p_{s|i}`` is computed and who trains (above).
     server_lr : float (default: 1.0)
         Server step on the estimate.
+    report_cap : float or None (default: None)
+        Clip each reported update norm, loss and size above ``report_cap``
+        times the round's median of that quantity (``> 1``, logged by node);
+        None: no bound (docs/deployment.md, "A dishonest node's reach").
 
     Other Parameters
     ----------------
@@ -198,13 +202,17 @@ class MultiModelSampling(UnbiasedSampling):
         clients_per_round: int,
         variant: Variant = "gradnorm",
         server_lr: float = 1.0,
+        report_cap: float | None = None,
         **options: Unpack[StrategyOptions],
     ) -> None:
         self.num_models = check_count("num_models", num_models)
         check_choice("variant", variant, Variant)
         self.variant = variant
         super().__init__(
-            clients_per_round=clients_per_round, server_lr=server_lr, **options
+            clients_per_round=clients_per_round,
+            server_lr=server_lr,
+            report_cap=report_cap,
+            **options,
         )
         self._known_sizes: dict[int, NDArray[np.float64]] = {}
 
@@ -277,7 +285,8 @@ class MultiModelSampling(UnbiasedSampling):
             self.num_models,
             {protocol.model_record_name(s): model for s, model in enumerate(models)},
         )
-        fractions = size_fractions(sizes)
+        scores = self.bounded(scores, answered, score_key)
+        fractions = size_fractions(self.bounded(sizes, answered, protocol.NUM_EXAMPLES))
         weighted_scores = fractions * scores
         probs = mmfl_probs(weighted_scores, self.clients_per_round)
         drawn = assign_models(probs, self.rng)
@@ -311,7 +320,16 @@ class MultiModelSampling(UnbiasedSampling):
             )
             self._known_sizes.update(zip(answered, sizes, strict=True))
         population = [node_id for node_id in node_ids if node_id in self._known_sizes]
-        fractions = size_fractions([self._known_sizes[node] for node in population])
+        known = [self._known_sizes[node] for node in population]
+        if self.report_cap is not None:
+            known = list(
+                self.bounded(
+                    np.array(known).reshape(len(population), self.num_models),
+                    population,
+                    protocol.NUM_EXAMPLES,
+                )
+            )
+        fractions = size_fractions(known)
         fractions = fractions.reshape(len(population), self.num_models)
         num_active = min(self.clients_per_round, len(population))
         active = self.rng.choice(len(population), size=num_active, replace=False)

@@ -96,6 +96,10 @@ class OptimalClientSampling(UnbiasedSampling):
         sampled among them, as in the authors' cross-device code (``n = 32``,
         ``m = 2-3``); ``d_i`` is then normalized over the pool. None: every
         connected node. At least ``clients_per_round``.
+    report_cap : float or None (default: None)
+        Clip each reported update norm, loss and size above ``report_cap``
+        times the round's median of that quantity (``> 1``, logged by node);
+        None: no bound (docs/deployment.md, "A dishonest node's reach").
 
     Other Parameters
     ----------------
@@ -158,6 +162,7 @@ class OptimalClientSampling(UnbiasedSampling):
         uniform: bool = False,
         server_lr: float = 1.0,
         pool_size: int | None = None,
+        report_cap: float | None = None,
         **options: Unpack[StrategyOptions],
     ) -> None:
         if uniform and approximate:
@@ -171,7 +176,10 @@ class OptimalClientSampling(UnbiasedSampling):
         self.aocs_iterations = check_count("aocs_iterations", aocs_iterations, 0)
         self.uniform = uniform
         super().__init__(
-            clients_per_round=clients_per_round, server_lr=server_lr, **options
+            clients_per_round=clients_per_round,
+            server_lr=server_lr,
+            report_cap=report_cap,
+            **options,
         )
 
     def summary(self) -> None:
@@ -212,7 +220,8 @@ class OptimalClientSampling(UnbiasedSampling):
             1,
             {protocol.model_record_name(0): arrays},
         )
-        fractions = size_fractions(sizes)
+        norms = self.bounded(norms, answered, protocol.UPDATE_NORM)
+        fractions = size_fractions(self.bounded(sizes, answered, protocol.NUM_EXAMPLES))
         scores = fractions * norms
         if self.uniform:
             probs = uniform_client_probs(len(answered), self.clients_per_round)

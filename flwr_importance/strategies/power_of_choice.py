@@ -147,6 +147,11 @@ class PowerOfChoice(MultisetSampling):
         known, all of them are candidates (logged).
     variant : {"pow-d", "rpow-d"} (default: "pow-d")
         Where the losses come from (above).
+    report_cap : float or None (default: None)
+        Clip each reported size above ``report_cap`` times the round's median
+        size (``> 1``, logged by node) before the candidate draw; the losses
+        are not bounded (a rank cannot be); None: no bound
+        (docs/deployment.md, "A dishonest node's reach").
 
     Other Parameters
     ----------------
@@ -208,9 +213,12 @@ class PowerOfChoice(MultisetSampling):
         clients_per_round: int,
         candidates: int | None = None,
         variant: Variant = "pow-d",
+        report_cap: float | None = None,
         **options: Unpack[StrategyOptions],
     ) -> None:
-        super().__init__(clients_per_round=clients_per_round, **options)
+        super().__init__(
+            clients_per_round=clients_per_round, report_cap=report_cap, **options
+        )
         check_choice("variant", variant, Variant)
         self.candidates = check_count(
             "candidates", 0 if candidates is None else candidates, minimum=0

@@ -37,6 +37,7 @@ from flwr_importance.strategies.replies import (
     ReplyProblem,
     array_record_problem,
 )
+from flwr_importance.strategies.report_bounds import bound_reports, check_report_cap
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -99,6 +100,10 @@ class UnbiasedSampling(ImportanceStrategy[SamplePlan]):
         ``m``, the expected number of participants over all models.
     server_lr : float (default: 1.0)
         Server step on the estimate.
+    report_cap : float or None (default: None)
+        Clip each reported update norm, loss and size above ``report_cap``
+        times the round's median of that quantity (``> 1``, logged by node);
+        None: no bound (docs/deployment.md, "A dishonest node's reach").
 
     Other Parameters
     ----------------
@@ -111,10 +116,12 @@ class UnbiasedSampling(ImportanceStrategy[SamplePlan]):
         *,
         clients_per_round: int,
         server_lr: float = 1.0,
+        report_cap: float | None = None,
         **options: Unpack[StrategyOptions],
     ) -> None:
         self.clients_per_round = check_count("clients_per_round", clients_per_round)
         self.server_lr = check_positive("server_lr", server_lr)
+        self.report_cap = check_report_cap(report_cap)
         super().__init__(**options)
 
     #: What a round does when fewer nodes are connected than ``m`` (logged).
@@ -184,6 +191,14 @@ class UnbiasedSampling(ImportanceStrategy[SamplePlan]):
             for prefix in metric_prefixes
         ]
         return [reply.node_id for reply in checked], matrices
+
+    def bounded(
+        self, values: NDArray[np.float64], node_ids: Sequence[int], quantity: str
+    ) -> NDArray[np.float64]:
+        """``values`` (a row per node) clipped by ``report_cap`` (as is if None)."""
+        return bound_reports(
+            values, self.report_cap, node_ids, quantity, "configure_train"
+        )
 
     def train_messages(
         self, plan: SamplePlan, config: ConfigRecord, send_models: bool
