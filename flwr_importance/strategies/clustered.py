@@ -85,6 +85,10 @@ class ClusteredSampling(MultisetSampling):
         clustering (k-means groups, then Ward on their centroids) of
         :mod:`~flwr_importance.sampling.two_level`, which keeps no ``N x N``
         matrix (docs/methods.md §4).
+    report_cap : float or None (default: None)
+        Clip each reported size above ``report_cap`` times the round's median
+        size (``> 1``, logged by node) before the draw; None: no bound
+        (docs/deployment.md, "A dishonest node's reach").
 
     Other Parameters
     ----------------
@@ -135,6 +139,7 @@ class ClusteredSampling(MultisetSampling):
         distance: Distance = "arccos",
         projection_dim: int | None = None,
         exact_ward_limit: int = EXACT_WARD_LIMIT,
+        report_cap: float | None = None,
         **options: Unpack[StrategyOptions],
     ) -> None:
         check_choice("method", method, ClusteringMethod)
@@ -142,7 +147,9 @@ class ClusteredSampling(MultisetSampling):
         if projection_dim is not None:
             check_count("projection_dim", projection_dim)
         check_count("exact_ward_limit", exact_ward_limit)
-        super().__init__(clients_per_round=clients_per_round, **options)
+        super().__init__(
+            clients_per_round=clients_per_round, report_cap=report_cap, **options
+        )
         self.method = method
         self.distance = distance
         self.projection_dim = projection_dim
