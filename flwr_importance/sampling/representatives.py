@@ -156,6 +156,53 @@ class RepresentativeGradients:
         self._row_of = {node_id: row for row, node_id in enumerate(self.node_ids)}
         self._rows, self._distances = rows, distances
 
+    def update_from_models(
+        self,
+        models: Mapping[int, Sequence[NDArray[np.floating]]],
+        start: Sequence[NDArray[np.floating]],
+    ) -> None:
+        """Store each node's model minus ``start``, both given as their arrays.
+
+        With a projection, each difference is sketched array by array
+        (:meth:`CountSketch.apply_difference`, the same sketch as of the
+        concatenated difference): no model-sized concatenation per update.
+        Without one, as :meth:`update` of the concatenated difference.
+        """
+        if self.projection_dim is None:
+            start_vector = np.concatenate([np.ravel(part) for part in start])
+            difference = np.empty_like(start_vector)
+            for node_id, parts in models.items():
+                model = np.concatenate([np.ravel(part) for part in parts])
+                np.subtract(model, start_vector, out=difference)
+                self.update({node_id: difference})
+            return
+        sketch = self._sketch_of(sum(np.size(part) for part in start))
+        for node_id, parts in models.items():
+            row = self._row_of.get(node_id)
+            if row is None:
+                continue
+            self._ensure_width(self.projection_dim)
+            sketch.apply_difference(parts, start, out=self._rows[row])
+            self._stale.add(node_id)
+
+    def _ensure_width(self, width: int) -> None:
+        """Rows of ``width`` columns: the first update sets it, every row zero."""
+        if self._rows.shape[1] != width:
+            self._rows = np.zeros((len(self.node_ids), width), np.float32)
+
+    def _sketch_of(self, input_dim: int) -> CountSketch:
+        """The sketch for updates of ``input_dim`` entries, drawn once per dimension.
+
+        Drawn once per update dimension, not per round: drawing costs as much
+        as sketching a few updates.
+        """
+        if self._sketch is None or self._sketch.input_dim != input_dim:
+            assert self.projection_dim is not None
+            self._sketch = CountSketch(
+                input_dim, self.projection_dim, np.random.default_rng(self.seed)
+            )
+        return self._sketch
+
     def update(self, updates: Mapping[int, NDArray[np.floating]]) -> None:
         """Store new updates (projected if configured) for known nodes.
 
@@ -167,21 +214,11 @@ class RepresentativeGradients:
             if row is None:
                 continue
             width = update.size if self.projection_dim is None else self.projection_dim
-            if self._rows.shape[1] != width:
-                # First update: the dimension becomes known; every row is zero.
-                self._rows = np.zeros((len(self.node_ids), width), np.float32)
+            self._ensure_width(width)
             if self.projection_dim is None:
                 self._rows[row] = update
             else:
-                # Drawn once per update dimension, not per round: drawing
-                # costs as much as sketching a few updates.
-                if self._sketch is None or self._sketch.input_dim != update.size:
-                    self._sketch = CountSketch(
-                        update.size,
-                        self.projection_dim,
-                        np.random.default_rng(self.seed),
-                    )
-                self._sketch.apply(update, out=self._rows[row])
+                self._sketch_of(update.size).apply(update, out=self._rows[row])
             self._stale.add(node_id)
 
     def distances(self) -> NDArray[np.float64]:

@@ -9,6 +9,8 @@ client instead of the model's ``d``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
@@ -104,6 +106,12 @@ class CountSketch:
         # end: the sign costs no pass over the d entries and no d-sized copy.
         halves = np.zeros(2 * self.dim, np.float32)
         np.add.at(halves, self._codes, values)
+        return self._signed(halves, out)
+
+    def _signed(
+        self, halves: NDArray[np.float32], out: NDArray[np.float32] | None
+    ) -> NDArray[np.float32]:
+        """The positive half minus the negative half, checked to be finite."""
         sketch = np.subtract(halves[: self.dim], halves[self.dim :], out=out)
         # A NaN or infinite entry, or a float32 overflow, leaves a non-finite
         # bucket: checking the dim buckets checks the d entries.
@@ -113,6 +121,65 @@ class CountSketch:
                 "to sum in float32"
             )
         return sketch
+
+    def apply_difference(
+        self,
+        parts: Sequence[NDArray[np.floating]],
+        start: Sequence[NDArray[np.floating]],
+        out: NDArray[np.float32] | None = None,
+    ) -> NDArray[np.float32]:
+        """Sketch ``x - y`` given as arrays, without building either vector.
+
+        ``parts`` and ``start`` are two models' arrays, pair by pair of the
+        same size (a returned model and the global model it started from);
+        each pair's difference goes through one buffer of the largest array's
+        size and into the sketch in order, so the result equals :meth:`apply`
+        of the concatenated difference, bit for bit, with no model-sized
+        concatenation per update.
+
+        Parameters
+        ----------
+        parts, start : Sequence[NDArray]
+            Arrays whose flattened concatenations have ``input_dim`` entries.
+        out : NDArray[np.float32] or None
+            Array of shape ``(dim,)`` to write the sketch into.
+
+        Returns
+        -------
+        NDArray[np.float32]
+            The sketch of the difference, shape ``(dim,)``.
+
+        Raises
+        ------
+        ValueError
+            As :meth:`apply`, or if the arrays' sizes do not pair up to
+            ``input_dim`` entries.
+
+        Examples
+        --------
+        >>> sketch = CountSketch(4, 2, np.random.default_rng(0))
+        >>> x, y = np.array([1.0, 2.0, 3.0, 4.0]), np.array([0.5, 0.0, 1.0, 1.0])
+        >>> whole = sketch.apply(x - y)
+        >>> parts = sketch.apply_difference([x[:1], x[1:]], [y[:1], y[1:]])
+        >>> bool(np.array_equal(whole, parts))
+        True
+        """
+        sizes = [np.size(part) for part in parts]
+        if sizes != [np.size(part) for part in start] or sum(sizes) != self.input_dim:
+            raise ValueError(
+                f"the arrays must pair up to input_dim = {self.input_dim} entries, "
+                f"got sizes {sizes} and {[np.size(part) for part in start]}"
+            )
+        halves = np.zeros(2 * self.dim, np.float32)
+        buffer = np.empty(max(sizes, default=0), np.float32)
+        offset = 0
+        for part, base in zip(parts, start, strict=True):
+            size = np.size(part)
+            difference = buffer[:size]
+            np.subtract(np.ravel(part), np.ravel(base), out=difference)
+            np.add.at(halves, self._codes[offset : offset + size], difference)
+            offset += size
+        return self._signed(halves, out)
 
 
 def project_gradients(grads: ArrayLike, dim: int, seed: int) -> NDArray[np.float32]:

@@ -27,7 +27,7 @@ from numpy.typing import NDArray
 
 from flwr_importance import protocol
 from flwr_importance.aggregation import weighted_sum
-from flwr_importance.strategies.arrays import combine_arrays, flatten
+from flwr_importance.strategies.arrays import combine_arrays
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
 from flwr_importance.strategies.checks import check_count
 from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
@@ -150,11 +150,9 @@ class MultisetSampling(ImportanceStrategy[DrawPlan], ABC):
         """
 
     def record_updates(
-        self,
-        models: Mapping[int, NDArray[np.floating]],
-        global_model: NDArray[np.floating],
+        self, models: Mapping[int, ArrayRecord], global_model: ArrayRecord
     ) -> None:
-        """Receive the flattened returned models and the model they started from.
+        """Receive the returned models and the model they started from.
 
         Called only when :meth:`keeps_updates` is true.
         """
@@ -249,8 +247,8 @@ class MultisetSampling(ImportanceStrategy[DrawPlan], ABC):
         multiplicity = np.array([plan.drawn[reply.node_id] for reply in usable])
         weights = multiplicity / multiplicity.sum()
         if self.keeps_updates():
-            returned = {reply.node_id: flatten(reply.array_record) for reply in usable}
-            self.record_updates(returned, flatten(plan.arrays))
+            returned = {reply.node_id: reply.array_record for reply in usable}
+            self.record_updates(returned, plan.arrays)
         arrays = combine_arrays(
             [reply.array_record for reply in usable],
             lambda models: weighted_sum(models, weights),

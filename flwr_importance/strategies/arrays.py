@@ -89,6 +89,11 @@ def all_finite(values: NDArray[Any]) -> bool:
     return bool(np.all(np.isfinite(values)))
 
 
+def arrays_of(record: ArrayRecord) -> list[NDArray[Any]]:
+    """The arrays of ``record``, flat, in order: read-only views, no copy."""
+    return [array_values(array).ravel() for array in record.values()]
+
+
 def flatten(record: ArrayRecord) -> NDArray[np.floating]:
     """All arrays of ``record`` as one vector in their common floating dtype.
 
@@ -96,7 +101,7 @@ def flatten(record: ArrayRecord) -> NDArray[np.floating]:
     own precision, as Flower's ``FedAvg`` does, at half the memory traffic of
     float64. A record of one floating array gives a read-only view (no copy).
     """
-    arrays = [array_values(array).ravel() for array in record.values()]
+    arrays = arrays_of(record)
     dtype = np.result_type(*(array.dtype for array in arrays), np.float32)
     if len(arrays) == 1 and arrays[0].dtype == dtype:
         return arrays[0]

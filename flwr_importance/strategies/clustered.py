@@ -7,6 +7,7 @@ from logging import INFO
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
+from flwr.app import ArrayRecord
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
@@ -22,6 +23,7 @@ from flwr_importance.sampling import (
     sample_from_distributions,
 )
 from flwr_importance.strategies._multiset import DrawRound, MultisetSampling
+from flwr_importance.strategies.arrays import arrays_of
 from flwr_importance.strategies.checks import check_choice, check_count
 
 if TYPE_CHECKING:
@@ -188,18 +190,20 @@ class ClusteredSampling(MultisetSampling):
         return self.method == "similarity"
 
     def record_updates(
-        self,
-        models: Mapping[int, NDArray[np.floating]],
-        global_model: NDArray[np.floating],
+        self, models: Mapping[int, ArrayRecord], global_model: ArrayRecord
     ) -> None:
-        """Keep each returned model minus the global model as its client's gradient."""
+        """Keep each returned model minus the global model as its client's gradient.
+
+        The arrays are read where they lie (no per-update copy); with a
+        projection only sketches are subtracted
+        (:meth:`~flwr_importance.sampling.representatives.RepresentativeGradients.update_from_models`),
+        so no ``N x d`` array of differences is ever built.
+        """
         if self.method == "similarity":
-            # One difference at a time in one buffer: the state keeps a copy
-            # or a sketch, so no N x d array of differences is ever built.
-            difference = np.empty_like(global_model)
-            for node_id, model in models.items():
-                np.subtract(model, global_model, out=difference)
-                self.gradients.update({node_id: difference})
+            self.gradients.update_from_models(
+                {node_id: arrays_of(model) for node_id, model in models.items()},
+                arrays_of(global_model),
+            )
 
     # -- distributions -----------------------------------------------------------
     def distributions(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from flwr.app import ArrayRecord
 from numpy.typing import NDArray
 
 from flwr_importance.sampling import Distance, RepresentativeGradients
@@ -157,7 +158,10 @@ def group_clustering(
         seed=0,
     )
     strategy.track_nodes(node_ids)
-    strategy.record_updates(models, global_model)
+    strategy.record_updates(
+        {node: ArrayRecord([model]) for node, model in models.items()},
+        ArrayRecord([global_model]),
+    )
     distributions = strategy.distributions(node_ids, np.full(len(node_ids), 10))
     return {frozenset(np.flatnonzero(row).tolist()) for row in distributions}
 
