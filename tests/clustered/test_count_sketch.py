@@ -190,3 +190,21 @@ def test_bad_dimensions_and_vectors_are_rejected() -> None:
         sketch.apply([1.0, np.nan, 0.0, 0.0])
     with pytest.raises(ValueError, match="NaN"):
         sketch.apply([np.inf, 0.0, 0.0, 0.0])
+
+
+def test_a_difference_sketched_array_by_array_is_the_same_sketch() -> None:
+    """``apply_difference`` gives ``apply`` of the concatenated difference exactly."""
+    rng = np.random.default_rng(3)
+    shapes = [(30, 20), (20,), (5, 4, 3)]
+    model = [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
+    start = [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
+    total = sum(int(np.prod(shape)) for shape in shapes)
+    sketch = CountSketch(total, 16, np.random.default_rng(0))
+    whole = np.concatenate([part.ravel() for part in model]) - np.concatenate(
+        [part.ravel() for part in start]
+    )
+    np.testing.assert_array_equal(
+        sketch.apply_difference(model, start), sketch.apply(whole)
+    )
+    with pytest.raises(ValueError, match="pair up"):
+        sketch.apply_difference(model[:2], start)
