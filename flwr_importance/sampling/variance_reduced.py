@@ -18,6 +18,8 @@ docs/methods.md §5 says to clamp.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
@@ -84,8 +86,8 @@ def optimal_client_probs(norms: ArrayLike, m: int) -> NDArray[np.float64]:
 
 
 def available_pool(
-    node_ids: ArrayLike, pool_size: int, rng: np.random.Generator
-) -> NDArray[np.int64]:
+    node_ids: Iterable[int], pool_size: int, rng: np.random.Generator
+) -> list[int]:
     """The round's available pool: ``n`` of the nodes, uniformly, without repeats.
 
     The authors' cross-device setting (their public code draws
@@ -101,9 +103,10 @@ def available_pool(
 
     Parameters
     ----------
-    node_ids : ArrayLike
-        The connected nodes, integers (their order does not matter: they are
-        sorted first, so a draw depends only on the set and ``rng``).
+    node_ids : Iterable[int]
+        The connected nodes (Flower's node ids are unsigned 64-bit integers:
+        they are kept as Python ints, and sorted first, so a draw depends
+        only on the set and ``rng``).
     pool_size : int
         ``n >= 1``; every node when ``n`` is at least their number.
     rng : numpy.random.Generator
@@ -111,7 +114,7 @@ def available_pool(
 
     Returns
     -------
-    NDArray[np.int64]
+    list of int
         The pool, sorted.
 
     Raises
@@ -122,18 +125,18 @@ def available_pool(
     Examples
     --------
     >>> pool = available_pool([5, 1, 9, 7], 2, np.random.default_rng(0))
-    >>> pool.size, set(pool.tolist()) <= {1, 5, 7, 9}
+    >>> len(pool), set(pool) <= {1, 5, 7, 9}
     (2, True)
-    >>> available_pool([3, 1], 5, np.random.default_rng(0)).tolist()
-    [1, 3]
+    >>> available_pool([2**64 - 1, 1], 5, np.random.default_rng(0))
+    [1, 18446744073709551615]
     """
     size = nonnegative_integer("pool_size", pool_size)
     if size < 1:
         raise ValueError(f"pool_size must be >= 1, got {pool_size}")
-    nodes = np.sort(np.asarray(node_ids, dtype=np.int64))
-    if size >= nodes.size:
+    nodes = sorted(int(node_id) for node_id in node_ids)
+    if size >= len(nodes):
         return nodes
-    return np.sort(rng.choice(nodes, size, replace=False))
+    return sorted(nodes[index] for index in rng.choice(len(nodes), size, replace=False))
 
 
 def uniform_client_probs(num_clients: int, m: int) -> NDArray[np.float64]:

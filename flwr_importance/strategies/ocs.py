@@ -211,7 +211,7 @@ class OptimalClientSampling(UnbiasedSampling):
         """
         node_ids, query_config = self.round_population(grid, server_round, config)
         if self.pool_size is not None:
-            node_ids = available_pool(node_ids, self.pool_size, self.rng).tolist()
+            node_ids = available_pool(node_ids, self.pool_size, self.rng)
         answered, (norms, sizes) = self.query_matrix(
             grid,
             dict.fromkeys(node_ids, query_config),

@@ -108,7 +108,7 @@ def test_equal_sizes_make_the_pooled_estimate_unbiased_for_the_population() -> N
     )
     estimates = np.zeros((draws, dimension))
     for draw in range(draws):
-        pool = available_pool(np.arange(num_nodes), 8, rng)
+        pool = np.array(available_pool(range(num_nodes), 8, rng))
         fractions = np.full(pool.size, 1 / pool.size)
         probs = optimal_client_probs(
             fractions * np.linalg.norm(updates[pool], axis=1), 2
