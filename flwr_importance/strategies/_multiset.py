@@ -32,7 +32,11 @@ from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_s
 from flwr_importance.strategies.checks import check_count
 from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
 from flwr_importance.strategies.replies import CheckedReply, ClientSide
-from flwr_importance.strategies.report_bounds import bound_reports, check_report_cap
+from flwr_importance.strategies.report_bounds import (
+    bound_reports,
+    check_report_cap,
+    report_cap_setting,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -175,7 +179,10 @@ class MultisetSampling(ImportanceStrategy[DrawPlan], ABC):
 
     def sampling_settings(self) -> dict[str, object]:
         """The sampling scheme's settings, by label; subclasses add theirs."""
-        return {"Draws per round (m)": self.clients_per_round}
+        return {
+            "Draws per round (m)": self.clients_per_round,
+            **report_cap_setting(self.report_cap),
+        }
 
     # -- Flower's Strategy API -------------------------------------------------
     def configure_train(

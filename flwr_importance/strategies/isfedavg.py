@@ -26,7 +26,11 @@ from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_s
 from flwr_importance.strategies.checks import check_count
 from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
 from flwr_importance.strategies.replies import CheckedReply, ClientSide
-from flwr_importance.strategies.report_bounds import bound_reports, check_report_cap
+from flwr_importance.strategies.report_bounds import (
+    bound_reports,
+    check_report_cap,
+    report_cap_setting,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -180,6 +184,7 @@ class ISFedAvg(ImportanceStrategy[RoundPlan]):
                     f"p_n >= {self.min_relative_sample_prob:g}/N_k"
                 ),
                 "Train metrics weighted by": repr(self.weighted_by_key),
+                **report_cap_setting(self.report_cap),
             },
         )
         super().summary()

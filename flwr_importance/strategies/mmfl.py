@@ -27,6 +27,7 @@ from flwr_importance.sampling import assign_models, estimator_variance, mmfl_pro
 from flwr_importance.strategies.base import log_settings
 from flwr_importance.strategies.checks import check_choice, check_count
 from flwr_importance.strategies.replies import ClientSide
+from flwr_importance.strategies.report_bounds import report_cap_setting
 from flwr_importance.strategies.unbiased_sampling import (
     OPTIMAL_SAMPLING_DOCS,
     SamplePlan,
@@ -224,6 +225,7 @@ class MultiModelSampling(UnbiasedSampling):
                 "Models S": self.num_models,
                 "Expected active clients m": self.clients_per_round,
                 "Server lr": f"{self.server_lr:g}",
+                **report_cap_setting(self.report_cap),
             },
         )
         super().summary()

@@ -33,6 +33,7 @@ from flwr_importance.sampling.variance_reduced import (
 from flwr_importance.strategies.base import log_settings
 from flwr_importance.strategies.checks import check_count
 from flwr_importance.strategies.replies import ClientSide
+from flwr_importance.strategies.report_bounds import report_cap_setting
 from flwr_importance.strategies.unbiased_sampling import (
     OPTIMAL_SAMPLING_DOCS,
     SamplePlan,
@@ -192,6 +193,7 @@ class OptimalClientSampling(UnbiasedSampling):
             settings["AOCS iterations"] = self.aocs_iterations
         if self.pool_size is not None:
             settings["Available pool n"] = self.pool_size
+        settings.update(report_cap_setting(self.report_cap))
         log_settings(f"OptimalClientSampling ({self.mode_name})", settings)
         super().summary()
 

@@ -49,6 +49,13 @@ def check_report_cap(report_cap: Any) -> float | None:
     return value
 
 
+def report_cap_setting(report_cap: float | None) -> dict[str, object]:
+    """The summary line of ``report_cap``: its factor, or nothing when off."""
+    if report_cap is None:
+        return {}
+    return {"Report cap": f"{report_cap:g} x the round's median report"}
+
+
 def bound_reports(
     values: NDArray[Any],
     report_cap: float | None,

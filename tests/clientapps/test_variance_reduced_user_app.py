@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.serverapp.strategy import Result
 from torch.utils.data import DataLoader
 
 from flwr_importance.clientapps import register_handlers
@@ -99,16 +100,22 @@ def user_update(partition_id: int, arrays: ArrayRecord, device: str) -> np.ndarr
     return flatten(trained) - flatten(arrays)
 
 
-def run_ocs(device: str) -> None:
-    TRAIN_CALLS.clear()
-    grid = make_grid(device)
-    strategy = OptimalClientSampling(clients_per_round=2, seed=0)
+def ocs_rounds(grid: InProcessGrid) -> tuple[Result, ArrayRecord]:
+    """Two OCS rounds on ``grid``, every sampled node's reply used each round."""
     arrays = initial_arrays()
+    strategy = OptimalClientSampling(clients_per_round=2, seed=0)
     result = run_rounds(strategy, grid, arrays)
     for server_round in (1, 2):
         metrics = result.train_metrics_clientapp[server_round]
         assert metrics["num-received"] == metrics["num-sampled"]
-        assert metrics["num-sampled"] > 0  # type: ignore[operator]
+    return result, arrays
+
+
+def run_ocs(device: str) -> None:
+    TRAIN_CALLS.clear()
+    result, arrays = ocs_rounds(make_grid(device))
+    for server_round in (1, 2):
+        assert result.train_metrics_clientapp[server_round]["num-sampled"] > 0  # type: ignore[operator]
     assert_trained(result, arrays)
     # Each node trained once per round, in the norm query, with the user's
     # optimizer, the server's lr, on the user's device; sampled nodes did not
@@ -205,14 +212,9 @@ def test_the_lines_the_missing_client_side_error_names_run_ocs_as_they_are() -> 
     app = ClientApp()
     app.train(mods=[KeptUpdateMod()])(user_train)
     add_norm_query(app, user_train)
-    grid = InProcessGrid(app, NUM_NODES, {}, seed=4)
-    strategy = OptimalClientSampling(clients_per_round=2, seed=0)
-    arrays = initial_arrays()
-    result = run_rounds(strategy, grid, arrays)
+    result, arrays = ocs_rounds(InProcessGrid(app, NUM_NODES, {}, seed=4))
     for server_round in (1, 2):
-        metrics = result.train_metrics_clientapp[server_round]
-        assert metrics["num-received"] == metrics["num-sampled"]
-        assert "train-loss" not in metrics
+        assert "train-loss" not in result.train_metrics_clientapp[server_round]
     assert np.linalg.norm(flatten(result.arrays) - flatten(arrays)) > 0
 
 

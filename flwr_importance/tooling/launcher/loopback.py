@@ -219,6 +219,20 @@ def _wait_for_port(port: int, process: subprocess.Popen[bytes], timeout: float) 
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
 
 
+def supernode_command(
+    flags: Sequence[str], superlink: str, node_config: Mapping[str, object], port: int
+) -> list[str]:
+    """``flower-supernode`` with ``flags``, for ``superlink``, on loopback ``port``."""
+    return [
+        str(SCRIPTS_DIR / "flower-supernode"),
+        *flags,
+        f"--superlink={superlink}",
+        f"--node-config={format_run_config(node_config)}",
+        "--host=127.0.0.1",
+        f"--port={port}",
+    ]
+
+
 class DeploymentOptions(TypedDict, total=False):
     """The keyword options of :func:`deployment` and ``secure_deployment``.
 
@@ -347,15 +361,12 @@ def deploy(
             # The node's ClientApp processes name this address: a marker.
             running.markers.append(f"127.0.0.1:{node_port}")
             supernode = start_logged(
-                [
-                    str(SCRIPTS_DIR / "flower-supernode"),
-                    *transport.supernode(index),
-                    f"--superlink={address}",
-                    f"--node-config={format_run_config(node_config)}",
-                    "--host=127.0.0.1",
-                    f"--port={node_port}",
-                    *isolation,
-                ],
+                supernode_command(
+                    [*transport.supernode(index), *isolation],
+                    address,
+                    node_config,
+                    node_port,
+                ),
                 logs / f"supernode-{index}.log",
                 env,
             )

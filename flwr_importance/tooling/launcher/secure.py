@@ -41,10 +41,9 @@ from flwr_importance.tooling.launcher.loopback import (
     DeploymentOptions,
     Transport,
     deploy,
+    supernode_command,
 )
 from flwr_importance.tooling.launcher.processes import (
-    SCRIPTS_DIR,
-    format_run_config,
     free_port,
     start_logged,
     terminate,
@@ -244,17 +243,12 @@ class SecureDeployment(Deployment):
             flags += (f"--auth-supernode-private-key={private_key}",)
         port = free_port()
         self.markers.append(f"127.0.0.1:{port}")
+        flags += (
+            f"--max-retries={OUTSIDER_MAX_RETRIES}",
+            f"--max-wait-time={OUTSIDER_MAX_WAIT_SECONDS}",
+        )
         process = start_logged(
-            [
-                str(SCRIPTS_DIR / "flower-supernode"),
-                *flags,
-                f"--superlink={self.address}",
-                f"--node-config={format_run_config(node_config or {})}",
-                "--host=127.0.0.1",
-                f"--port={port}",
-                f"--max-retries={OUTSIDER_MAX_RETRIES}",
-                f"--max-wait-time={OUTSIDER_MAX_WAIT_SECONDS}",
-            ],
+            supernode_command(flags, self.address, node_config or {}, port),
             self.work_dir / "logs" / f"{name}.log",
             self.env,
         )
