@@ -103,34 +103,8 @@ class ExperimentConfig:
             raise ValueError("proximal-mu and l2 must be >= 0")
 
     def server_optimizer(self) -> ServerOptimizer | None:
-        """The ``server-optimizer`` with its ``server-optimizer-*`` settings.
-
-        None for ``"none"``, the method's own step; an unknown name is a
-        ValueError naming the known ones.
-        """
-        name = str(self.option("server-optimizer"))
-        if name == "none":
-            return None
-        eta = float(self.option("server-optimizer-eta"))
-        tau = float(self.option("server-optimizer-tau"))
-        betas = {
-            "beta_1": float(self.option("server-optimizer-beta1")),
-            "beta_2": float(self.option("server-optimizer-beta2")),
-        }
-        optimizers: dict[str, Callable[[], ServerOptimizer]] = {
-            "adam": lambda: ServerAdam(eta=eta, tau=tau, **betas),
-            "yogi": lambda: ServerYogi(eta=eta, tau=tau, **betas),
-            "adagrad": lambda: ServerAdagrad(eta=eta, tau=tau),
-            "momentum": lambda: ServerMomentum(
-                lr=eta, momentum=float(self.option("server-optimizer-momentum"))
-            ),
-        }
-        if name not in optimizers:
-            raise ValueError(
-                f"unknown server-optimizer '{name}'; known: none, "
-                + ", ".join(optimizers)
-            )
-        return optimizers[name]()
+        """The run config's server optimizer (:func:`server_optimizer_of`)."""
+        return server_optimizer_of(self.run_config)
 
     def option(self, key: str) -> bool | int | float | str:
         """A method-specific run-config value (``isfedavg-uniform``, ...)."""
@@ -141,3 +115,42 @@ class ExperimentConfig:
     def output_path(self) -> Path:
         """``output-dir`` as an absolute path (relative ones to the current dir)."""
         return Path(self.output_dir).expanduser().resolve()
+
+
+def server_optimizer_of(settings: RunConfig) -> ServerOptimizer | None:
+    """The ``server-optimizer`` of ``settings`` with its ``server-optimizer-*`` keys.
+
+    None for ``"none"`` (or no key), the method's own step; an unknown name is
+    a ValueError naming the known ones. Only the keys the optimizer reads are
+    needed (adagrad: no betas; momentum: eta and momentum).
+    """
+    name = str(settings.get("server-optimizer", "none"))
+    if name == "none":
+        return None
+
+    def value(key: str) -> float:
+        if f"server-optimizer-{key}" not in settings:
+            raise ValueError(f"run config lacks 'server-optimizer-{key}'")
+        return float(settings[f"server-optimizer-{key}"])
+
+    optimizers: dict[str, Callable[[], ServerOptimizer]] = {
+        "adam": lambda: ServerAdam(
+            eta=value("eta"),
+            beta_1=value("beta1"),
+            beta_2=value("beta2"),
+            tau=value("tau"),
+        ),
+        "yogi": lambda: ServerYogi(
+            eta=value("eta"),
+            beta_1=value("beta1"),
+            beta_2=value("beta2"),
+            tau=value("tau"),
+        ),
+        "adagrad": lambda: ServerAdagrad(eta=value("eta"), tau=value("tau")),
+        "momentum": lambda: ServerMomentum(lr=value("eta"), momentum=value("momentum")),
+    }
+    if name not in optimizers:
+        raise ValueError(
+            f"unknown server-optimizer '{name}'; known: none, " + ", ".join(optimizers)
+        )
+    return optimizers[name]()

@@ -8,6 +8,7 @@ streams), same size estimate, same step, every round.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ import torch
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.clientapp import ClientApp
 
+from benchmarks.evidence import SeedRun
 from benchmarks.fedsampling import (
     FEDADAM,
     FEDADAM_ETAS,
@@ -23,9 +25,10 @@ from benchmarks.fedsampling import (
     Setting,
     clipped_total,
     descriptions,
+    fedadam_step,
+    pick_fedadam_eta,
     pooled_data,
     run_seed,
-    server_optimizer,
     setting,
     train_rounds,
 )
@@ -35,6 +38,7 @@ from flwr_importance.clientapps.fedsampling import make_fedsampling_handlers
 from flwr_importance.strategies import FedSampling
 from flwr_importance.tasks import Objective, build_model
 from flwr_importance.tooling.testing import InProcessGrid
+from simulations.config import server_optimizer_of
 
 #: The product's run: few clients, a few rounds (its cost is per message).
 PRODUCT_SETTING = dataclasses.replace(
@@ -206,11 +210,11 @@ def test_a_server_optimizer_steps_from_the_plain_round_update(tiny: Setting) -> 
         "matched": True,
         LEARNING_RATE: 0.1,
     }
-    overrides = {**plain, **FEDADAM}
-    optimizer = server_optimizer(overrides)
+    overrides = {**plain, **fedadam_step(0.03)}
+    optimizer = server_optimizer_of(overrides)
     assert isinstance(optimizer, ServerAdam)
-    assert optimizer.eta == FEDADAM["server-optimizer-eta"]
-    assert server_optimizer(plain) is None
+    assert optimizer.eta == 0.03
+    assert server_optimizer_of(plain) is None
     split = pooled_data(tiny, 5).split
     one_round = dataclasses.replace(tiny, rounds=1)
     models = [
@@ -238,7 +242,7 @@ def test_a_server_optimizer_steps_from_the_plain_round_update(tiny: Setting) -> 
 
 
 def test_the_fedadam_row_shares_its_server_step(tiny: Setting) -> None:
-    description = descriptions(tiny, full=False)[0]
+    description = descriptions(tiny, full=False, fedadam_eta=0.03)[0]
     names = [comparison.name for comparison in description.comparisons]
     assert description.main_row == ("matched", "fedsampling eps=3")
     fedadam = next(item for item in description.comparisons if "FedAdam" in item.name)
@@ -247,8 +251,30 @@ def test_the_fedadam_row_shares_its_server_step(tiny: Setting) -> None:
     assert fedadam.claimed == ("fedsampling eps=3",)
     assert not fedadam.tuned
     # Both sides take the shared server step and override none of it.
-    assert {key: fedadam.shared[key] for key in FEDADAM} == FEDADAM
+    step = fedadam_step(0.03)
+    assert {key: fedadam.shared[key] for key in step} == step
     assert fedadam.shared["server-optimizer"] == "adam"
     for overrides in fedadam.methods.values():
         assert not any(key.startswith("server-optimizer") for key in overrides)
-    assert FEDADAM["server-optimizer-eta"] in FEDADAM_ETAS
+
+
+def test_the_fedadam_eta_is_the_baselines_best_on_the_tuning_seeds(
+    tiny: Setting,
+) -> None:
+    """Only the baseline on the tuning seeds, at every eta; the best mean final wins."""
+    calls: list[tuple[str, float, int]] = []
+    best = FEDADAM_ETAS[1]
+
+    def run(overrides: Mapping[str, bool | int | float | str], seed: int) -> SeedRun:
+        eta = float(overrides["server-optimizer-eta"])
+        calls.append((str(overrides["method"]), eta, seed))
+        assert {key: overrides[key] for key in FEDADAM} == FEDADAM
+        # The first eta diverges (NaN): it must not win by comparing false.
+        final = {0: float("nan"), 1: 0.9}.get(FEDADAM_ETAS.index(eta), 0.5)
+        return SeedRun(curve=[0.1, final, final, final + 0.001 * (seed - 100)])
+
+    assert pick_fedadam_eta(tiny, run) == best
+    assert {method for method, _, _ in calls} == {"fedavg"}
+    assert {(eta, seed) for _, eta, seed in calls} == {
+        (eta, seed) for eta in FEDADAM_ETAS for seed in (100, 101)
+    }
