@@ -1,7 +1,7 @@
 """Two-level clustering for Algorithm 2 of clustered sampling at scale.
 
 Exact Ward clustering needs every pairwise distance: ``N^2`` memory and at
-least ``N^2`` time, 1.3 s and 800 MB at 10,000 clients.  Above a stated number
+least ``N^2`` time (800 MB of float64 at 10,000 clients).  Above a stated number
 of clients (``exact_ward_limit`` in
 :func:`~flwr_importance.sampling.clustered.clustered_distributions_by_similarity`)
 Algorithm 2 clusters in two levels instead, never forming an ``N x N`` array
@@ -40,10 +40,10 @@ from flwr_importance.sampling._checks import float_matrix, nonnegative_vector
 from flwr_importance.sampling.distances import Distance, _checked_squared_norms
 
 #: Points with more dimensions are projected (seeded Gaussian) to this many
-#: for the k-means of level 1.  Measured (benchmarks.sampling_overhead): a
-#: 64-dimensional projection of 1,024-dimensional sketches cut the class
-#: coverage from exact Ward's 0.87 to 0.65 on a noisy mixture, none keeps it
-#: (0.87), so sketched gradients (``projection_dim`` 1,024) are not projected.
+#: for the k-means of level 1.  A 64-dimensional projection of
+#: 1,024-dimensional sketches lost much of exact Ward's class coverage on a
+#: noisy mixture where no projection kept it (docs/methods.md §4), so sketched
+#: gradients (``projection_dim`` 1,024) are not projected.
 KMEANS_DIM = 2048
 #: Lloyd iterations of the k-means of level 1.
 KMEANS_ITERATIONS = 10
