@@ -12,7 +12,7 @@ if [ ! -f "$stamp" ]; then
     # torch first and pinned: an unpinned torch pulls several GB of CUDA wheels.
     "$venv/bin/pip" install --quiet --disable-pip-version-check torch==2.13.0
     "$venv/bin/pip" install --quiet --disable-pip-version-check \
-        -c constraints.txt -e ".[dev,torch,sim]"
+        -c constraints.txt -e ".[dev,torch,sim,dp]"
     rm -f "$venv"/.installed-*
     touch "$stamp"
 fi
