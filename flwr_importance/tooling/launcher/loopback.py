@@ -243,6 +243,7 @@ class DeploymentOptions(TypedDict, total=False):
     executor: Sequence[str] | None
     extra_env: Mapping[str, str] | None
     startup_timeout: float
+    supernode_superlink: Callable[[str], str] | None
 
 
 @contextlib.contextmanager
@@ -277,6 +278,10 @@ def deployment(
         Environment variables added for every process started here.
     startup_timeout : float
         Seconds to wait for the SuperLink to listen.
+    supernode_superlink : callable, optional
+        Given the SuperLink's address once it listens, the address the
+        SuperNodes dial instead (e.g. :meth:`.wiretap.WireTap.relay_to`, a
+        relay that records what the nodes send); by default the SuperLink's.
 
     Yields
     ------
@@ -299,6 +304,7 @@ def deploy(
     executor: Sequence[str] | None = None,
     extra_env: Mapping[str, str] | None = None,
     startup_timeout: float = 60.0,
+    supernode_superlink: Callable[[str], str] | None = None,
     running_type: type[Deployment] = Deployment,
 ) -> Iterator[Deployment]:
     """:func:`deployment` with the flags of ``transport``.
@@ -356,6 +362,9 @@ def deploy(
         if transport.before_supernodes is not None:
             transport.before_supernodes(running)
         runtime_apis = [(superlink_port, superlink, "superlink")]
+        node_superlink = (
+            supernode_superlink(address) if supernode_superlink else address
+        )
         for index, node_config in enumerate(node_configs):
             node_port = free_port()
             # The node's ClientApp processes name this address: a marker.
@@ -363,7 +372,7 @@ def deploy(
             supernode = start_logged(
                 supernode_command(
                     [*transport.supernode(index), *isolation],
-                    address,
+                    node_superlink,
                     node_config,
                     node_port,
                 ),
