@@ -29,6 +29,11 @@ from flwr_importance.sampling.fedsampling import (
     size_estimate_noise,
 )
 from flwr_importance.sampling.importance import importance_batch, update_sample_probs
+from flwr_importance.sampling.ledger import (
+    DEFAULT_DELTA_PRIME,
+    PrivacyLedger,
+    PrivacySpend,
+)
 from flwr_importance.sampling.pips import (
     capped_inclusion_probs,
     md_sample,
@@ -37,6 +42,9 @@ from flwr_importance.sampling.pips import (
 )
 from flwr_importance.sampling.power_of_choice import draw_candidates, select_highest
 from flwr_importance.sampling.privacy import (
+    advanced_composition_crossover,
+    advanced_composition_epsilon,
+    basic_composition_epsilon,
     estimate_total_size,
     ldp_alpha,
     privatize_size,
@@ -62,16 +70,22 @@ from flwr_importance.sampling.variance_reduced import (
 )
 
 __all__ = [
+    "DEFAULT_DELTA_PRIME",
     "DISTANCES",
     "EXACT_WARD_LIMIT",
     "USABLE_NOISE_FRACTION",
     "CountSketch",
     "Distance",
+    "PrivacyLedger",
+    "PrivacySpend",
     "RepresentativeGradients",
+    "advanced_composition_crossover",
+    "advanced_composition_epsilon",
     "aggregation_weight_variance",
     "aocs_probs",
     "assign_models",
     "available_pool",
+    "basic_composition_epsilon",
     "bernoulli_keep",
     "binomial_upper_tail",
     "cap_reports",
