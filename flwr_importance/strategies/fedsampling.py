@@ -15,6 +15,8 @@ from flwr_importance import protocol
 from flwr_importance.aggregation.fedsampling import server_update
 from flwr_importance.method_spec import MethodSpec
 from flwr_importance.sampling import (
+    DEFAULT_DELTA_PRIME,
+    PrivacyLedger,
     binomial_upper_tail,
     epsilon_for_usable_estimate,
     estimate_total_size,
@@ -96,6 +98,9 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
         of the total of sizes clipped to ``M - 1`` (paper default 100).
     epsilon : float (default: 3.0)
         Local differential privacy budget of one size reply (paper default 3).
+    delta_prime : float (default: 1e-6)
+        ``delta'`` of the privacy ledger's advanced composition column, in
+        ``(0, 1)`` (Notes).
     server_lr : float (default: 1.0)
         ``eta``; ``sum_c G_c`` estimates the mean gradient over ``K`` samples,
         so ``eta`` plays the role of a centralized SGD step size.
@@ -148,6 +153,13 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
     Round metrics (``aggregate_train``): ``estimated-total-size`` (the
     clamped ``N_tilde`` used), ``raw-size-estimate``, ``ldp-alpha``,
     ``num-size-replies``, ``num-updates``.
+
+    Privacy ledger: every reply is a fresh eps-LDP answer, so a node's privacy
+    loss grows with the size queries it answers. ``self.privacy_ledger``
+    (:class:`~flwr_importance.sampling.PrivacyLedger`) counts them per node
+    (a malformed reply counts, the node did answer) and gives, per round, each
+    node's ``k eps`` (basic composition) and the advanced composition bound at
+    ``delta_prime``; the simulation app writes it into ``history.json``.
     """
 
     no_federated_evaluation = NO_FEDERATED_EVALUATION
@@ -169,6 +181,7 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
         samples_per_round: int,
         max_size: int = 100,
         epsilon: float = 3.0,
+        delta_prime: float = DEFAULT_DELTA_PRIME,
         server_lr: float = 1.0,
         local_steps: int = 1,
         **options: Unpack[StrategyOptions],
@@ -181,6 +194,7 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
         self.epsilon = epsilon
         # Also validates max_size and epsilon, with the reason.
         self.alpha = ldp_alpha(epsilon, max_size)
+        self.privacy_ledger = PrivacyLedger(epsilon=epsilon, delta_prime=delta_prime)
 
     def summary(self) -> None:
         """Log FedSampling's parameters, then the shared ones."""
@@ -192,9 +206,20 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
                 "epsilon (alpha)": f"{self.epsilon:g} ({self.alpha:.4f})",
                 "Server learning rate": f"{self.server_lr:g}",
                 "Local steps": self.local_steps,
+                "Privacy ledger delta'": self._ledger_setting(),
             },
         )
         super().summary()
+
+    def _ledger_setting(self) -> str:
+        """``delta'``, and from how many answers its column improves on ``k eps``."""
+        ledger = self.privacy_ledger
+        crossover = (
+            "never below k eps at this epsilon"
+            if ledger.advanced_from is None
+            else f"below k eps from k={ledger.advanced_from}"
+        )
+        return f"{ledger.delta_prime:g} (advanced composition {crossover})"
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -307,6 +332,8 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
             {node_id: ConfigRecord(dict(query)) for node_id in node_ids},
             protocol.SIZES_QUERY,
         )
+        # Every reply received spends the node's epsilon, usable or not.
+        self.privacy_ledger.record(server_round, replies.keys())
         checked = self.check_replies(
             replies.values(),
             metric_keys=[protocol.FEDSAMPLING_SIZE_RESPONSE],
