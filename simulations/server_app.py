@@ -9,12 +9,18 @@ from logging import INFO, WARNING
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import Result
+from flwr.serverapp.strategy import Result, Strategy
 
 from flwr_importance.tasks import Objective, evaluate
 from simulations.config import ExperimentConfig
 from simulations.methods import load_method
-from simulations.report import HistoryRow, history_rows, plot_history, write_history
+from simulations.report import (
+    HistoryRow,
+    history_rows,
+    plot_history,
+    privacy_ledger_of,
+    write_history,
+)
 from simulations.task import federated_data, global_model
 
 app = ServerApp()
@@ -39,13 +45,21 @@ def wait_for_nodes(grid: Grid, timeout: float = 120.0) -> int:
 
 
 def start_single_model(
-    grid: Grid, config: ExperimentConfig, num_clients: int
+    grid: Grid,
+    config: ExperimentConfig,
+    num_clients: int,
+    strategy: Strategy | None = None,
 ) -> Result:
-    """Build the method's strategy for one model and run it, evaluating centrally."""
+    """Run the method's strategy on one model, evaluating centrally.
+
+    ``strategy``: the one to run (the caller keeps it, e.g. to read its
+    privacy ledger); None builds the method's from ``config``.
+    """
     data = federated_data(config, num_clients)
     model = global_model(config, data)
     objective = Objective(data.task, l2=config.l2)
-    strategy = load_method(config.strategy).build_strategy(config, num_clients)
+    if strategy is None:
+        strategy = load_method(config.strategy).build_strategy(config, num_clients)
 
     def central_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         model.load_state_dict(arrays.to_torch_state_dict())
@@ -89,8 +103,13 @@ def run_experiment(
         )
     # A method training several models (mmfl) starts its strategy itself.
     method = load_method(config.strategy)
-    start_strategy = getattr(method, "start_strategy", start_single_model)
-    rows = history_rows(start_strategy(grid, config, num_clients))
+    start_strategy = getattr(method, "start_strategy", None)
+    if start_strategy is not None:
+        rows = history_rows(start_strategy(grid, config, num_clients))
+    else:
+        strategy = method.build_strategy(config, num_clients)
+        result = start_single_model(grid, config, num_clients, strategy)
+        rows = history_rows(result, privacy_ledger_of(strategy))
     output_dir = config.output_path()
     history_path = write_history(rows, output_dir)
     plot_path = plot_history(

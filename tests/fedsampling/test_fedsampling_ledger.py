@@ -1,0 +1,123 @@
+"""FedSampling's privacy ledger in ``history.json``, against the nodes' own count.
+
+The test's ClientApp counts, per node, the size replies it sent; the run's
+``history.json`` must charge each node exactly that many times epsilon.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp.strategy import Result
+
+from flwr_importance.clientapps.fedsampling import (
+    make_fedsampling_train_handler,
+    make_size_query_handler,
+)
+from flwr_importance.protocol import FEDSAMPLING_SIZE_RESPONSE, SERVER_ROUND
+from flwr_importance.sampling import advanced_composition_epsilon
+from flwr_importance.tooling.testing import InProcessGrid
+from simulations.config import ExperimentConfig
+from simulations.inprocess import resolve_run_config
+from simulations.report import PRIVACY_LEDGER, history_rows
+from simulations.server_app import run_experiment
+from simulations.task import local_task
+
+NUM_NODES, ROUNDS, EPSILON = 4, 3, 0.2
+
+
+def counting_app(sent: Counter[int]) -> ClientApp:
+    """Partition 0 replies an impossible size (dropped by the server, but
+    sent); partition 1 fails round 2's query (an error reply carries no size).
+    ``sent`` counts each node's size replies."""
+    size_query = make_size_query_handler(local_task)
+    train = make_fedsampling_train_handler(local_task)
+
+    def query(message: Message, context: Context) -> Message:
+        partition = context.node_config["partition-id"]
+        if (
+            partition == 1
+            and message.content.config_records["config"][SERVER_ROUND] == 2
+        ):
+            raise RuntimeError("size query failed on purpose")
+        sent[context.node_id] += 1
+        if partition == 0:
+            content = RecordDict(
+                {"metrics": MetricRecord({FEDSAMPLING_SIZE_RESPONSE: 5000})}
+            )
+            return Message(content, reply_to=message)
+        return size_query(message, context)
+
+    app = ClientApp()
+    app.query("sizes")(query)
+    app.train()(train)
+    return app
+
+
+def test_history_charges_each_node_its_answered_size_queries(tmp_path: Path) -> None:
+    run_config = resolve_run_config(
+        {
+            "strategy": "fedsampling",
+            "dataset": "digits",
+            "partitioning": "lognormal",
+            "model": "logreg",
+            "num-supernodes": NUM_NODES,
+            "num-server-rounds": ROUNDS,
+            "fedsampling-epsilon": EPSILON,
+            "output-dir": str(tmp_path),
+        }
+    )
+    sent: Counter[int] = Counter()
+    grid = InProcessGrid(counting_app(sent), NUM_NODES, run_config)
+    run_experiment(
+        grid, ExperimentConfig.from_run_config(run_config), num_clients=NUM_NODES
+    )
+    rows = json.loads((tmp_path / "history.json").read_text())
+    assert [row["round"] for row in rows] == list(range(ROUNDS + 1))
+    # The failing node answered one query fewer than the others.
+    assert sorted(sent.values()) == [ROUNDS - 1] + [ROUNDS] * (NUM_NODES - 1)
+    for row in rows:
+        ledger = row[PRIVACY_LEDGER]
+        assert (ledger["size-query-epsilon"], ledger["delta-prime"]) == (EPSILON, 1e-6)
+        answered = dict(zip(ledger["node-ids"], ledger["size-queries"], strict=True))
+        if row["round"] == 0:
+            assert answered == {}
+            continue
+        # By the last round, the ledger holds exactly what the nodes sent.
+        if row["round"] == ROUNDS:
+            assert answered == dict(sent)
+        assert ledger["basic-epsilon"] == pytest.approx(
+            [EPSILON * count for count in ledger["size-queries"]]
+        )
+        assert ledger["advanced-epsilon"] == pytest.approx(
+            [
+                min(EPSILON * k, float(advanced_composition_epsilon(EPSILON, k, 1e-6)))
+                for k in ledger["size-queries"]
+            ]
+        )
+    # Round by round: everyone's count grows by one, but the failing node's in round 2.
+    assert [sorted(row[PRIVACY_LEDGER]["size-queries"]) for row in rows[1:]] == [
+        [1] * NUM_NODES,
+        [1] + [2] * (NUM_NODES - 1),
+        [2] + [3] * (NUM_NODES - 1),
+    ]
+
+
+def test_rows_carry_central_dp_and_no_ledger_without_privacy() -> None:
+    result = Result(
+        evaluate_metrics_serverapp={
+            0: MetricRecord({"loss": 1.0}),
+            1: MetricRecord({"loss": 0.5}),
+        },
+        train_metrics_clientapp={
+            1: MetricRecord({"dp-epsilon": 1.5, "dp-delta": 1e-5, "num-updates": 3})
+        },
+    )
+    rows = history_rows(result)
+    assert PRIVACY_LEDGER not in rows[0]
+    assert rows[1][PRIVACY_LEDGER] == {"dp-epsilon": 1.5, "dp-delta": 1e-5}
