@@ -26,8 +26,6 @@ from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
 from flwr_importance import protocol
-from flwr_importance.aggregation import weighted_sum
-from flwr_importance.strategies.arrays import combine_arrays
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
 from flwr_importance.strategies.checks import check_count
 from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
@@ -256,10 +254,11 @@ class MultisetSampling(ImportanceStrategy[DrawPlan], ABC):
         if self.keeps_updates():
             returned = {reply.node_id: reply.array_record for reply in usable}
             self.record_updates(returned, plan.arrays)
-        arrays = combine_arrays(
-            [reply.array_record for reply in usable],
-            lambda models: weighted_sum(models, weights),
+        arrays = self.release(
             plan.arrays,
+            [reply.array_record for reply in usable],
+            multiplicity.astype(np.float64),
+            mean_of=plan.drawn.total(),
         )
         metrics = _round_metrics(usable, weights, multiplicity)
         return arrays, MetricRecord({**metrics, **plan.draw_metrics})

@@ -12,13 +12,14 @@ import functools
 import io
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
 from flwr.common.constant import SType
 from numpy.typing import NDArray
 
+from flwr_importance.aggregation import weighted_sum
 from flwr_importance.aggregation.server_optimizers import (
     OptimizerState,
     ServerOptimizer,
@@ -145,6 +146,54 @@ def combine_arrays(
             values.reshape(template.shape).astype(template.dtype, copy=False)
         )
     return ArrayRecord.from_array_dict(arrays)
+
+
+class Release(Protocol):
+    """How a strategy forms the model it releases from the round's replies.
+
+    Every strategy's round ends in one call ``release(base, terms, weights,
+    mean_of=...)`` (``ImportanceStrategy.release``): client ``k`` contributes
+    ``weights[k] * terms[k]`` (``mean_of`` None: ``terms`` are updates) or
+    ``weights[k] / mean_of * (terms[k] - base)`` (``mean_of``: ``terms`` are
+    models averaged with weights planned to total ``mean_of``). The default is
+    :func:`linear_release`; ``CentralDP`` installs its clipped, noised one.
+    """
+
+    def __call__(
+        self,
+        base: ArrayRecord,
+        terms: Sequence[ArrayRecord],
+        weights: NDArray[np.float64],
+        *,
+        mean_of: float | None = None,
+    ) -> ArrayRecord:
+        """The released model, shaped like ``base`` (keys, dtypes)."""
+
+
+def linear_release(
+    base: ArrayRecord,
+    terms: Sequence[ArrayRecord],
+    weights: NDArray[np.float64],
+    *,
+    mean_of: float | None = None,
+) -> ArrayRecord:
+    """The methods' own release: ``base + sum_k w_k U_k`` or a weighted mean.
+
+    ``mean_of`` None: ``base`` plus the weighted sum of the updates ``terms``.
+    Otherwise the ``terms`` are models and the result is their mean weighted
+    by ``weights`` over the replies that came (a missing reply's weight is
+    shared out, as the methods' papers average the models received);
+    ``mean_of``, the weight the plan expected, matters only to a private
+    release, whose weights must not depend on who replied.
+    """
+    if mean_of is None:
+        return combine_arrays(
+            [base, *terms],
+            lambda vectors: vectors[0] + weighted_sum(vectors[1:], weights),
+            base,
+        )
+    shares = weights / weights.sum()
+    return combine_arrays(terms, lambda models: weighted_sum(models, shares), base)
 
 
 def optimizer_step(

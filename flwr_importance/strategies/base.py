@@ -14,7 +14,8 @@ ClientApp lacks the method's client side.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from numbers import Real
@@ -40,7 +41,7 @@ from flwr_importance.aggregation.server_optimizers import (
     ServerOptimizer,
     check_server_optimizer,
 )
-from flwr_importance.strategies.arrays import optimizer_step
+from flwr_importance.strategies.arrays import Release, linear_release, optimizer_step
 from flwr_importance.strategies.checks import check_count, check_keys, check_positive
 from flwr_importance.strategies.messages import (
     SharedArrays,
@@ -56,6 +57,7 @@ from flwr_importance.strategies.replies import (
     check_replies,
     metric_contents,
 )
+from flwr_importance.strategies.summary import log_settings
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -110,20 +112,6 @@ class StrategyOptions(TypedDict, total=False):
     server_optimizer: ServerOptimizer | None
 
 
-def log_settings(
-    title: str, settings: Mapping[str, object], last: bool = False
-) -> None:
-    """Log ``settings`` as one branch of a strategy summary's tree.
-
-    ``last`` closes the tree (the final branch of :meth:`Strategy.summary`).
-    """
-    log(INFO, "\t%s──> %s:", "└" if last else "├", title)
-    indent = "\t\t" if last else "\t│\t"
-    for index, (label, value) in enumerate(settings.items()):
-        branch = "└" if index == len(settings) - 1 else "├"
-        log(INFO, "%s%s── %s: %s", indent, branch, label, value)
-
-
 class ImportanceStrategy(FedAvg, Generic[PlanT]):
     """Flower's ``FedAvg`` with what every strategy of the library shares.
 
@@ -148,7 +136,8 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
       run) when one reply lacks the weighting metric and divides by zero when
       the weights sum to zero; here :func:`check_replies` drops and logs such
       replies by node.
-    * One seam for the server step, :meth:`server_step`.
+    * One seam for the server step, :meth:`server_step`, and one for the
+      released model, ``self.release`` (:class:`.arrays.Release`).
     * :meth:`summary`, logging only the settings that apply; subclasses log
       their own first and then call ``super().summary()``.
     * ``self.reply_ledger`` (:class:`~flwr_importance.strategies.replies.ReplyLedger`),
@@ -277,6 +266,7 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
         self.server_optimizer = check_server_optimizer(server_optimizer)
         self.optimizer_state = OptimizerState()
         self._plan: PlanT | None = None
+        self.release: Release = linear_release
         self.reply_ledger = ReplyLedger(type(self).__name__, self.client_side)
 
     def _refuse_fedavg_only(
@@ -327,9 +317,7 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
         error (e.g. :class:`ClientSideMissingError`). The server optimizer
         starts from zero moments.
         """
-        self.reply_ledger = ReplyLedger(type(self).__name__, self.client_side)
-        self.optimizer_state = OptimizerState()
-        try:
+        with self.run_scope():
             return super().start(
                 grid,
                 initial_arrays,
@@ -339,6 +327,14 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
                 evaluate_config=evaluate_config,
                 evaluate_fn=evaluate_fn,
             )
+
+    @contextmanager
+    def run_scope(self) -> Iterator[None]:
+        """A run's bookkeeping (see :meth:`start`), also for a wrapper's run."""
+        self.reply_ledger = ReplyLedger(type(self).__name__, self.client_side)
+        self.optimizer_state = OptimizerState()
+        try:
+            yield
         finally:
             self.reply_ledger.log_summary()
 

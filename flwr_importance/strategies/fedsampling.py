@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import TYPE_CHECKING
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from flwr_importance import protocol
-from flwr_importance.aggregation.fedsampling import server_update
 from flwr_importance.method_spec import MethodSpec
 from flwr_importance.sampling import (
     DEFAULT_DELTA_PRIME,
@@ -24,7 +24,6 @@ from flwr_importance.sampling import (
     nodes_for_usable_estimate,
     size_estimate_noise,
 )
-from flwr_importance.strategies.arrays import combine_arrays
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
 from flwr_importance.strategies.checks import check_count, check_positive
 from flwr_importance.strategies.messages import connected_nodes
@@ -368,10 +367,10 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
             return None, metrics
         # Every node trains: the G_c are read in place, array by array (a list
         # of N flattened copies would be 4 GB at 1,000 nodes and 1M parameters).
-        arrays = combine_arrays(
-            [plan.arrays, *(reply.array_record for reply in checked)],
-            lambda vectors: server_update(vectors[0], vectors[1:], self.server_lr),
+        arrays = self.release(
             plan.arrays,
+            [reply.array_record for reply in checked],
+            np.full(len(checked), -self.server_lr),
         )
         return arrays, metrics
 

@@ -17,7 +17,6 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from flwr_importance import protocol
-from flwr_importance.aggregation import weighted_sum
 from flwr_importance.aggregation.folb import (
     Denominator,
     FolbWeights,
@@ -30,7 +29,7 @@ from flwr_importance.aggregation.folb import (
 )
 from flwr_importance.method_spec import MethodSpec
 from flwr_importance.sampling import uniform_client_set
-from flwr_importance.strategies.arrays import array_values, combine_arrays
+from flwr_importance.strategies.arrays import array_values
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
 from flwr_importance.strategies.checks import check_choice, check_count, check_positive
 from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
@@ -391,11 +390,10 @@ class FOLB(ImportanceStrategy[FolbPlan]):
                 result.fallback_reason,
             )
         # w^t + eta sum_k a_k dw_k, array by array, each read in place.
-        step_weights = self.server_lr * result.weights
-        new_arrays = combine_arrays(
-            [plan.arrays, *(reply.arrays[protocol.FOLB_UPDATE] for reply in usable)],
-            lambda arrays: arrays[0] + weighted_sum(arrays[1:], step_weights),
+        new_arrays = self.release(
             plan.arrays,
+            [reply.arrays[protocol.FOLB_UPDATE] for reply in usable],
+            self.server_lr * result.weights,
         )
         metrics = self.train_metrics(usable)
         metrics[protocol.FOLB_FALLBACK] = int(result.fallback_reason is not None)

@@ -13,7 +13,6 @@ from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
 from flwr_importance import protocol
-from flwr_importance.aggregation import mean
 from flwr_importance.aggregation.isfedavg import (
     DEFAULT_MIN_RELATIVE_CLIENT_PROB,
     realized_normalized_probs,
@@ -21,7 +20,6 @@ from flwr_importance.aggregation.isfedavg import (
 )
 from flwr_importance.method_spec import MethodSpec
 from flwr_importance.sampling import systematic_sample
-from flwr_importance.strategies.arrays import combine_arrays
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
 from flwr_importance.strategies.checks import check_count
 from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
@@ -313,8 +311,11 @@ class ISFedAvg(ImportanceStrategy[RoundPlan]):
                 len(plan.nodes),
             )
         # The model sent fixes the keys and dtypes of the aggregate.
-        arrays = combine_arrays(
-            [reply.array_record for reply in checked], mean, plan.arrays
+        arrays = self.release(
+            plan.arrays,
+            [reply.array_record for reply in checked],
+            np.ones(len(checked)),
+            mean_of=len(plan.nodes),
         )
         if not self.uniform:
             self._update_probabilities(checked)

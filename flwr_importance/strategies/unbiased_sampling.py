@@ -26,8 +26,7 @@ from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
 from flwr_importance import protocol
-from flwr_importance.aggregation.variance_reduced import unbiased_update
-from flwr_importance.strategies.arrays import combine_arrays
+from flwr_importance.aggregation.variance_reduced import unbiased_weights
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan
 from flwr_importance.strategies.checks import check_count, check_positive
 from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
@@ -273,12 +272,14 @@ class UnbiasedSampling(ImportanceStrategy[SamplePlan]):
             if not group:
                 continue
             rows = [plan.row_of(reply.node_id) for reply in group]
-            new_models[model_index] = _stepped_model(
+            new_models[model_index] = self.release(
                 model,
                 [reply.arrays[protocol.UPDATE_RECORD] for reply in group],
-                plan.fractions[rows, model_index],
-                plan.probs[rows, model_index],
-                self.server_lr,
+                # The unbiased step w + server_lr * sum_i (d_i / p_i) U_i.
+                self.server_lr
+                * unbiased_weights(
+                    plan.fractions[rows, model_index], plan.probs[rows, model_index]
+                ),
             )
         losses = [
             reply.metrics[protocol.TRAIN_LOSS]
@@ -320,20 +321,3 @@ def _update_is_usable(
         )
         ledger.record(MessageType.TRAIN, problem.reason)
     return problem is None
-
-
-def _stepped_model(
-    model: ArrayRecord,
-    updates: list[ArrayRecord],
-    fractions: NDArray[np.float64],
-    probs: NDArray[np.float64],
-    server_lr: float,
-) -> ArrayRecord:
-    """``w + server_lr * sum_i (d_i / p_i) U_i`` (the unbiased step), array-wise."""
-    return combine_arrays(
-        [model, *updates],
-        lambda vectors: (
-            vectors[0] + server_lr * unbiased_update(vectors[1:], fractions, probs)
-        ),
-        model,
-    )
