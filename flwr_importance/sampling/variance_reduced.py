@@ -332,18 +332,146 @@ def estimator_variance(norms: ArrayLike, probs: ArrayLike) -> float:
     return float(np.sum(squared / probs_array[contributing] - squared))
 
 
+def aocs_start_factor(score_total: float, m: int) -> float:
+    """AOCS's first broadcast: ``m / u``, where ``u = sum_i u_i`` (server side).
+
+    Each client then starts from ``p_i = min(1, (m / u) u_i)``
+    (:func:`aocs_client_probs`). The only use of the norms' total, which secure
+    aggregation can reveal without any single norm.
+
+    Parameters
+    ----------
+    score_total : float
+        ``u``, the sum of the clients' ``u_i``.
+    m : int
+        The expected number of participants, already clamped to ``N``.
+
+    Returns
+    -------
+    float
+        ``m / u``, or 0 when ``u <= 0`` (no client has a positive norm, so no
+        client can be sampled).
+
+    Examples
+    --------
+    >>> aocs_start_factor(13.0, 2)
+    0.15384615384615385
+    >>> aocs_start_factor(0.0, 2)
+    0.0
+    """
+    return m / score_total if score_total > 0 else 0.0
+
+
+def aocs_client_probs(
+    scores: ArrayLike, start_factor: float, scales: Iterable[float] = ()
+) -> NDArray[np.float64]:
+    """AOCS's client step: ``p_i`` from its own ``u_i`` and the broadcasts so far.
+
+    ``p_i = min(1, start_factor u_i)``, then ``p_i = min(1, C p_i)`` for each
+    broadcast rescaling ``C`` in turn. A client evaluates it on its own score;
+    :func:`aocs_probs` on every score at once, so both give the same floats.
+
+    Parameters
+    ----------
+    scores : ArrayLike
+        ``u_i = ||d_i U_i||`` (any common positive multiple of them works with
+        the matching ``start_factor``), nonnegative.
+    start_factor : float
+        :func:`aocs_start_factor` of the scores' total.
+    scales : Iterable[float], default ()
+        The rescalings ``C`` broadcast so far (:func:`aocs_next_scale`), in order.
+
+    Returns
+    -------
+    NDArray[np.float64]
+        The probabilities, same shape as ``scores``.
+
+    Examples
+    --------
+    >>> aocs_client_probs([1.0, 10.0], 2 / 13).round(3).tolist()
+    [0.154, 1.0]
+    >>> aocs_client_probs([1.0, 10.0], 2 / 13, [6.5]).tolist()
+    [1.0, 1.0]
+    """
+    probs = np.minimum(1.0, start_factor * np.asarray(scores, dtype=np.float64))
+    for scale in scales:
+        # Saturated clients stay at 1 because every broadcast scale is > 1.
+        probs = np.minimum(1.0, scale * probs)
+    return probs
+
+
+def aocs_mass_terms(
+    probs: ArrayLike,
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Each client's share of AOCS's two sums: ``p_i`` and 1 if ``p_i < 1``, else 0.
+
+    Summed over the clients (in the clear, or by secure aggregation) they
+    give ``P``, the probability mass below 1, and ``I``, the number of
+    clients below 1, which :func:`aocs_next_scale` needs.
+
+    Examples
+    --------
+    >>> mass, below_one = aocs_mass_terms([0.25, 1.0, 0.5])
+    >>> mass.tolist(), below_one.tolist()
+    ([0.25, 0.0, 0.5], [1.0, 0.0, 1.0])
+    """
+    probs_array = np.asarray(probs, dtype=np.float64)
+    below_one = probs_array < 1.0
+    return np.where(below_one, probs_array, 0.0), below_one.astype(np.float64)
+
+
+def aocs_next_scale(
+    mass_below_one: float, num_below_one: int, num_clients: int, m: int
+) -> float | None:
+    """AOCS's server step: the next rescaling ``C = (m - N + I) / P``, or None to stop.
+
+    Parameters
+    ----------
+    mass_below_one : float
+        ``P = sum_{i: p_i < 1} p_i``.
+    num_below_one : int
+        ``I = #{i : p_i < 1}``.
+    num_clients : int
+        ``N``.
+    m : int
+        The expected number of participants, already clamped to ``N``.
+
+    Returns
+    -------
+    float or None
+        ``C`` when it is above 1; None when ``P <= 0`` or ``C <= 1`` (the
+        iteration has converged: no probability would grow).
+
+    Examples
+    --------
+    >>> aocs_next_scale(0.4615384615384615, 3, 4, 2)
+    2.166666666666667
+    >>> aocs_next_scale(1.0, 3, 4, 2) is None
+    True
+    """
+    if mass_below_one <= 0:
+        return None
+    scale = (m - num_clients + num_below_one) / mass_below_one
+    return scale if scale > 1.0 else None
+
+
 def aocs_probs(
     norms: ArrayLike, m: int, max_iterations: int = 4
 ) -> NDArray[np.float64]:
     """Approximate OCS (AOCS): the privacy-friendly iteration towards OCS.
 
     The protocol of docs/methods.md §5 (AOCS), evaluated centrally but using
-    the norms only through the sums the protocol reveals:
+    the norms only through the sums the protocol reveals, with the very
+    client and server steps that
+    :class:`~flwr_importance.compat.secure_aocs.SecureAOCSWorkflow` runs under
+    SecAgg+ (docs/secure-aocs.md):
 
-    1. total ``u = sum_i u_i``; each client sets ``p_i = min(1, m u_i / u)``;
+    1. total ``u = sum_i u_i`` (:func:`aocs_start_factor`); each client sets
+       ``p_i = min(1, m u_i / u)`` (:func:`aocs_client_probs`);
     2. up to ``max_iterations`` times: the sums ``P = sum p_i`` and
-       ``I = #{i : p_i < 1}`` over the clients below 1 give
-       ``C = (m - N + I) / P``; each client sets ``p_i = min(1, C p_i)``;
+       ``I = #{i : p_i < 1}`` over the clients below 1
+       (:func:`aocs_mass_terms`) give ``C = (m - N + I) / P``
+       (:func:`aocs_next_scale`); each client sets ``p_i = min(1, C p_i)``;
        stop once ``C <= 1``.
 
     In a deployment each client computes its own ``p_i`` and the sums come
@@ -385,18 +513,15 @@ def aocs_probs(
     norms = nonnegative_vector("norms", norms)
     budget = min(nonnegative_integer("m", m), norms.size)
     rounds = nonnegative_integer("max_iterations", max_iterations)
-    norm_total = norms.sum()
-    if norm_total == 0:
-        return np.zeros_like(norms)
-    probs = np.minimum(1.0, budget * norms / norm_total)
+    start_factor = aocs_start_factor(float(norms.sum()), budget)
+    probs = aocs_client_probs(norms, start_factor)
     for _ in range(rounds):
-        below_one = probs < 1.0
-        mass_below_one = probs[below_one].sum()
-        if mass_below_one == 0:
+        mass, below_one = aocs_mass_terms(probs)
+        scale = aocs_next_scale(
+            float(mass.sum()), int(below_one.sum()), norms.size, budget
+        )
+        if scale is None:
             break
-        scale = (budget - norms.size + np.count_nonzero(below_one)) / mass_below_one
-        if scale <= 1.0:
-            break
-        # Saturated clients stay at 1 because scale > 1.
-        probs = np.minimum(1.0, scale * probs)
+        # The client step with a start factor of 1 is the rescaling alone.
+        probs = aocs_client_probs(probs, 1.0, [scale])
     return probs
