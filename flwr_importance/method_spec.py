@@ -69,6 +69,16 @@ class MethodSpec:
         run-config key (declared in ``pyproject.toml``), the constructor
         argument it sets; the app passes ``clients_per_round`` and ``seed``
         itself.
+    uniform_sampling_option : str or None
+        The strategy's bool option (an attribute of the same name) under which
+        every client is sampled independently with the same probability, whatever
+        the clients report: the one case where central DP may claim amplification
+        by (Poisson) sampling (``docs/central-dp.md``). None: the method's
+        probabilities always depend on what clients report (sizes, norms,
+        losses, gradients), so it gets none.
+    central_dp_refusal : str or None
+        Why :class:`~flwr_importance.strategies.central_dp.CentralDP` cannot
+        wrap the method; None: it can.
     """
 
     name: str
@@ -84,6 +94,8 @@ class MethodSpec:
     clients_per_round: bool = True
     client_queries: tuple[str, ...] = ()
     app_options: Mapping[str, str] = field(default_factory=dict)
+    uniform_sampling_option: str | None = None
+    central_dp_refusal: str | None = None
 
     def build(self, **arguments: Any) -> Strategy:
         """A new instance of the strategy with these keyword arguments."""

@@ -470,4 +470,8 @@ METHOD = MethodSpec(
     section="2-folb-gradient-aligned-reweighting-of-fedprox-updates",
     client_handlers="flwr_importance.clientapps.folb:make_folb_handlers",
     legacy="flwr_importance.compat.folb:FOLB",
+    central_dp_refusal=(
+        "each of FOLB's weights a_k depends on every reply's gradient, so one "
+        "client's reply moves every term of the step: no per-client bound"
+    ),
 )

@@ -281,4 +281,5 @@ METHOD = MethodSpec(
     section="5-optimal-client-sampling-ocs-aocs-and-multi-model-sampling-mmfl",
     client_handlers="flwr_importance.clientapps.variance_reduced:make_ocs_handlers",
     legacy="flwr_importance.compat.ocs:OptimalClientSampling",
+    uniform_sampling_option="uniform",
 )
