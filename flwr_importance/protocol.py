@@ -219,6 +219,16 @@ The node's true size and the number of samples it keeps never leave it.
   evaluate on the server. Round metrics: ``estimated-total-size``,
   ``raw-size-estimate``, ``ldp-alpha``, ``num-size-replies``,
   ``num-updates``.
+- Under SecAgg+ (legacy API only, ``compat.FedSampling(secure_aggregation=
+  SecAggPlusWorkflow(...))``): the train config also holds
+  ``secure-sum-weight`` (:data:`SECURE_SUM_WEIGHT`, int, the workflow's
+  ``max_weight``), and the train reply carries ``num-examples`` equal to it,
+  the same public number on every node (SecAgg+ multiplies each masked
+  reply by ``num-examples / max_weight``, so every ``G_c`` enters the sum
+  with weight 1, and ``num-examples`` travels in the clear). Only then may
+  the reply carry ``num-examples``. The server unmasks only
+  ``mean_c G_c`` over the ``n`` replies and steps with ``n`` times it
+  (docs/privacy.md).
 
 Clustered sampling, Alg. 1 and 2 (``clustered``), and MD sampling (``md``)
 --------------------------------------------------------------------------
@@ -312,6 +322,32 @@ model, never scaled by ``d_i`` or ``1/p_i``.
   ``random-variance`` (MMFL gradnorm).
 - ``evaluate``: OCS as in the shared conventions; MMFL has none (evaluate
   each model on the server).
+- AOCS under SecAgg+ (legacy API only,
+  ``DefaultWorkflow(fit_workflow=compat.SecureAOCSWorkflow(...))``,
+  docs/secure-aocs.md): every message's config names its step in
+  ``secure-aocs-step`` (:data:`SECURE_AOCS_STEP`) and holds ``server-round``;
+  the client's :func:`~flwr_importance.clientapps.secure_aocs.secure_aocs_mod`
+  answers. ``aocs-train`` (:data:`AOCS_TRAIN_STEP`): OCS's ``query.norm``
+  ``fit``, whose reply reaches the server with no number in it (the node keeps
+  ``v_i = n_i ||U_i||`` and ``n_i``). Secure sums (SecAgg+ ``fit``s; each
+  vector scaled into ``[-C, C]`` with ``C`` in ``clipping-range``,
+  :data:`CLIPPING_RANGE`, sent with ``num-examples`` equal to
+  ``secure-sum-weight``): ``aocs-totals`` (:data:`AOCS_TOTALS_STEP`):
+  ``C [v_i / b_v, n_i / b_n, 1 if v_i > b_v, 1 if n_i > b_n]``, each value
+  clipped to its public bound ``score-bound`` (:data:`SCORE_BOUND`, ``b_v``) or
+  ``size-bound`` (:data:`SIZE_BOUND`, ``b_n``); ``aocs-mass``
+  (:data:`AOCS_MASS_STEP`): ``C [p_i, 1]`` if ``p_i < 1``, else zeros, with
+  ``p_i`` from ``v_i``, ``aocs-start-factor`` (:data:`AOCS_START_FACTOR`,
+  ``m / sum_j v_j``) and ``aocs-scales`` (:data:`AOCS_SCALES`, a JSON list of
+  the rescalings so far) by ``aocs_client_probs``; ``aocs-update``
+  (:data:`AOCS_UPDATE_STEP`, participants only): every array of
+  ``C (n_i / p_i) U_i / b_u``, ``b_u`` in ``update-bound``
+  (:data:`UPDATE_BOUND`). ``aocs-participation``
+  (:data:`AOCS_PARTICIPATION_STEP`, a ``get_properties`` of type
+  ``query.participation``, :data:`PARTICIPATION_QUERY`) with the start factor,
+  the scales and the node's public draw ``participation-draw``
+  (:data:`PARTICIPATION_DRAW`, ``r_i``): reply ``participates``
+  (:data:`PARTICIPATES`, 1 iff ``r_i < p_i``, else 0).
 
 Power-of-Choice, pow-d and rpow-d (``power-of-choice``)
 -------------------------------------------------------
@@ -443,6 +479,9 @@ FEDSAMPLING_EPSILON = "epsilon"
 FEDSAMPLING_SAMPLES_PER_ROUND = "samples-per-round"
 #: ``N_tilde``: the server's estimate of the total number of samples.
 FEDSAMPLING_ESTIMATED_TOTAL_SIZE = "estimated-total-size"
+#: The public weight a train reply sends as ``num-examples`` under SecAgg+
+#: (train config; present only when the reply goes through SecAgg+).
+SECURE_SUM_WEIGHT = "secure-sum-weight"
 
 # --- OCS, AOCS, MMFL ----------------------------------------------------------
 #: ``query.norm``: train, keep the update, report its norm.
@@ -464,6 +503,38 @@ KEPT_UPDATE = "kept-update"
 UPDATE_RECORD = "update"
 #: Prefix of the ArrayRecords carrying model ``s`` in MMFL's server messages.
 MODEL_RECORD_PREFIX = "model-"
+
+# --- AOCS under SecAgg+ -------------------------------------------------------
+#: Config key naming the secure-AOCS step a message belongs to.
+SECURE_AOCS_STEP = "secure-aocs-step"
+#: Step: the training query, its reply stripped of every number.
+AOCS_TRAIN_STEP = "aocs-train"
+#: Step: the secure sum of ``v_i`` and ``n_i`` (and their overflow flags).
+AOCS_TOTALS_STEP = "aocs-totals"
+#: Step: the secure sum of ``P`` and ``I``, AOCS's mass and count below 1.
+AOCS_MASS_STEP = "aocs-mass"
+#: Step: the participation decision against the public draw.
+AOCS_PARTICIPATION_STEP = "aocs-participation"
+#: Step: the participants' secure sum of ``(n_i / p_i) U_i``.
+AOCS_UPDATE_STEP = "aocs-update"
+#: ``query.participation``: the participation decision's message type.
+PARTICIPATION_QUERY = "participation"
+#: SecAgg+'s ``clipping_range``: a secure vector's entries lie within it.
+CLIPPING_RANGE = "clipping-range"
+#: Public bound on ``v_i = n_i ||U_i||`` in the totals step.
+SCORE_BOUND = "score-bound"
+#: Public bound on ``n_i`` in the totals step.
+SIZE_BOUND = "size-bound"
+#: ``m / sum_j v_j``: a client's ``p_i`` starts at ``min(1, factor v_i)``.
+AOCS_START_FACTOR = "aocs-start-factor"
+#: JSON list of the AOCS rescalings ``C`` broadcast so far.
+AOCS_SCALES = "aocs-scales"
+#: Public bound on the norm of ``(n_i / p_i) U_i`` in the update step.
+UPDATE_BOUND = "update-bound"
+#: The node's public uniform draw ``r_i``.
+PARTICIPATION_DRAW = "participation-draw"
+#: Reply: 1 if the node participates (``r_i < p_i``), else 0.
+PARTICIPATES = "participates"
 
 # --- Legacy API transport -----------------------------------------------------
 #: Config key of a legacy ``fit``/``get_properties`` call: the message type.

@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from flwr_importance import protocol
 from flwr_importance.clientapps._device import (
@@ -67,6 +67,7 @@ from flwr_importance.clientapps.common import (
 from flwr_importance.clientapps.messages import (
     ClientHandler,
     config_number,
+    message_config,
     server_round_of,
 )
 from flwr_importance.clientapps.private_sizes import (
@@ -298,7 +299,11 @@ def _normalized_gradient(
 def fedsampling_reply(message: Message, gradient: dict[str, torch.Tensor]) -> Message:
     """The train reply: ``G_c`` alone, under the received model's record name.
 
-    No MetricRecord: neither ``|D_c|`` nor ``|S_c|`` may be sent.
+    No MetricRecord: neither ``|D_c|`` nor ``|S_c|`` may be sent. Under
+    SecAgg+ (the config holds ``secure-sum-weight``) the reply carries that
+    public number as ``num-examples``, the same on every node: SecAgg+
+    weights each masked ``G_c`` by it, so the server can unmask their sum
+    (docs/privacy.md).
 
     Raises
     ------
@@ -308,7 +313,11 @@ def fedsampling_reply(message: Message, gradient: dict[str, torch.Tensor]) -> Me
     names = list(message.content.array_records)
     if len(names) != 1:
         raise ValueError(f"expected one ArrayRecord in the train message, got {names}")
-    return Message(RecordDict({names[0]: ArrayRecord(gradient)}), reply_to=message)
+    content = RecordDict({names[0]: ArrayRecord(gradient)})
+    if protocol.SECURE_SUM_WEIGHT in message_config(message):
+        weight = int(config_number(message, protocol.SECURE_SUM_WEIGHT))
+        content[protocol.METRIC_RECORD] = MetricRecord({protocol.NUM_EXAMPLES: weight})
+    return Message(content, reply_to=message)
 
 
 #: Draws in one block of a node's FedSampling stream (far more than a round
