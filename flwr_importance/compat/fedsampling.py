@@ -19,6 +19,7 @@ from flwr_importance.aggregation.secure_sum import (
 )
 from flwr_importance.compat.adapter import LegacyOptions, LegacyStrategyAdapter
 from flwr_importance.compat.transport import ScalarDict
+from flwr_importance.sampling import PrivacyLedger
 from flwr_importance.strategies.fedsampling import FedSampling as MessageFedSampling
 
 #: Results, as the legacy server hands them to ``aggregate_fit``.
@@ -110,6 +111,12 @@ class FedSampling(LegacyStrategyAdapter):
             _check_workflow(secure_aggregation)
         self.secure_aggregation = secure_aggregation
         super().__init__(legacy=legacy, **options)
+
+    @property
+    def privacy_ledger(self) -> PrivacyLedger:
+        """The size queries each node answered, and their epsilon."""
+        assert isinstance(self.strategy, MessageFedSampling)
+        return self.strategy.privacy_ledger
 
     def summary(self) -> None:
         """The adapter's summary, then the secure sum's settings and error."""
