@@ -9,22 +9,25 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import Result
 
+from flwr_importance import compat
 from flwr_importance.clientapps.fedsampling import (
     make_fedsampling_train_handler,
     make_size_query_handler,
 )
 from flwr_importance.protocol import FEDSAMPLING_SIZE_RESPONSE, SERVER_ROUND
 from flwr_importance.sampling import advanced_composition_epsilon
+from flwr_importance.strategies import FedSampling
 from flwr_importance.tooling.testing import InProcessGrid
 from simulations.config import ExperimentConfig
 from simulations.inprocess import resolve_run_config
-from simulations.report import PRIVACY_LEDGER, history_rows
+from simulations.report import PRIVACY_LEDGER, history_rows, privacy_ledger_of
 from simulations.server_app import run_experiment
 from simulations.task import local_task
 
@@ -121,3 +124,16 @@ def test_rows_carry_central_dp_and_no_ledger_without_privacy() -> None:
     rows = history_rows(result)
     assert PRIVACY_LEDGER not in rows[0]
     assert rows[1][PRIVACY_LEDGER] == {"dp-epsilon": 1.5, "dp-delta": 1e-5}
+
+
+def test_the_ledger_is_found_through_wrappers_and_on_the_legacy_api() -> None:
+    legacy = compat.FedSampling(samples_per_round=8, epsilon=0.5, delta_prime=1e-9)
+    assert legacy.privacy_ledger is legacy.strategy.privacy_ledger
+    assert legacy.privacy_ledger.delta_prime == 1e-9
+    # A wrapper (central DP, the legacy adapter) holds the strategy as .strategy.
+    wrapped = FedSampling(samples_per_round=8)
+    wrapper = SimpleNamespace(strategy=SimpleNamespace(strategy=wrapped))
+    assert privacy_ledger_of(wrapper) is wrapped.privacy_ledger
+    assert privacy_ledger_of(SimpleNamespace(strategy=None)) is None
+    with pytest.raises(ValueError, match="delta_prime"):
+        FedSampling(samples_per_round=8, delta_prime=0.0)
