@@ -1,0 +1,1 @@
+"""A Flower App running the library's strategies under Flower's SecAgg+."""
