@@ -7,6 +7,7 @@ The test's ClientApp counts, per node, the size replies it sent; the run's
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -137,3 +138,15 @@ def test_the_ledger_is_found_through_wrappers_and_on_the_legacy_api() -> None:
     assert privacy_ledger_of(SimpleNamespace(strategy=None)) is None
     with pytest.raises(ValueError, match="delta_prime"):
         FedSampling(samples_per_round=8, delta_prime=0.0)
+
+
+@pytest.mark.parametrize(
+    ("epsilon", "said"),
+    [(3.0, "never below k eps at this epsilon"), (0.1, "below k eps from k=35")],
+)
+def test_summary_says_when_the_advanced_column_pays_off(
+    epsilon: float, said: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO):
+        FedSampling(samples_per_round=8, epsilon=epsilon).summary()
+    assert f"Privacy ledger delta': 1e-06 (advanced composition {said})" in caplog.text
