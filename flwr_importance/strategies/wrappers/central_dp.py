@@ -50,7 +50,7 @@ class CentralDP(Strategy):
     Implementation based on McMahan et al., "Learning Differentially Private
     Recurrent Language Models" (ICLR 2018, https://arxiv.org/abs/1710.17178),
     on Flower's clipping, ``compute_stdv`` and RDP accountant
-    (``flwr.supercore.privacy_accounting``); see docs/central-dp.md.
+    (``flwr.supercore.privacy_accounting``); see docs/drafts/central-dp.md.
 
     The wrapped strategy releases ``base + sum_k c_k`` (its ``release`` seam,
     :class:`~flwr_importance.strategies.arrays.Release`), ``c_k`` client
@@ -152,7 +152,12 @@ class CentralDP(Strategy):
     # -- the release -------------------------------------------------------------
     @property
     def sensitivity(self) -> float:
-        """The L2 sensitivity the noise is calibrated for: ``clipping_norm``."""
+        """The L2 sensitivity the noise is calibrated for: ``clipping_norm``.
+
+        Adding or removing one client (the accounted adjacency) moves the
+        pre-noise release by at most this; changing one client's reply, a
+        removal and an addition, by at most twice this.
+        """
         return self.clipping_norm
 
     @property
