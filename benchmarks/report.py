@@ -248,8 +248,15 @@ def run_benchmarks(
 
 
 def final_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """The last evaluated round's numbers (round, accuracy, loss, msd...)."""
-    return {key: float(value) for key, value in rows[-1].items()}
+    """The last evaluated round's numbers (round, accuracy, loss, msd...).
+
+    Entries that are not numbers (FedSampling's ``privacy-ledger``) are left out.
+    """
+    return {
+        key: float(value)
+        for key, value in rows[-1].items()
+        if isinstance(value, int | float)
+    }
 
 
 def confirm_headline(
