@@ -1,6 +1,6 @@
 """The tree a strategy's ``summary()`` logs: :func:`log_settings`.
 
-Every strategy, and :class:`~flwr_importance.strategies.central_dp.CentralDP`
+Every strategy, and :class:`~flwr_importance.strategies.wrappers.CentralDP`
 around one, logs its settings as branches of one tree.
 """
 
