@@ -211,7 +211,7 @@ def _keep_updates(
     context.state[KEPT_ROUND_KEY] = ConfigRecord({protocol.SERVER_ROUND: server_round})
 
 
-def _kept_update(
+def kept_update(
     context: Context, server_round: int, model_index: int
 ) -> tuple[ArrayRecord, MetricRecord]:
     """The round's kept update of ``model_index`` and its reply metrics.
@@ -291,7 +291,7 @@ class KeptUpdateMod:
         server_round = server_round_of(message)
         model_index = int(config_number(message, protocol.MODEL_INDEX))
         if config[protocol.KEPT_UPDATE]:
-            update, metrics = _kept_update(context, server_round, model_index)
+            update, metrics = kept_update(context, server_round, model_index)
         else:
             global_model = received_models(message).get(model_index)
             if global_model is None:

@@ -1,0 +1,1 @@
+"""AOCS under SecAgg+ against AOCS in the clear, on one federation (a test app)."""
