@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 from numpy.typing import ArrayLike, NDArray
 
 from flwr_importance.sampling._checks import positive_integer
@@ -25,26 +26,43 @@ class CountSketch:
     learning", ICML 2009.  Coordinate ``i`` of a vector is added, with sign
     ``s(i) = +-1``, to bucket ``h(i)`` of the sketch: ``(S x)_b = sum_{h(i)=b}
     s(i) x_i``, a random projection whose matrix has one ``+-1`` per column.
-    ``h`` and ``s`` are drawn once, uniformly and independently per
-    coordinate, and kept as one integer code per coordinate (``O(input_dim)``
-    memory): the same sketch applies to every vector, so sketches of
-    different vectors (different clients, different rounds) are comparable.
+    The same sketch applies to every vector, so sketches of different vectors
+    (different clients, different rounds) are comparable.
 
-    Guarantee (Weinberger et al., Lemma 2): for any ``x``, ``y``,
-    ``E<S x, S y> = <x, y>`` and
+    **Decision:** the hash is blocked.  The coordinates are cut into blocks of
+    ``dim`` consecutive ones, and block ``j`` is rotated by its own shift:
+    ``h(i) = (i + r_j) mod dim`` for ``i`` in block ``j``, with the shifts
+    ``r_j`` uniform on ``0..dim-1`` and the signs ``s(i)``, one per
+    coordinate, uniform, all independent.  Two coordinates of one block never
+    share a bucket; two of different blocks share one with probability
+    ``1 / dim``, as under a fully random hash.  The sketch is then a sum of
+    rotated blocks, taken with whole-block copies and one sum of products
+    over about ``input_dim`` entries, where scattering single entries
+    (``np.add.at``) took most of Algorithm 2's server time at 10,000 nodes
+    (``benchmarks.server_overhead``).
 
-    ``Var<S x, S y> = (||x||^2 ||y||^2 + <x, y>^2 - 2 sum_i x_i^2 y_i^2) / dim``,
+    Guarantee (Weinberger et al., Lemma 2, whose proof only uses the signs'
+    independence and the probability that two coordinates collide): for any
+    ``x``, ``y``, ``E<S x, S y> = <x, y>`` and
 
-    so ``||S x||^2 / ||x||^2`` is unbiased with relative standard deviation
-    at most ``sqrt(2 / dim)`` (4.4% at ``dim = 1024``), squared L2 distances
-    (norms of differences) likewise, and cosines move by about
-    ``1 / sqrt(dim)``.  This is the variance of a dense Gaussian projection
-    (``chi2(dim) / dim``) or below it, at ``O(input_dim)`` work per vector
-    instead of ``O(input_dim dim)``.  The guarantee is on the variance
+    ``Var<S x, S y> = sum_{i < k, different blocks} (x_i y_k + x_k y_i)^2 / dim``,
+
+    the fully random hash's variance,
+    ``(||x||^2 ||y||^2 + <x, y>^2 - 2 sum_i x_i^2 y_i^2) / dim``, less the
+    pairs within a block.  So ``||S x||^2 / ||x||^2`` is unbiased with
+    relative standard deviation at most ``sqrt(2 / dim)`` (4.4% at
+    ``dim = 1024``), squared L2 distances (norms of differences) likewise,
+    and cosines move by about ``1 / sqrt(dim)``: the variance of a dense
+    Gaussian projection (``chi2(dim) / dim``) or below it, at
+    ``O(input_dim)`` work per vector.  The guarantee is on the variance
     (Chebyshev: ``P(| ||S x||^2 / ||x||^2 - 1 | > t) <= 2 / (dim t^2)``);
-    exponential tails need ``||x||_inf`` small against ``||x||_2`` (Weinberger
-    et al., Theorem 3), i.e. no few coordinates holding most of the norm.  L1
-    distances are not preserved.
+    the blocks' rotations make the collisions of a block's coordinates
+    depend on each other, so no exponential tail is claimed.  L1 distances
+    are not preserved.
+
+    Memory: the signs, and two scratch arrays the vectors go through, of
+    about ``input_dim`` float32 each (12 bytes per coordinate): one sketch
+    is not for use from several threads at once.
 
     Parameters
     ----------
@@ -53,8 +71,8 @@ class CountSketch:
     dim : int
         Dimension of the sketch, at least 1.
     rng : numpy.random.Generator
-        Source of ``h`` and ``s``; ``numpy.random.default_rng(seed)`` gives
-        the same sketch for the same seed and dimensions.
+        Source of the shifts and signs; ``numpy.random.default_rng(seed)``
+        gives the same sketch for the same seed and dimensions.
 
     Raises
     ------
@@ -65,14 +83,36 @@ class CountSketch:
     def __init__(self, input_dim: int, dim: int, rng: np.random.Generator) -> None:
         self.input_dim = positive_integer("input_dim", input_dim)
         self.dim = positive_integer("dim", dim)
-        # One uniform code in [0, 2 dim) per coordinate: bucket `code % dim`,
-        # sign + below `dim` and - above, independent and uniform.
-        self._codes = rng.integers(0, 2 * self.dim, size=self.input_dim, dtype=np.intp)
+        blocks = -(-self.input_dim // self.dim)
+        shifts = rng.integers(0, self.dim, size=blocks)
+        signs = rng.integers(0, 2, size=(blocks, self.dim)).astype(np.float32)
+        # The vector's blocks, padded with zeros to whole blocks.
+        self._blocks = np.zeros((blocks, self.dim), np.float32)
+        # Block j is copied to `dim * rank_j + r_j` of a layout read as rows of
+        # `dim`: its entries land in the columns (i + r_j) mod dim, and in
+        # increasing order of shift the blocks never overlap.  Summing the
+        # layout's rows, signed, gives the sketch; the gaps between blocks
+        # stay zero.
+        rank = np.empty(blocks, np.intp)
+        rank[np.argsort(shifts, kind="stable")] = np.arange(blocks)
+        self._starts = self.dim * rank + shifts
+        self._layout = np.zeros((blocks + 1, self.dim), np.float32)
+        self._signs = np.zeros_like(self._layout)
+        self._windows(self._signs)[self._starts] = 2 * signs - 1
+
+    def _windows(self, layout: NDArray[np.float32]) -> NDArray[np.float32]:
+        """Every ``dim``-long window of ``layout``, by starting entry (a view)."""
+        return sliding_window_view(layout.reshape(-1), self.dim, writeable=True)
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the hash and sign codes."""
-        return self._codes.nbytes
+        """Bytes held by the shifts, the signs and the scratch arrays."""
+        return (
+            self._starts.nbytes
+            + self._signs.nbytes
+            + self._layout.nbytes
+            + self._blocks.nbytes
+        )
 
     def apply(
         self, vector: ArrayLike, out: NDArray[np.float32] | None = None
@@ -97,22 +137,18 @@ class CountSketch:
             If ``vector`` has the wrong shape, or its entries are NaN,
             infinite, or too large to sum in float32.
         """
-        values = np.asarray(vector, dtype=np.float32)
+        values = np.asarray(vector)
         if values.shape != (self.input_dim,):
             raise ValueError(
                 f"vector must have shape ({self.input_dim},), got {values.shape}"
             )
-        # Positive and negative terms go to separate halves, subtracted at the
-        # end: the sign costs no pass over the d entries and no d-sized copy.
-        halves = np.zeros(2 * self.dim, np.float32)
-        np.add.at(halves, self._codes, values)
-        return self._signed(halves, out)
+        self._blocks.reshape(-1)[: self.input_dim] = values
+        return self._sketch_blocks(out)
 
-    def _signed(
-        self, halves: NDArray[np.float32], out: NDArray[np.float32] | None
-    ) -> NDArray[np.float32]:
-        """The positive half minus the negative half, checked to be finite."""
-        sketch = np.subtract(halves[: self.dim], halves[self.dim :], out=out)
+    def _sketch_blocks(self, out: NDArray[np.float32] | None) -> NDArray[np.float32]:
+        """The sketch of the vector in the blocks, checked to be finite."""
+        self._windows(self._layout)[self._starts] = self._blocks
+        sketch = np.einsum("rc,rc->c", self._layout, self._signs, out=out)
         # A NaN or infinite entry, or a float32 overflow, leaves a non-finite
         # bucket: checking the dim buckets checks the d entries.
         if not np.all(np.isfinite(sketch)):
@@ -132,10 +168,9 @@ class CountSketch:
 
         ``parts`` and ``start`` are two models' arrays, pair by pair of the
         same size (a returned model and the global model it started from);
-        each pair's difference goes through one buffer of the largest array's
-        size and into the sketch in order, so the result equals :meth:`apply`
-        of the concatenated difference, bit for bit, with no model-sized
-        concatenation per update.
+        each pair's difference is written straight into the sketch's blocks,
+        so the result equals :meth:`apply` of the concatenated difference,
+        bit for bit, with no model-sized concatenation per update.
 
         Parameters
         ----------
@@ -170,16 +205,15 @@ class CountSketch:
                 f"the arrays must pair up to input_dim = {self.input_dim} entries, "
                 f"got sizes {sizes} and {[np.size(part) for part in start]}"
             )
-        halves = np.zeros(2 * self.dim, np.float32)
-        buffer = np.empty(max(sizes, default=0), np.float32)
+        entries = self._blocks.reshape(-1)
         offset = 0
         for part, base in zip(parts, start, strict=True):
             size = np.size(part)
-            difference = buffer[:size]
-            np.subtract(np.ravel(part), np.ravel(base), out=difference)
-            np.add.at(halves, self._codes[offset : offset + size], difference)
+            np.subtract(
+                np.ravel(part), np.ravel(base), out=entries[offset : offset + size]
+            )
             offset += size
-        return self._signed(halves, out)
+        return self._sketch_blocks(out)
 
 
 def project_gradients(grads: ArrayLike, dim: int, seed: int) -> NDArray[np.float32]:
@@ -194,7 +228,7 @@ def project_gradients(grads: ArrayLike, dim: int, seed: int) -> NDArray[np.float
     are unbiased with relative standard deviation at most ``sqrt(2 / dim)``
     (4.4% at ``dim = 1024``), cosines move by about ``1 / sqrt(dim)``.  A
     caller sketching many batches should keep one :class:`CountSketch`
-    instead: this function draws its ``d`` codes again on every call.
+    instead: this function draws its ``d`` signs again on every call.
 
     Parameters
     ----------
