@@ -10,7 +10,8 @@ trips over ``ClientProxy.get_properties``/``ClientProxy.fit``. On the client,
 ``NumPyClient`` answers them (MD, clustered sampling, OCS, AOCS,
 Power-of-Choice: :mod:`.numpy_client`), and :func:`handler_client_fn` serves
 every method with the ready-made Message-API handlers of
-:mod:`flwr_importance.clientapps`.
+:mod:`flwr_importance.clientapps`. :class:`SecureAOCSWorkflow` runs AOCS with
+every client quantity behind Flower's SecAgg+ (docs/drafts/secure-aocs.md).
 
 Each class takes Flower's legacy ``FedAvg`` arguments that can apply to its
 method, as ``FedAvg`` does (:class:`LegacyOptions` lists them and what each
@@ -58,6 +59,7 @@ from flwr_importance.compat.fedsampling import FedSampling
 from flwr_importance.compat.folb import FOLB
 from flwr_importance.compat.isfedavg import ISFedAvg
 from flwr_importance.compat.ocs import OptimalClientSampling
+from flwr_importance.compat.secure_aocs import SecureAOCSWorkflow
 from flwr_importance.registry import methods
 
 if TYPE_CHECKING:
@@ -101,6 +103,7 @@ __all__ = [
     "LegacyOptions",
     "LegacyStrategyAdapter",
     "OptimalClientSampling",
+    "SecureAOCSWorkflow",
     "handler_client_fn",
     "importance_client_fn",
     "legacy_class",

@@ -68,9 +68,10 @@ class OptimalClientSampling(UnbiasedSampling):
 
     With ``approximate=True`` (AOCS) the probabilities depend on the ``u_i``
     only through sums, which the server computes here from the individual
-    values; a deployment would compute them with Flower's secure aggregation
-    (``flwr.server.workflow.SecAggPlusWorkflow``) so that no individual norm
-    reaches the server. With ``uniform=True`` step 2 sets ``p_i = m / N``
+    values; :class:`~flwr_importance.compat.secure_aocs.SecureAOCSWorkflow`
+    runs the same steps with every sum behind Flower's SecAgg+ (legacy API,
+    docs/drafts/secure-aocs.md), so that no individual norm, size or update reaches
+    the server. With ``uniform=True`` step 2 sets ``p_i = m / N``
     (``uniform_client_probs``) and everything else stays OCS's: the control
     that isolates OCS's claim, a lower variance from the probabilities alone,
     with draws paired with OCS's for the same ``seed``. See docs/methods.md,
