@@ -236,6 +236,9 @@ def two_level_quality_rows(
         grads, labels = mixture_gradients(clients, args.classes, args.noise, rng)
         sizes = rng.integers(50, 500, clients)
         md = md_aggregation_weight_variance(sizes / sizes.sum(), m).mean()
+        # Common random numbers: both clusterings' coverage draws come from
+        # generators of one seed, so they see the same uniforms.
+        draw_seed = int(rng.integers(2**32))
         results = {}
         for name, limit in (("exact Ward", clients), ("two-level", 0)):
             start = time.perf_counter()
@@ -243,7 +246,9 @@ def two_level_quality_rows(
                 sizes, grads, m, exact_ward_limit=limit
             )
             seconds = time.perf_counter() - start
-            coverage = class_coverage(distributions, labels, rng)
+            coverage = class_coverage(
+                distributions, labels, np.random.default_rng(draw_seed)
+            )
             variance = aggregation_weight_variance(distributions).mean() / md
             results[name] = coverage
             passed = None

@@ -408,8 +408,10 @@ def _two_level_groups(
         active: NDArray[np.intp], units: NDArray[np.int64], total: int
     ) -> NDArray[np.intp]:
         level1 = min(active.size, max(math.isqrt(active.size - 1) + 1, m))
+        # Usually every client is active: no copy of the N x d gradients.
+        rows = grads if active.size == grads.shape[0] else grads[active]
         tree, block, block_units = two_level_tree(
-            grads[active], units, total, distance, groups=level1, seed=seed
+            rows, units, total, distance, groups=level1, seed=seed
         )
         if block_units.size == 1:
             return np.zeros(active.size, np.intp)

@@ -165,8 +165,11 @@ def capacity_blocks(
     starts[order] = ends - pooled_units - group_start
     piece = np.where(pooled, 2 * starts // total, -1)
     piece = np.where(alone, -2 - np.arange(labels.size), piece)
-    keys = np.stack([labels, piece], axis=1)
-    return np.unique(keys, axis=0, return_inverse=True)[1].reshape(-1).astype(np.intp)
+    # Blocks numbered in (group, piece) order: one integer key per pair,
+    # sorted as the pairs are (``np.unique`` on rows, as records, is slower).
+    span = int(piece.max() - piece.min()) + 1
+    keys = labels.astype(np.int64) * span + (piece - piece.min())
+    return np.unique(keys, return_inverse=True)[1].reshape(-1).astype(np.intp)
 
 
 def weighted_ward_linkage(points: ArrayLike, weights: ArrayLike) -> NDArray[np.float64]:
