@@ -5,19 +5,19 @@ every private number behind Flower's SecAgg+ (docs/drafts/secure-aocs.md). The
 server's messages name their step in ``secure-aocs-step``; :func:`secure_aocs_mod`
 serves them, from the update the node kept at the round's training query:
 
-``train`` (a plain ``fit``, the norm query)
+``aocs-train`` (a plain ``fit``, the norm query)
     Passed to the app, which trains and keeps ``U_i`` (as for OCS); the mod
     keeps ``v_i = n_i ||U_i||`` and ``n_i`` and strips every number from the
     reply, which reaches the server in the clear.
-``totals`` (secure sum)
+``aocs-totals`` (secure sum)
     ``[v_i, n_i]`` over the public bounds, and a flag per value above its
     bound (the server grows the bound and asks again).
-``mass`` (secure sum)
+``aocs-mass`` (secure sum)
     AOCS's ``(p_i, 1)`` if ``p_i < 1``, else ``(0, 0)``, with ``p_i`` from
     ``v_i`` and the broadcast factors (:func:`aocs_client_probs`).
-``participation`` (a plain ``get_properties``)
+``aocs-participation`` (a plain ``get_properties``)
     ``participates = 1`` iff the server's public draw ``r_i < p_i``.
-``update`` (secure sum, participants only)
+``aocs-update`` (secure sum, participants only)
     ``(n_i / p_i) U_i`` over the public ``update-bound``.
 
 Each secure vector is scaled into SecAgg+'s ``[-clipping_range,
