@@ -28,9 +28,9 @@ gradient per node: it runs with ``projection_dim = 1024`` (full rows would be
 N x 4 MB) and its clustering time (distances, Ward linkage, distributions and
 storing the gradients) is reported in its own column.
 
-The projection is a CountSketch drawn once from the seed (one code per
-parameter) and applied to each returned update in ``O(d)`` (about 2-3 ms per
-update at 1M parameters).
+The projection is a CountSketch drawn once from the seed (a blocked hash:
+one shift per block of ``PROJECTION_DIM`` parameters, one sign per parameter)
+and applied to each returned update in ``O(d)``.
 
 Round 1 is a warm-up (MD and clustered sampling query sizes
 once); the time is that of the fastest of the next ``repeats`` rounds.

@@ -122,11 +122,12 @@ class ClusteredSampling(MultisetSampling):
     ``projection_dim`` entries) and, up to ``exact_ward_limit`` clients, the
     ``N x N`` float64 distance matrix, of which only the rows of clients
     with a new update are recomputed each round; with a projection, also
-    the sketch's ``d`` int64 codes.  1,000
+    the sketch's signs and scratch arrays, three float32 arrays of about
+    ``d`` entries.  1,000
     clients of a 1M-parameter model: 4 GB of float32 rows without
-    projection, 4 MB with ``projection_dim=1024`` (+ 8 MB distances, + 8 MB
-    codes).  The updates are projected one at a time, through one
-    ``d``-sized buffer.
+    projection, 4 MB with ``projection_dim=1024`` (+ 8 MB distances, + 12 MB
+    sketch).  The updates are projected one at a time, through the sketch's
+    ``d``-sized scratch arrays.
     """
 
     fewer_nodes_effect = (
