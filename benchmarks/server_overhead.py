@@ -33,7 +33,10 @@ one shift per block of ``PROJECTION_DIM`` parameters, one sign per parameter)
 and applied to each returned update in ``O(d)``.
 
 Round 1 is a warm-up (MD and clustered sampling query sizes
-once); the time is that of the fastest of the next ``repeats`` rounds.
+once); the time is that of the fastest of the next ``repeats`` rounds. The
+methods of one size run their rounds in turn (round 2 of every method, then
+round 3, ...), so each strategy and its baseline are timed in the same
+stretch of the run.
 
     python -m benchmarks.server_overhead          # quick: 5 timed rounds, 2 at 10,000
     python -m benchmarks.server_overhead --full   # 5 timed rounds at every size
@@ -249,50 +252,86 @@ class Timing:
         return self.configure + self.aggregate
 
 
-def time_strategy(method: str, num_nodes: int, repeats: int) -> Timing:
-    """The fastest of rounds ``2..repeats+1`` of ``method``, server only."""
-    fleet = benchmark_fleet(num_nodes)
-    grid = CannedReplyGrid(num_nodes, {})
-    replier = "fedavg" if method in BASELINES else "ocs" if method in POOLED else method
-    grid.responders = canned_responders(
-        replier, fleet=fleet, node_index=grid.node_index
-    )
-    strategy = build_strategy(method, num_nodes, fleet)
-    clock = ClusteringClock()
-    if method == "clustered-similarity":
-        assert isinstance(strategy, ClusteredSampling)
-        clock.attach(strategy)
-    packed = method in canned_variants() and canned_variants()[method][1].packed_models
-    arrays = pack_models([fleet.model]) if packed else fleet.model
-    timed_rounds = []
-    for server_round in range(1, repeats + 2):
-        grid.reset_clock()
-        clock.seconds = 0.0
+class RoundClock:
+    """One strategy on its own canned grid, run and timed one round at a time.
+
+    The grid answers with replies from ``fleet``, which every clock of a size
+    shares (the same replies, built once).
+    """
+
+    def __init__(self, method: str, num_nodes: int, fleet: Fleet) -> None:
+        self.method = method
+        self.num_nodes = num_nodes
+        self.grid = CannedReplyGrid(num_nodes, {})
+        replier = (
+            "fedavg" if method in BASELINES else "ocs" if method in POOLED else method
+        )
+        self.grid.responders = canned_responders(
+            replier, fleet=fleet, node_index=self.grid.node_index
+        )
+        self.strategy = build_strategy(method, num_nodes, fleet)
+        self.clustering = ClusteringClock()
+        if method == "clustered-similarity":
+            assert isinstance(self.strategy, ClusteredSampling)
+            self.clustering.attach(self.strategy)
+        packed = (
+            method in canned_variants() and canned_variants()[method][1].packed_models
+        )
+        self.arrays = pack_models([fleet.model]) if packed else fleet.model
+        self.server_round = 0
+
+    def next_round(self) -> Timing:
+        """Run the next round; its server time, the grid's own time subtracted."""
+        self.server_round += 1
+        self.grid.reset_clock()
+        self.clustering.seconds = 0.0
         start = time.perf_counter()
         messages = list(
-            strategy.configure_train(server_round, arrays, ConfigRecord(), grid)
+            self.strategy.configure_train(
+                self.server_round, self.arrays, ConfigRecord(), self.grid
+            )
         )
         configured = time.perf_counter()
-        query_seconds = grid.seconds
-        replies = list(grid.send_and_receive(messages))
+        query_seconds = self.grid.seconds
+        replies = list(self.grid.send_and_receive(messages))
         aggregate_start = time.perf_counter()
-        new_arrays, _ = strategy.aggregate_train(server_round, replies)
+        new_arrays, _ = self.strategy.aggregate_train(self.server_round, replies)
         end = time.perf_counter()
         if new_arrays is None:
-            raise RuntimeError(f"{method} aggregated nothing in round {server_round}")
-        if server_round > 1:  # round 1: warm-up, one-time size queries
-            timed_rounds.append(
-                Timing(
-                    method,
-                    num_nodes,
-                    len(replies),
-                    configured - start - query_seconds,
-                    end - aggregate_start,
-                    clock.seconds if method == "clustered-similarity" else None,
-                )
+            raise RuntimeError(
+                f"{self.method} aggregated nothing in round {self.server_round}"
             )
-        del replies, new_arrays
-    return fastest_round(timed_rounds)
+        return Timing(
+            self.method,
+            self.num_nodes,
+            len(replies),
+            configured - start - query_seconds,
+            end - aggregate_start,
+            self.clustering.seconds if self.method == "clustered-similarity" else None,
+        )
+
+
+def time_interleaved(
+    methods: Sequence[str], num_nodes: int, repeats: int
+) -> list[Timing]:
+    """Each method's fastest of rounds ``2..repeats+1``, the methods in turn.
+
+    Round after round, every method runs its next round before any runs the
+    one after, so a strategy and its baseline are timed in the same stretch
+    of the run, under the same load from whatever else the machine runs
+    (timed one method after the other, a baseline could meet a busier or a
+    quieter machine than the strategies compared with it).  Round 1 is a
+    warm-up (one-time size queries).
+    """
+    fleet = benchmark_fleet(num_nodes)
+    clocks = [RoundClock(method, num_nodes, fleet) for method in methods]
+    timed: list[list[Timing]] = [[] for _ in methods]
+    for server_round in range(1, repeats + 2):
+        for clock, rounds in zip(clocks, timed, strict=True):
+            timing = clock.next_round()
+            if server_round > 1:
+                rounds.append(timing)
+    return [fastest_round(rounds) for rounds in timed]
 
 
 def fastest_round(rounds: Sequence[Timing]) -> Timing:
@@ -518,9 +557,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     args.output_dir.mkdir(parents=True, exist_ok=True)
     timings = []
     for num_nodes in NODE_COUNTS:
-        for method in (*BASELINES, *METHODS):
-            timing = time_strategy(method, num_nodes, repeats[num_nodes])
-            print(f"{num_nodes:>6} {method:<22} {timing.total * 1e3:9.1f} ms")
+        for timing in time_interleaved(
+            (*BASELINES, *METHODS), num_nodes, repeats[num_nodes]
+        ):
+            print(f"{num_nodes:>6} {timing.method:<22} {timing.total * 1e3:9.1f} ms")
             timings.append(timing)
     rows = ratio_rows(timings)
     table = overhead_table(timings, rows)
