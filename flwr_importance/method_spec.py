@@ -73,7 +73,7 @@ class MethodSpec:
         The strategy's bool option (an attribute of the same name) under which
         every client is sampled independently with the same probability, whatever
         the clients report: the one case where central DP may claim amplification
-        by (Poisson) sampling (``docs/drafts/central-dp.md``). None: the method's
+        by (Poisson) sampling (``docs/privacy.md``). None: the method's
         probabilities always depend on what clients report (sizes, norms,
         losses, gradients), so it gets none.
     central_dp_refusal : str or None

@@ -324,7 +324,7 @@ model, never scaled by ``d_i`` or ``1/p_i``.
   each model on the server).
 - AOCS under SecAgg+ (legacy API only,
   ``DefaultWorkflow(fit_workflow=compat.SecureAOCSWorkflow(...))``,
-  docs/drafts/secure-aocs.md): every message's config names its step in
+  docs/privacy.md): every message's config names its step in
   ``secure-aocs-step`` (:data:`SECURE_AOCS_STEP`) and holds ``server-round``;
   the client's :func:`~flwr_importance.clientapps.secure_aocs.secure_aocs_mod`
   answers. ``aocs-train`` (:data:`AOCS_TRAIN_STEP`): OCS's ``query.norm``

@@ -8,7 +8,7 @@ bounds what one client can move the release by (its L2 sensitivity under
 adding or removing the client) by ``clipping_norm`` whatever its weight, so
 Gaussian noise of standard deviation ``noise_multiplier * clipping_norm``
 covers every round, however small a sampling probability was
-(``docs/drafts/central-dp.md``).
+(``docs/privacy.md``).
 
 Flower's own clipping (:func:`flwr.supercore.differential_privacy.clip_inputs_inplace`)
 and standard deviation (``compute_stdv``) are used as they are; only the

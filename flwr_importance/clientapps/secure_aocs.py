@@ -1,7 +1,7 @@
 """AOCS under SecAgg+, client side: each secure sum answered from the node's state.
 
 :class:`~flwr_importance.compat.secure_aocs.SecureAOCSWorkflow` runs AOCS with
-every private number behind Flower's SecAgg+ (docs/drafts/secure-aocs.md). The
+every private number behind Flower's SecAgg+ (docs/privacy.md). The
 server's messages name their step in ``secure-aocs-step``; :func:`secure_aocs_mod`
 serves them, from the update the node kept at the round's training query:
 

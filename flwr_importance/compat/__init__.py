@@ -11,7 +11,7 @@ trips over ``ClientProxy.get_properties``/``ClientProxy.fit``. On the client,
 Power-of-Choice: :mod:`.numpy_client`), and :func:`handler_client_fn` serves
 every method with the ready-made Message-API handlers of
 :mod:`flwr_importance.clientapps`. :class:`SecureAOCSWorkflow` runs AOCS with
-every client quantity behind Flower's SecAgg+ (docs/drafts/secure-aocs.md).
+every client quantity behind Flower's SecAgg+ (docs/privacy.md).
 
 Each class takes Flower's legacy ``FedAvg`` arguments that can apply to its
 method, as ``FedAvg`` does (:class:`LegacyOptions` lists them and what each

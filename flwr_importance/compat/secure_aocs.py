@@ -77,9 +77,9 @@ class SecureAOCSWorkflow:
     were above a public bound, who participates, and the estimate's sum.
     A round whose pool has fewer than 2 nodes, or with fewer than 2
     participants, keeps the model (SecAgg+ cannot sum one vector), which
-    biases the step (docs/drafts/secure-aocs.md); so does a sum a node drops out of.
+    biases the step (docs/privacy.md); so does a sum a node drops out of.
     Each revealed sum carries SecAgg+'s quantization error (bound in
-    docs/drafts/secure-aocs.md, logged each round as ``quantization-bound``).
+    docs/privacy.md, logged each round as ``quantization-bound``).
 
     Parameters
     ----------

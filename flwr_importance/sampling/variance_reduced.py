@@ -464,7 +464,7 @@ def aocs_probs(
     the norms only through the sums the protocol reveals, with the very
     client and server steps that
     :class:`~flwr_importance.compat.secure_aocs.SecureAOCSWorkflow` runs under
-    SecAgg+ (docs/drafts/secure-aocs.md):
+    SecAgg+ (docs/privacy.md):
 
     1. total ``u = sum_i u_i`` (:func:`aocs_start_factor`); each client sets
        ``p_i = min(1, m u_i / u)`` (:func:`aocs_client_probs`);

@@ -70,7 +70,7 @@ class OptimalClientSampling(UnbiasedSampling):
     only through sums, which the server computes here from the individual
     values; :class:`~flwr_importance.compat.secure_aocs.SecureAOCSWorkflow`
     runs the same steps with every sum behind Flower's SecAgg+ (legacy API,
-    docs/drafts/secure-aocs.md), so that no individual norm, size or update reaches
+    docs/privacy.md), so that no individual norm, size or update reaches
     the server. With ``uniform=True`` step 2 sets ``p_i = m / N``
     (``uniform_client_probs``) and everything else stays OCS's: the control
     that isolates OCS's claim, a lower variance from the probabilities alone,

@@ -102,7 +102,7 @@ def test_secure_aocs_gives_the_plain_model_and_the_server_sees_no_value(
     """Each round's model is the plain run's within the bounds; nothing leaks.
 
     Round 1 starts both runs from the same model, so its difference is
-    within its logged ``quantization-bound`` (docs/drafts/secure-aocs.md); a later
+    within its logged ``quantization-bound`` (docs/privacy.md); a later
     round's also carries the earlier differences through local training,
     which this task's small steps keep from growing: within the sum of the
     bounds so far. No node reply reaching the server carries an array, a

@@ -1,6 +1,6 @@
 """Strategies that wrap a method of the library: not methods themselves.
 
-:class:`CentralDP` (central differential privacy, docs/drafts/central-dp.md) wraps
+:class:`CentralDP` (central differential privacy, docs/privacy.md) wraps
 any declared method's strategy that its spec does not refuse; its round
 metrics carry :data:`DP_EPSILON_METRIC` and :data:`DP_DELTA_METRIC`.
 """

@@ -50,7 +50,7 @@ class CentralDP(Strategy):
     Implementation based on McMahan et al., "Learning Differentially Private
     Recurrent Language Models" (ICLR 2018, https://arxiv.org/abs/1710.17178),
     on Flower's clipping, ``compute_stdv`` and RDP accountant
-    (``flwr.supercore.privacy_accounting``); see docs/drafts/central-dp.md.
+    (``flwr.supercore.privacy_accounting``); see docs/privacy.md.
 
     The wrapped strategy releases ``base + sum_k c_k`` (its ``release`` seam,
     :class:`~flwr_importance.strategies.arrays.Release`), ``c_k`` client
