@@ -214,21 +214,35 @@ def weighted_ward_linkage(points: ArrayLike, weights: ArrayLike) -> NDArray[np.f
     >>> sorted(linkage(points, "ward")[:, 2].round(4).tolist())
     [1.0, 2.0, 5.7009]
     """
-    centres = float_matrix("points", points).astype(np.float64)
     mass = nonnegative_vector("weights", weights)
-    if mass.size != centres.shape[0] or np.any(mass <= 0):
-        raise ValueError("weights must be positive, one per point")
-    k = centres.shape[0]
+    return _ward_tree(_squared_distances(float_matrix("points", points)), mass)
+
+
+def _squared_distances(points: NDArray[np.floating]) -> NDArray[np.float64]:
+    """Squared Euclidean distances between the rows of ``points``, in float64."""
+    centres = points.astype(np.float64)
     squared = np.einsum("ij,ij->i", centres, centres)
-    ward = np.add.outer(squared, squared) - 2 * (centres @ centres.T)
-    np.maximum(ward, 0.0, out=ward)
-    ward *= 2 * np.outer(mass, mass) / np.add.outer(mass, mass)
+    distances = np.add.outer(squared, squared) - 2 * (centres @ centres.T)
+    return np.maximum(distances, 0.0, out=distances)
+
+
+def _ward_tree(
+    squared_distances: NDArray[np.float64], weights: NDArray[np.float64]
+) -> NDArray[np.float64]:
+    """:func:`weighted_ward_linkage` from the points' squared distances."""
+    mass = weights.astype(np.float64)
+    k = mass.size
+    if squared_distances.shape != (k, k) or np.any(mass <= 0):
+        raise ValueError("weights must be positive, one per point")
+    ward = squared_distances * (2 * np.outer(mass, mass) / np.add.outer(mass, mass))
     np.fill_diagonal(ward, np.inf)
-    label = np.arange(k)
-    count = np.ones(k)
+    label = list(range(k))
+    count = [1] * k
     gone = np.zeros(k, bool)
     tree = np.empty((max(k - 1, 0), 4))
     chain: list[int] = []
+    merged = np.empty(k)
+    term = np.empty(k)
     for merge in range(k - 1):
         while True:
             if not chain:
@@ -241,18 +255,21 @@ def weighted_ward_linkage(points: ArrayLike, weights: ArrayLike) -> NDArray[np.f
                 break
             chain.append(b)
         del chain[-2:]
-        tree[merge] = (label[a], label[b], math.sqrt(ward[a, b]), count[a] + count[b])
-        merged = (
-            (mass[a] + mass) * ward[a] + (mass[b] + mass) * ward[b] - mass * ward[a, b]
-        ) / (mass[a] + mass[b] + mass)
+        mass_a, mass_b, joined = float(mass[a]), float(mass[b]), float(ward[a, b])
+        tree[merge] = (label[a], label[b], math.sqrt(joined), count[a] + count[b])
+        # Lance-Williams: ((m_a + m) w_a + (m_b + m) w_b - m w_ab) / (m_a + m_b + m).
+        # Rows of merged clusters and the diagonal hold inf, which carries
+        # through: a, b and the clusters gone stay at inf.
+        np.multiply(np.add(mass, mass_a, out=term), ward[a], out=merged)
+        merged += np.multiply(np.add(mass, mass_b, out=term), ward[b], out=term)
+        merged -= np.multiply(mass, joined, out=term)
+        merged /= np.add(mass, mass_a + mass_b, out=term)
         gone[b] = True
-        merged[gone] = np.inf
-        merged[a] = np.inf
         ward[a, :] = merged
         ward[:, a] = merged
         ward[b, :] = np.inf
         ward[:, b] = np.inf
-        mass[a] += mass[b]
+        mass[a] = mass_a + mass_b
         count[a] += count[b]
         label[a] = k + merge
     return tree
@@ -316,13 +333,23 @@ def two_level_tree(
     centroids = np.zeros((blocks, points.shape[1]))
     # A zero gradient's point: the origin, or the last axis for arccos.
     centroids[block[zero], -1] = 1.0 if distance == "arccos" else 0.0
+    # A block holds zero gradients only or non-zero ones only (its group's).
+    has_nonzero = np.bincount(block[nonzero], minlength=blocks) > 0
     if nonzero.size:
         sums = _group_sums(block[nonzero], blocks, points).astype(np.float64)
-        has_nonzero = np.bincount(block[nonzero], minlength=blocks) > 0
         centroids[has_nonzero] = sums[has_nonzero]
         centroids[has_nonzero] /= members[has_nonzero, None]
     block_units = np.bincount(block, weights=amounts, minlength=blocks)
-    tree = weighted_ward_linkage(centroids, members)
+    # The blocks of zero gradients share one centroid: distances are taken
+    # between distinct centroids only (in early rounds most blocks are zero
+    # ones), then spread to every block.
+    distinct = np.flatnonzero(has_nonzero)
+    row = np.full(blocks, distinct.size)
+    row[distinct] = np.arange(distinct.size)
+    squared = _squared_distances(
+        np.vstack([centroids[distinct], centroids[block[zero][:1]]])
+    )
+    tree = _ward_tree(squared[np.ix_(row, row)], members.astype(np.float64))
     return tree, block, block_units.astype(np.int64)
 
 
