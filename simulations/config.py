@@ -9,9 +9,11 @@ each method module reads its own with :meth:`ExperimentConfig.option`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import get_args
 
 from flwr_importance.aggregation.server_optimizers import (
     ServerAdagrad,
@@ -20,6 +22,7 @@ from flwr_importance.aggregation.server_optimizers import (
     ServerOptimizer,
     ServerYogi,
 )
+from flwr_importance.strategies.wrappers.central_dp import Amplification
 
 RunConfig = Mapping[str, bool | int | float | str]
 
@@ -106,6 +109,10 @@ class ExperimentConfig:
         """The run config's server optimizer (:func:`server_optimizer_of`)."""
         return server_optimizer_of(self.run_config)
 
+    def central_dp(self) -> CentralDPSettings | None:
+        """The run config's central DP (:func:`central_dp_of`)."""
+        return central_dp_of(self.run_config)
+
     def option(self, key: str) -> bool | int | float | str:
         """A method-specific run-config value (``isfedavg-uniform``, ...)."""
         if key not in self.run_config:
@@ -154,3 +161,60 @@ def server_optimizer_of(settings: RunConfig) -> ServerOptimizer | None:
             f"unknown server-optimizer '{name}'; known: none, " + ", ".join(optimizers)
         )
     return optimizers[name]()
+
+
+@dataclass(frozen=True)
+class CentralDPSettings:
+    """The ``central-dp-*`` keys: CentralDP's settings but the population."""
+
+    noise_multiplier: float
+    clipping_norm: float
+    target_delta: float
+    amplification: Amplification
+
+
+def central_dp_of(settings: RunConfig) -> CentralDPSettings | None:
+    """Central DP as ``settings``' ``central-dp-*`` keys ask for it.
+
+    None where ``central-dp-noise-multiplier`` is 0 (or absent): off, and the
+    other keys unread. Above 0, each key must hold a value CentralDP accepts;
+    what the method allows (``"poisson"``, FOLB) is CentralDP's to say.
+
+    Raises
+    ------
+    ValueError
+        A value out of range or a key missing, naming the key.
+    """
+    noise_multiplier = float(settings.get("central-dp-noise-multiplier", 0.0))
+    if not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
+        raise ValueError(
+            "central-dp-noise-multiplier must be >= 0 and finite (0: no central "
+            f"DP), got {noise_multiplier}"
+        )
+    if noise_multiplier == 0:
+        return None
+
+    def value(key: str) -> bool | int | float | str:
+        if f"central-dp-{key}" not in settings:
+            raise ValueError(f"run config lacks 'central-dp-{key}'")
+        return settings[f"central-dp-{key}"]
+
+    clipping_norm = float(value("clipping-norm"))
+    if not (math.isfinite(clipping_norm) and clipping_norm > 0):
+        raise ValueError(
+            "central-dp-clipping-norm must be > 0 and finite with central DP on "
+            f"(each weighted contribution's largest L2 norm), got {clipping_norm}"
+        )
+    target_delta = float(value("delta"))
+    if not 0 < target_delta < 1:
+        raise ValueError(f"central-dp-delta must lie in (0, 1), got {target_delta}")
+    amplification = str(value("amplification"))
+    for choice in get_args(Amplification):
+        if choice == amplification:
+            return CentralDPSettings(
+                noise_multiplier, clipping_norm, target_delta, choice
+            )
+    raise ValueError(
+        f"central-dp-amplification must be one of {get_args(Amplification)}, "
+        f"got {amplification!r}"
+    )

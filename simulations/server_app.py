@@ -11,6 +11,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result, Strategy
 
+from flwr_importance.strategies.wrappers import CentralDP
 from flwr_importance.tasks import Objective, evaluate
 from simulations.config import ExperimentConfig
 from simulations.methods import load_method
@@ -44,6 +45,41 @@ def wait_for_nodes(grid: Grid, timeout: float = 120.0) -> int:
     raise RuntimeError(f"no stable set of nodes connected within {timeout:.0f} s")
 
 
+def build_strategy(config: ExperimentConfig, num_clients: int) -> Strategy:
+    """The method's strategy for ``config``, in CentralDP where the keys ask.
+
+    With ``central-dp-noise-multiplier`` above 0 the strategy is wrapped in
+    :class:`~flwr_importance.strategies.wrappers.CentralDP`, its population
+    the ``num_clients`` nodes under Poisson amplification.
+
+    Raises
+    ------
+    ValueError
+        The ``central-dp-*`` keys ask for what the method cannot do (FOLB,
+        Flower's baselines, ``"poisson"`` for a data-dependent sampler), with
+        CentralDP's reason: before round 1.
+    """
+    strategy = load_method(config.strategy).build_strategy(config, num_clients)
+    settings = config.central_dp()
+    if settings is None:
+        return strategy
+    poisson = settings.amplification == "poisson"
+    try:
+        return CentralDP(
+            strategy=strategy,
+            noise_multiplier=settings.noise_multiplier,
+            clipping_norm=settings.clipping_norm,
+            target_delta=settings.target_delta,
+            amplification=settings.amplification,
+            population_size=num_clients if poisson else None,
+        )
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"strategy '{config.strategy}' with central-dp-noise-multiplier="
+            f"{settings.noise_multiplier:g}: {error}"
+        ) from error
+
+
 def start_single_model(
     grid: Grid,
     config: ExperimentConfig,
@@ -53,13 +89,13 @@ def start_single_model(
     """Run the method's strategy on one model, evaluating centrally.
 
     ``strategy``: the one to run (the caller keeps it, e.g. to read its
-    privacy ledger); None builds the method's from ``config``.
+    privacy ledger); None builds it from ``config`` (:func:`build_strategy`).
     """
     data = federated_data(config, num_clients)
     model = global_model(config, data)
     objective = Objective(data.task, l2=config.l2)
     if strategy is None:
-        strategy = load_method(config.strategy).build_strategy(config, num_clients)
+        strategy = build_strategy(config, num_clients)
 
     def central_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         model.load_state_dict(arrays.to_torch_state_dict())
@@ -105,9 +141,15 @@ def run_experiment(
     method = load_method(config.strategy)
     start_strategy = getattr(method, "start_strategy", None)
     if start_strategy is not None:
+        if config.central_dp() is not None:
+            raise ValueError(
+                f"strategy '{config.strategy}' starts its own strategy: "
+                "central-dp-noise-multiplier must be 0 (wrap its strategy in "
+                "CentralDP in code)"
+            )
         rows = history_rows(start_strategy(grid, config, num_clients))
     else:
-        strategy = method.build_strategy(config, num_clients)
+        strategy = build_strategy(config, num_clients)
         result = start_single_model(grid, config, num_clients, strategy)
         rows = history_rows(result, privacy_ledger_of(strategy))
     output_dir = config.output_path()

@@ -82,9 +82,9 @@ class CentralDP(Strategy):
 
     Parameters
     ----------
-    strategy : ImportanceStrategy
-        The strategy to wrap (not FOLB, whose spec refuses; not one already
-        wrapped). Its ``release`` is replaced.
+    strategy : Strategy
+        The strategy to wrap: one of the library's (not FOLB, whose spec
+        refuses; not one already wrapped). Its ``release`` is replaced.
     noise_multiplier : float
         ``z > 0``: the noise's std over the sensitivity.
     clipping_norm : float
@@ -117,7 +117,7 @@ class CentralDP(Strategy):
     def __init__(
         self,
         *,
-        strategy: ImportanceStrategy,
+        strategy: Strategy,
         noise_multiplier: float,
         clipping_norm: float,
         target_delta: float = 1e-5,
@@ -137,17 +137,17 @@ class CentralDP(Strategy):
         self.clipping_norm = float(clipping_norm)
         self.target_delta = float(target_delta)
         self.amplification = _checked_amplification(
-            strategy, amplification, population_size
+            self.strategy, amplification, population_size
         )
         self.population_size = population_size or 1
         #: The noise's generator, from the OS: a seed would let anyone who
         #: knows it subtract the noise.
         self.noise_rng = np.random.default_rng()
         if self.amplification == "poisson":
-            strategy.rng = np.random.default_rng()
+            self.strategy.rng = np.random.default_rng()
         self.accountant = self.new_accountant()
         self._clipped: int | None = None
-        strategy.release = self.release
+        self.strategy.release = self.release
 
     # -- the release -------------------------------------------------------------
     @property
