@@ -393,20 +393,35 @@ def _kmeans_plus_plus(
     squared distance to the nearest centre so far, so well-separated clusters
     each get a centre (uniform seeding leaves some without one, and Lloyd's
     iterations then merge them with a neighbour).  Points that coincide with
-    the centres have probability 0; once all do, the rest are drawn uniformly.
+    the centres (to a relative ``1e-6``) have probability 0; once all do, the
+    rest are drawn uniformly.
     """
+    coordinates = points.astype(np.float64)
+    squared = np.einsum("ij,ij->i", coordinates, coordinates)
+
+    def squared_distances_to(index: int) -> NDArray[np.float64]:
+        # ||p||^2 + ||c||^2 - 2 <p, c>: one matrix-vector product per centre,
+        # no n x d difference; what rounding leaves of a point's distance to
+        # itself (or to a point within 1e-6 of its norm) counts as zero.
+        scale = squared + squared[index]
+        distances = scale - 2 * (coordinates @ coordinates[index])
+        distances[distances <= 1e-12 * scale] = 0.0
+        return distances
+
     chosen = [int(rng.integers(points.shape[0]))]
-    nearest = np.asarray(
-        np.sum((points - points[chosen[0]]) ** 2, axis=1, dtype=np.float64)
-    )
+    nearest = squared_distances_to(chosen[0])
     for _ in range(groups - 1):
-        total = float(nearest.sum())
-        if total > 0:
-            index = int(rng.choice(points.shape[0], p=nearest / total))
+        cumulative = np.cumsum(nearest)
+        if cumulative[-1] > 0:
+            # The first point whose cumulative weight passes the uniform: a
+            # point of weight 0 is never drawn.
+            target = rng.random() * cumulative[-1]
+            index = int(np.searchsorted(cumulative, target, side="right"))
+            index = min(index, int(np.flatnonzero(nearest)[-1]))
         else:
             index = int(rng.integers(points.shape[0]))
         chosen.append(index)
-        np.minimum(nearest, np.sum((points - points[index]) ** 2, axis=1), out=nearest)
+        np.minimum(nearest, squared_distances_to(index), out=nearest)
     return points[chosen].copy()
 
 

@@ -31,6 +31,7 @@ from flwr_importance.sampling.clustered import (
     clustered_distributions_from_distances,
     sample_from_distributions,
 )
+from flwr_importance.sampling.two_level import _kmeans_plus_plus
 from flwr_importance.strategies.clustered import ClusteredSampling
 from tests.clustered.test_clustered_strategy import make_grid, run_rounds
 
@@ -158,6 +159,30 @@ def test_weighted_ward_is_scipy_ward_on_the_repeated_points() -> None:
     np.testing.assert_allclose(
         np.sort(weighted_ward_linkage(points, weights)[:, 2]), heights, atol=1e-9
     )
+
+
+def test_kmeans_plus_plus_draws_by_squared_distance_and_never_a_duplicate() -> None:
+    # Points 0 and 1 coincide, 2 and 3 lie at 1 and 3 on the line: after a
+    # uniform first centre, the second is drawn with probability proportional
+    # to its squared distance to the first, and a copy of a centre never.
+    points = np.array([[0.0, 5.0], [0.0, 5.0], [1.0, 5.0], [3.0, 5.0]], np.float32)
+    squared = np.sum((points[:, None, :] - points[None, :, :]) ** 2, axis=2)
+    expected = squared / squared.sum(axis=1, keepdims=True) / len(points)
+    runs = 4000
+    counts = np.zeros((len(points), len(points)))
+    for seed in range(runs):
+        centres = _kmeans_plus_plus(points, 2, np.random.default_rng(seed))
+        first, second = (
+            int(np.flatnonzero(np.all(points == c, axis=1))[0]) for c in centres
+        )
+        counts[first, second] += 1
+    # A centre at point 0 or 1 is the same centre: fold their rows and columns.
+    fold = np.array([[1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]])
+    observed = fold @ counts @ fold.T / runs
+    target = fold @ expected @ fold.T
+    assert observed[0, 0] == 0.0
+    tolerance = 4 * np.sqrt(target * (1 - target) / runs)
+    assert np.all(np.abs(observed - target) <= tolerance + EXACT)
 
 
 def test_capacity_blocks_fit_and_stay_in_their_group() -> None:
