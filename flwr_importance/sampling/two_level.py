@@ -393,19 +393,20 @@ def _kmeans_plus_plus(
     squared distance to the nearest centre so far, so well-separated clusters
     each get a centre (uniform seeding leaves some without one, and Lloyd's
     iterations then merge them with a neighbour).  Points that coincide with
-    the centres (to a relative ``1e-6``) have probability 0; once all do, the
-    rest are drawn uniformly.
+    the centres (squared distance below ``1e-5`` of the squared norms, the
+    float32 rounding of the distance's product) have probability 0; once
+    all do, the rest are drawn uniformly.
     """
-    coordinates = points.astype(np.float64)
-    squared = np.einsum("ij,ij->i", coordinates, coordinates)
+    squared = np.einsum("ij,ij->i", points, points).astype(np.float64)
 
     def squared_distances_to(index: int) -> NDArray[np.float64]:
-        # ||p||^2 + ||c||^2 - 2 <p, c>: one matrix-vector product per centre,
-        # no n x d difference; what rounding leaves of a point's distance to
-        # itself (or to a point within 1e-6 of its norm) counts as zero.
+        # ||p||^2 + ||c||^2 - 2 <p, c>: one float32 matrix-vector product per
+        # centre, no n x d difference.  Its rounding leaves about 1e-6 of the
+        # norms of a point's distance to itself: below 1e-5 of them, a
+        # distance counts as zero.
         scale = squared + squared[index]
-        distances = scale - 2 * (coordinates @ coordinates[index])
-        distances[distances <= 1e-12 * scale] = 0.0
+        distances = scale - 2 * (points @ points[index]).astype(np.float64)
+        distances[distances <= 1e-5 * scale] = 0.0
         return distances
 
     chosen = [int(rng.integers(points.shape[0]))]
