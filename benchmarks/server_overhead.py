@@ -36,7 +36,7 @@ Round 1 is a warm-up (MD and clustered sampling query sizes
 once); the time is that of the fastest of the next ``repeats`` rounds. The
 methods of one size run their rounds in turn (round 2 of every method, then
 round 3, ...), so each strategy and its baseline are timed in the same
-stretch of the run.
+stretch of the run, with BLAS on one thread: every step is one core's work.
 
     python -m benchmarks.server_overhead          # quick: 5 timed rounds, 2 at 10,000
     python -m benchmarks.server_overhead --full   # 5 timed rounds at every size
@@ -60,6 +60,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg, Strategy
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from matplotlib.ticker import NullFormatter, ScalarFormatter
+from threadpoolctl import threadpool_limits
 
 from benchmarks.harness import (
     benchmark_parser,
@@ -326,11 +327,15 @@ def time_interleaved(
     fleet = benchmark_fleet(num_nodes)
     clocks = [RoundClock(method, num_nodes, fleet) for method in methods]
     timed: list[list[Timing]] = [[] for _ in methods]
-    for server_round in range(1, repeats + 2):
-        for clock, rounds in zip(clocks, timed, strict=True):
-            timing = clock.next_round()
-            if server_round > 1:
-                rounds.append(timing)
+    # BLAS on one thread, as every other step runs (Flower's FedAvg calls no
+    # BLAS): on a machine shared with other work, OpenBLAS's second thread
+    # made one and the same matrix-vector product take from 0.02 to 14 ms.
+    with threadpool_limits(limits=1, user_api="blas"):
+        for server_round in range(1, repeats + 2):
+            for clock, rounds in zip(clocks, timed, strict=True):
+                timing = clock.next_round()
+                if server_round > 1:
+                    rounds.append(timing)
     return [fastest_round(rounds) for rounds in timed]
 
 
