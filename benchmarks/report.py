@@ -83,6 +83,7 @@ TIMING_BENCHMARKS = (
     "load",
     "import_time",
     "deployment_overhead",
+    "secure_aggregation",
 )
 #: Benchmarks that run seeds in worker processes of their own (both cores):
 #: they run alone, as the timings do.
