@@ -362,7 +362,8 @@ def _kmeans_labels(
     points have more (Johnson-Lindenstrauss: squared distances kept to a
     relative standard deviation of ``sqrt(2 / KMEANS_DIM)``; the centroids
     of level 2 are in the full space).  Initial
-    centres: k-means++ seeding; an empty group keeps its centre.
+    centres: k-means++ seeding; an empty group keeps its centre; the
+    iterations stop early once the labels repeat (the result is the same).
     """
     n = points.shape[0]
     if n <= groups:
@@ -374,8 +375,14 @@ def _kmeans_labels(
         np.sort(rng.choice(n, min(n, KMEANS_SAMPLE_PER_GROUP * groups), replace=False))
     ]
     centres = _kmeans_plus_plus(sample, groups, rng)
+    previous = None
     for _ in range(KMEANS_ITERATIONS):
         labels = _nearest(sample, centres)
+        # Labels as last time: the centres would come out the same, and so
+        # would every later iteration.
+        if previous is not None and np.array_equal(labels, previous):
+            break
+        previous = labels
         counts = np.bincount(labels, minlength=groups)
         filled = counts > 0
         sums = _group_sums(labels, groups, sample)
