@@ -85,7 +85,7 @@ class CountSketch:
         self.dim = positive_integer("dim", dim)
         blocks = -(-self.input_dim // self.dim)
         shifts = rng.integers(0, self.dim, size=blocks)
-        signs = rng.integers(0, 2, size=(blocks, self.dim)).astype(np.float32)
+        signs = 2 * rng.integers(0, 2, size=(blocks, self.dim)).astype(np.float32) - 1
         # The vector's blocks, padded with zeros to whole blocks.
         self._blocks = np.zeros((blocks, self.dim), np.float32)
         # Block j is copied to `dim * rank_j + r_j` of a layout read as rows of
@@ -98,7 +98,7 @@ class CountSketch:
         self._starts = self.dim * rank + shifts
         self._layout = np.zeros((blocks + 1, self.dim), np.float32)
         self._signs = np.zeros_like(self._layout)
-        self._windows(self._signs)[self._starts] = 2 * signs - 1
+        self._windows(self._signs)[self._starts] = signs
 
     def _windows(self, layout: NDArray[np.float32]) -> NDArray[np.float32]:
         """Every ``dim``-long window of ``layout``, by starting entry (a view)."""
