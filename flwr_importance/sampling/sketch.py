@@ -97,6 +97,7 @@ class CountSketch:
         rank[np.argsort(shifts, kind="stable")] = np.arange(blocks)
         self._starts = self.dim * rank + shifts
         self._layout = np.zeros((blocks + 1, self.dim), np.float32)
+        self._layout_windows = self._windows(self._layout)
         self._signs = np.zeros_like(self._layout)
         self._windows(self._signs)[self._starts] = signs
 
@@ -147,7 +148,7 @@ class CountSketch:
 
     def _sketch_blocks(self, out: NDArray[np.float32] | None) -> NDArray[np.float32]:
         """The sketch of the vector in the blocks, checked to be finite."""
-        self._windows(self._layout)[self._starts] = self._blocks
+        self._layout_windows[self._starts] = self._blocks
         sketch = np.einsum("rc,rc->c", self._layout, self._signs, out=out)
         # A NaN or infinite entry, or a float32 overflow, leaves a non-finite
         # bucket: checking the dim buckets checks the d entries.
