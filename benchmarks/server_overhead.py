@@ -69,6 +69,7 @@ from benchmarks.harness import (
     save_figure,
 )
 from flwr_importance.aggregation import weighted_sum
+from flwr_importance.sampling import EXACT_WARD_LIMIT
 from flwr_importance.strategies.arrays import all_finite, array_values, combine_arrays
 from flwr_importance.strategies.clustered import ClusteredSampling
 from flwr_importance.strategies.mmfl import pack_models
@@ -114,7 +115,12 @@ SCALING_NOTE = (
     "pool, and their rows compare with FedAvg over m nodes; Algorithm 2's "
     "hierarchical clustering "
     "grows with the square of the number of clients it clusters (the clustering "
-    "column)."
+    f"column). Above {EXACT_WARD_LIMIT:,} clients its k-means level grows with "
+    "the number of "
+    "clients that have returned an update, and the fastest timed round is an "
+    "early one (round 2: only round 1's m clients have one), so the 10,000-node "
+    "row is Algorithm 2 before most clients have been sampled; once every "
+    "client has returned an update its clustering costs several times more."
 )
 COST_NOTE = (
     "Sampling itself is cheap (the configure_train column, queries included). "
