@@ -1,19 +1,23 @@
-"""What crosses the wire under SecAgg+: no client's ``G_c`` in the clear.
+"""What crosses the wire under SecAgg+: no client's private value in the clear.
 
 One loopback deployment (a real SuperLink and SuperNodes, Flower's deployment
 engine) whose SuperNodes reach the SuperLink through a :class:`WireTap`, a TCP
-relay that keeps every byte the nodes send. The SecAgg+ example
-(``examples/secaggplus``) runs FedSampling twice on it, with SecAgg+ and
-without, its ClientApp swapped for ``recording_client_app``, which writes every
-train reply's float arrays as the library's client side made them, before any
-masking. The capture point is the nodes' side of the SuperLink's gRPC port: in
-an insecure deployment that is plaintext HTTP/2, where an array's bytes appear
-as they are, cut only at HTTP/2 frame boundaries, so a test looks for short
-windows of each array's exact float32 bytes.
+relay that keeps every byte the nodes send. Two apps run on it, each with its
+ClientApp swapped for one that records every float of every reply as the
+library's client side made it, before any masking (``reply_recorder``):
 
-Without SecAgg+ most windows of every reply must be found (so the search
-works); with SecAgg+ none may be. The two runs go side by side on different
-seeds (about 3 minutes in all on 2 cores).
+- the SecAgg+ example (``examples/secaggplus``): FedSampling's ``G_c``;
+- the AOCS test app (``aocs_app``): each node's update, norm and size replies,
+  and, under SecAgg+, each vector it puts into a secure sum.
+
+First both apps run under SecAgg+ side by side, then both in the clear; the
+capture is split between the two phases. The capture point is the nodes' side
+of the SuperLink's gRPC port: in an insecure deployment that is plaintext
+HTTP/2, where an array's bytes appear as they are, cut only at HTTP/2 frame
+boundaries, so the test looks for short windows of float32 arrays and for
+each float64 value's own 8 bytes (``reply_recorder.searchable``). Without
+SecAgg+ most of them must be found (so the search works); under SecAgg+ none
+may be.
 """
 
 from __future__ import annotations
@@ -30,62 +34,72 @@ import pytest
 from flwr_importance.tooling.launcher import deployment
 from flwr_importance.tooling.launcher.wiretap import WireTap
 from tests.heavy import heavy_run_slot, shared_dir
+from tests.secure_aggregation.reply_recorder import searchable
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE_DIR = REPO_ROOT / "examples" / "secaggplus"
-RECORDING_MODULE = Path(__file__).with_name("recording_client_app.py")
-FORKING_SUPEREXEC = [sys.executable, "-m", "tests.deployment.forking_superexec"]
 NUM_SUPERNODES = 5
-ROUNDS = 2
-# Bytes per searched window (8 float32 values) and windows per recorded array.
-WINDOW_BYTES = 32
-WINDOWS_PER_ARRAY = 16
+# One round each: a SecAgg+ round is many message round trips (four stages per
+# secure sum, several sums for AOCS), each a ClientApp process per node.
+ROUNDS = 1
+# app -> (its folder, its ClientApp's component, the recording module under
+# tests/secure_aggregation, its run config besides the phase's).
+APPS: dict[str, tuple[Path, str, str, dict[str, Any]]] = {
+    "fedsampling": (
+        REPO_ROOT / "examples" / "secaggplus",
+        "secaggplus_app.client_app:app",
+        "recording_fedsampling_app",
+        {"num-supernodes": NUM_SUPERNODES, "num-server-rounds": ROUNDS},
+    ),
+    "aocs": (
+        Path(__file__).with_name("aocs_app"),
+        "secure_aocs_app.client_app:app",
+        "recording_aocs_app",
+        # One AOCS iteration: every kind of secure sum, fewer of them.
+        {"num-server-rounds": ROUNDS, "aocs-iterations": 1},
+    ),
+}
+PHASES = ("secure", "plain")
 
 
-def recording_app(destination: Path) -> Path:
-    """A copy of the example whose ClientApp records its train replies."""
-    shutil.copytree(
-        EXAMPLE_DIR, destination, ignore=shutil.ignore_patterns("__pycache__")
-    )
-    shutil.copy(RECORDING_MODULE, destination / "secaggplus_app" / "recording.py")
+def recording_app(app: str, destination: Path) -> Path:
+    """A copy of ``app`` whose ClientApp records its replies to ``record-dir``."""
+    folder, component, module, _ = APPS[app]
+    shutil.copytree(folder, destination, ignore=shutil.ignore_patterns("__pycache__"))
     pyproject = destination / "pyproject.toml"
     text = pyproject.read_text()
-    stock = 'clientapp = "secaggplus_app.client_app:app"'
-    assert stock in text, "the example's pyproject no longer names its ClientApp so"
-    text = text.replace(stock, 'clientapp = "secaggplus_app.recording:app"')
-    pyproject.write_text(
-        text.replace('output-dir = ""', 'output-dir = ""\nrecord-dir = ""')
-    )
+    stock = f'clientapp = "{component}"'
+    assert stock in text, f"{folder}/pyproject.toml no longer names {component}"
+    text = text.replace(stock, f'clientapp = "tests.secure_aggregation.{module}:app"')
+    config = "[tool.flwr.app.config]\n"
+    pyproject.write_text(text.replace(config, f'{config}record-dir = ""\n'))
     return destination
 
 
-def windows(array: np.ndarray) -> list[bytes]:
-    """``WINDOWS_PER_ARRAY`` windows of the array's float32 bytes, spread evenly."""
-    data = np.ascontiguousarray(array, dtype=np.float32).tobytes()
-    starts = np.linspace(0, len(data) - WINDOW_BYTES, WINDOWS_PER_ARRAY)
-    # Aligned to whole floats, and skipping all-zero windows (they match anything).
-    candidates = [
-        data[start : start + WINDOW_BYTES]
-        for start in (int(s) // 4 * 4 for s in starts)
-    ]
-    return [window for window in candidates if any(window)]
+def run_config(app: str, phase: str, records: Path) -> dict[str, Any]:
+    """``app``'s run config in ``phase``, recording into ``records``."""
+    secure = phase == "secure"
+    phase_config = (
+        {"secure-aggregation": secure} if app == "fedsampling" else {"runs": phase}
+    )
+    return {**APPS[app][3], **phase_config, "record-dir": str(records)}
 
 
-def found_fraction(records: Path, capture: bytes) -> dict[str, Any]:
-    """Per recorded reply array, the fraction of its windows found in ``capture``."""
-    fractions = {}
-    for path in sorted(records.glob("*.npy")):
-        searched = windows(np.load(path))
-        if searched:
-            fractions[path.name] = sum(w in capture for w in searched) / len(searched)
-    return fractions
+def found_share(records: Path, capture: bytes) -> dict[str, Any]:
+    """How many of the recorded replies' searchable strings ``capture`` holds."""
+    files = sorted(records.glob("*.npy"))
+    strings = [string for path in files for string in searchable(np.load(path))]
+    return {
+        "replies": len({path.name.split("-")[1] for path in files}),
+        "searched": len(strings),
+        "found": sum(string in capture for string in strings),
+    }
 
 
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Each run's status and, per recorded reply array, the share found on the wire."""
+    """Per phase and app: its status and how much of its replies was on the wire."""
     results = shared_dir(tmp_path_factory) / "wire-capture.json"
     with heavy_run_slot(tmp_path_factory):
         if not results.exists():
@@ -94,66 +108,70 @@ def captured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def run_captured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Run the example with and without SecAgg+ behind one tap; what it saw."""
+    """Both apps under SecAgg+, then both in the clear, behind one tap."""
     work = tmp_path_factory.mktemp("wire-capture")
-    app = recording_app(work / "app")
+    apps = {app: recording_app(app, work / "apps" / app) for app in APPS}
     outcome: dict[str, Any] = {"logs": str(work / "logs")}
     with (
         WireTap() as tap,
         deployment(
             NUM_SUPERNODES,
             work,
-            executor=FORKING_SUPEREXEC,
+            executor=[sys.executable, "-m", "tests.deployment.forking_superexec"],
+            # The recording ClientApps live under tests/: the app processes
+            # import them from the repository.
             extra_env={"PYTHONPATH": str(REPO_ROOT)},
             supernode_superlink=tap.relay_to,
         ) as running,
     ):
-        # Both runs at once, on different seeds: no reply of one equals a
-        # reply of the other, so each run's records are searched in the whole
-        # capture.
-        run_ids = {
-            running.submit(
-                app,
-                {
-                    "strategy": "fedsampling",
-                    "secure-aggregation": name == "secure",
-                    "seed": seed,
-                    "num-supernodes": NUM_SUPERNODES,
-                    "num-server-rounds": ROUNDS,
-                    "record-dir": str(work / "records" / name),
-                },
-            ): name
-            for seed, name in enumerate(("secure", "plain"))
-        }
-        statuses = running.wait(list(run_ids), timeout=600)
-        capture = tap.sent_by_nodes
-    for run_id, name in run_ids.items():
-        outcome[name] = {
-            "status": statuses[run_id],
-            "found": found_fraction(work / "records" / name, capture),
-        }
+        for phase in PHASES:
+            start = len(tap.sent_by_nodes)
+            records = {app: work / "records" / phase / app for app in APPS}
+            run_ids = {
+                running.submit(path, run_config(app, phase, records[app])): app
+                for app, path in apps.items()
+            }
+            statuses = running.wait(list(run_ids), timeout=600)
+            capture = tap.sent_by_nodes[start:]
+            outcome[phase] = {
+                app: {
+                    "status": statuses[run_id],
+                    **found_share(records[app], capture),
+                }
+                for run_id, app in run_ids.items()
+            }
     outcome["leftover"] = running.leftover_processes()
     return outcome
 
 
-@pytest.mark.parametrize("name", ["secure", "plain"])
-def test_both_runs_complete_on_the_deployment_engine(
-    captured: dict[str, Any], name: str
+@pytest.mark.parametrize("phase", PHASES)
+@pytest.mark.parametrize("app", APPS)
+def test_every_run_completes_on_the_deployment_engine(
+    captured: dict[str, Any], phase: str, app: str
 ) -> None:
-    assert captured[name]["status"] == "finished:completed", captured["logs"]
-    # Every node sent its G_c (one array per parameter tensor) every round.
-    nodes_and_rounds = {file.rsplit("-", 1)[0] for file in captured[name]["found"]}
-    assert len(nodes_and_rounds) == NUM_SUPERNODES * ROUNDS, captured[name]
+    run = captured[phase][app]
+    assert run["status"] == "finished:completed", captured["logs"]
+    # FedSampling: every node sends its G_c every round; AOCS: its pool.
+    expected_replies = NUM_SUPERNODES * ROUNDS if app == "fedsampling" else 1
+    assert run["replies"] >= expected_replies, run
+    assert run["searched"] > 0, run
 
 
-def test_without_secagg_every_reply_is_on_the_wire(captured: dict[str, Any]) -> None:
-    """The search can fail: plain replies are found (frame cuts miss a few windows)."""
-    assert min(captured["plain"]["found"].values()) >= 0.5, captured["plain"]
+@pytest.mark.parametrize("app", APPS)
+def test_without_secagg_the_replies_are_on_the_wire(
+    captured: dict[str, Any], app: str
+) -> None:
+    """The search can fail: plain replies are found (frame cuts miss a few)."""
+    run = captured["plain"][app]
+    assert run["found"] >= 0.5 * run["searched"], run
 
 
-def test_with_secagg_no_reply_is_on_the_wire(captured: dict[str, Any]) -> None:
-    found = captured["secure"]["found"]
-    assert found and max(found.values()) == 0.0, found
+@pytest.mark.parametrize("app", APPS)
+def test_with_secagg_no_private_value_is_on_the_wire(
+    captured: dict[str, Any], app: str
+) -> None:
+    run = captured["secure"][app]
+    assert run["found"] == 0, run
 
 
 def test_the_deployment_leaves_no_process(captured: dict[str, Any]) -> None:

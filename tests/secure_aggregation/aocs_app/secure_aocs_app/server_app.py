@@ -4,7 +4,8 @@ Both runs use the same seed, so the strategy draws the same pools and uniforms;
 the plain run sees the nodes in the same order only on the same federation
 (node ids are new in every ``flwr run``), hence both in one ServerApp. Each
 round's global model of each run, and the secure run's round metrics, go to
-``<output-dir>/models.json``.
+``<output-dir>/models.json``. The run config's ``runs`` may ask for one of
+the two alone (the wire-capture test runs each by itself).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def run_aocs(grid: Grid, context: Context, *, secure: bool) -> dict[str, object]
     strategy = compat.OptimalClientSampling(
         clients_per_round=int(run_config["clients-per-round"]),
         approximate=True,
+        aocs_iterations=int(run_config["aocs-iterations"]),
         seed=int(run_config["seed"]),
         initial_parameters=ndarrays_to_parameters(initial_model()),
         evaluate_fn=keep_model,
@@ -62,11 +64,15 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Secure AOCS, then plain AOCS; both runs' models to ``models.json``."""
-    runs = {
-        name: run_aocs(grid, context, secure=name == "secure")
-        for name in ("secure", "plain")
-    }
+    """The runs of the run config's ``runs`` in turn; their models to ``models.json``.
+
+    ``runs`` is ``"secure,plain"`` (both, on the same nodes), ``"secure"`` or
+    ``"plain"``.
+    """
+    names = str(context.run_config["runs"]).split(",")
+    if not names or set(names) - {"secure", "plain"}:
+        raise ValueError(f"runs must name secure and/or plain, not {names}")
+    runs = {name: run_aocs(grid, context, secure=name == "secure") for name in names}
     output_dir = str(context.run_config["output-dir"])
     if output_dir:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
