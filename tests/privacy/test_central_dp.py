@@ -258,3 +258,35 @@ def test_dp_accounting_is_imported_only_when_used() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "False"
+
+
+def test_a_poisson_round_that_samples_nobody_still_releases_noise() -> None:
+    """Poisson amplification covers the mechanism that always releases.
+
+    A round whose sample is empty releases the model plus noise and spends its
+    epsilon; keeping the model would show that nobody was sampled. Without
+    amplification the selection is taken as given, and such a round releases
+    nothing.
+    """
+    responders = canned_responders("ocs", fleet=FLEET, node_index=lambda n: n - 2)
+    for amplification, population in (("poisson", NUM_NODES), ("none", None)):
+        strategy = CentralDP(
+            strategy=build("ocs-uniform"),
+            noise_multiplier=NOISE_MULTIPLIER,
+            clipping_norm=CLIPPING_NORM,
+            amplification=amplification,
+            population_size=population,
+        )
+        grid = SpoilingGrid(NUM_NODES, responders)
+        list(strategy.configure_train(1, MODEL, ConfigRecord(), grid))
+        arrays, metrics = strategy.aggregate_train(1, [])
+        if amplification == "none":
+            assert metrics is None or DP_EPSILON_METRIC not in metrics
+            assert arrays is None or np.array_equal(flatten(arrays), flatten(MODEL))
+            continue
+        assert arrays is not None and metrics is not None
+        noise = flatten(arrays).astype(np.float64) - flatten(MODEL)
+        # Every coordinate moved: noise of std z C was added (P[|N| < 1e-9] ~ 0).
+        assert np.all(np.abs(noise) > 1e-9)
+        assert metrics[DP_EPSILON_METRIC] > 0
+        assert metrics["dp-clipped"] == 0

@@ -100,7 +100,9 @@ class CentralDP(Strategy):
 
     Round metrics added to the wrapped strategy's: ``dp-epsilon`` (cumulative
     epsilon after the round), ``dp-delta`` and ``dp-clipped``. A round that
-    releases nothing spends nothing and adds none.
+    releases nothing spends nothing and adds none, except under ``"poisson"``:
+    a round that sampled nobody releases the model plus noise, and is
+    accounted, as the Poisson-subsampled Gaussian mechanism assumes.
 
     Raises
     ------
@@ -147,6 +149,7 @@ class CentralDP(Strategy):
             self.strategy.rng = np.random.default_rng()
         self.accountant = self.new_accountant()
         self._clipped: int | None = None
+        self._round_arrays: ArrayRecord | None = None
         self.strategy.release = self.release
 
     # -- the release -------------------------------------------------------------
@@ -190,13 +193,16 @@ class CentralDP(Strategy):
                 for array, start in zip(values, origin, strict=True)
             ]
 
-        total, clipped = clipped_sum(
-            (
-                contribution(term, float(w))
-                for term, w in zip(terms, weights, strict=True)
-            ),
-            self.clipping_norm,
-        )
+        if terms:
+            total, clipped = clipped_sum(
+                (
+                    contribution(term, float(w))
+                    for term, w in zip(terms, weights, strict=True)
+                ),
+                self.clipping_norm,
+            )
+        else:
+            total, clipped = [np.zeros(array.shape) for array in origin], 0
         # MMFL releases one model per client group in a round.
         self._clipped = (self._clipped or 0) + clipped
         add_gaussian_noise(total, self.noise_std, self.noise_rng)
@@ -265,7 +271,8 @@ class CentralDP(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """The wrapped strategy's ``configure_train``."""
+        """The wrapped strategy's ``configure_train``; keeps the round's model."""
+        self._round_arrays = arrays
         return self.strategy.configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(
@@ -275,13 +282,19 @@ class CentralDP(Strategy):
         self._clipped = None
         arrays, metrics = self.strategy.aggregate_train(server_round, replies)
         if self._clipped is None:
-            return arrays, metrics
+            if self.amplification != "poisson" or self._round_arrays is None:
+                return arrays, metrics
+            # Poisson amplification is stated for the mechanism that releases
+            # base + noise whatever the sample: keeping the model when nobody
+            # was sampled would show that the sample was empty, an event whose
+            # odds differ between neighbouring populations.
+            arrays = self.release(self._round_arrays, [], np.zeros(0))
         # MMFL releases one model per client group: disjoint groups, one event.
         self.accountant.compose(self.round_event())
         metrics = MetricRecord() if metrics is None else metrics
         metrics[DP_EPSILON_METRIC] = self.accountant.get_epsilon(self.target_delta)
         metrics[DP_DELTA_METRIC] = self.target_delta
-        metrics[DP_CLIPPED_METRIC] = self._clipped
+        metrics[DP_CLIPPED_METRIC] = self._clipped or 0
         return arrays, metrics
 
     def configure_evaluate(
