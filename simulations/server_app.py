@@ -141,12 +141,6 @@ def run_experiment(
     method = load_method(config.strategy)
     start_strategy = getattr(method, "start_strategy", None)
     if start_strategy is not None:
-        if config.central_dp() is not None:
-            raise ValueError(
-                f"strategy '{config.strategy}' starts its own strategy: "
-                "central-dp-noise-multiplier must be 0 (wrap its strategy in "
-                "CentralDP in code)"
-            )
         rows = history_rows(start_strategy(grid, config, num_clients))
     else:
         strategy = build_strategy(config, num_clients)

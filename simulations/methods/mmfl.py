@@ -127,7 +127,17 @@ def client_handlers(task_factory: TaskFactory) -> dict[str, ClientHandler]:
 
 
 def start_strategy(grid: Grid, config: ExperimentConfig, num_clients: int) -> Result:
-    """Run MMFL with the ``S`` packed models; evaluate each on its test set."""
+    """Run MMFL with the ``S`` packed models; evaluate each on its test set.
+
+    The strategy is the app's (:func:`simulations.server_app.build_strategy`):
+    this module's, in ``CentralDP`` where the run config's ``central-dp-*``
+    keys ask, built first so that a refused setting fails before any data
+    is loaded.
+    """
+    # Imported here: the ServerApp loads this module through load_method.
+    from simulations.server_app import build_strategy as build_app_strategy
+
+    strategy = build_app_strategy(config, num_clients)
     model_configs = [
         ExperimentConfig.from_run_config(run_config)
         for run_config in model_run_configs(config.run_config)
@@ -158,7 +168,6 @@ def start_strategy(grid: Grid, config: ExperimentConfig, num_clients: int) -> Re
                 metrics[key] = statistics.fmean(values)
         return MetricRecord(dict(metrics))
 
-    strategy = build_strategy(config, num_clients)
     return strategy.start(
         grid=grid,
         initial_arrays=pack_models(

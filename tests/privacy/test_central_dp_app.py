@@ -1,9 +1,9 @@
 """Central DP from the simulation app's run config, through Flower's own loop.
 
 Each run is the simulation app in this process (``simulations.inprocess``):
-OCS's ``uniform`` control on the digits with a logistic regression, a few
-nodes, three rounds, ``strategy.start`` as ``flwr run`` calls it. About 3 s
-for the module on one core.
+OCS's ``uniform`` control (and MMFL over two models) on the digits with a
+logistic regression, a few nodes, three rounds, ``strategy.start`` as
+``flwr run`` calls it. About 7 s for the module on one core.
 """
 
 from __future__ import annotations
@@ -25,10 +25,8 @@ from simulations.report import PRIVACY_LEDGER, HistoryRow
 from simulations.server_app import run_experiment
 
 NUM_NODES, CLIENTS_PER_ROUND, ROUNDS = 10, 8, 3
-#: OCS's uniform control: each node with m / N, whatever it reports.
-OCS_UNIFORM: dict[str, bool | int | float | str] = {
-    "strategy": "ocs",
-    "ocs-uniform": True,
+#: The task of every run: the digits, a logistic regression, a few rounds.
+DIGITS_TASK: dict[str, bool | int | float | str] = {
     "dataset": "digits",
     "model": "logreg",
     "num-server-rounds": ROUNDS,
@@ -36,6 +34,8 @@ OCS_UNIFORM: dict[str, bool | int | float | str] = {
     "local-steps": 5,
     "samples-per-client": 40,
 }
+#: OCS's uniform control: each node with m / N, whatever it reports.
+OCS_UNIFORM = {**DIGITS_TASK, "strategy": "ocs", "ocs-uniform": True}
 #: Standard errors allowed in the noise check.
 Z = 5.0
 
@@ -140,13 +140,52 @@ def test_noise_is_added_at_its_std_and_a_zero_multiplier_changes_nothing(
     )
 
 
+def test_mmfl_releases_its_models_under_central_dp(tmp_path: Path) -> None:
+    """MMFL from the app's keys: every round accounted, as one Gaussian each.
+
+    A node trains at most one model per round, so adding or removing it moves one
+    model's release by at most ``C``: the round is one Gaussian mechanism
+    over the models together, without amplification (MMFL's sampler reads
+    the nodes' losses or norms).
+    """
+    noise_multiplier, delta = 2.0, 1e-5
+    _, grid = run_inprocess(
+        {
+            **DIGITS_TASK,
+            "strategy": "mmfl",
+            "mmfl-tasks": "digits:iid,digits:pathological:2",
+            "central-dp-noise-multiplier": noise_multiplier,
+            "central-dp-clipping-norm": 1.0,
+            "central-dp-delta": delta,
+            "output-dir": str(tmp_path),
+        },
+        num_clients=NUM_NODES,
+    )
+    rows = history(grid)
+    assert [row["round"] for row in rows] == list(range(ROUNDS + 1))
+    assert {"loss-0", "loss-1"} <= set(rows[-1])
+    accountant = rdp.RdpAccountant()
+    expected = []
+    for _ in range(ROUNDS):
+        accountant.compose(dp_event.GaussianDpEvent(noise_multiplier))
+        expected.append(accountant.get_epsilon(delta))
+    ledgers = [row[PRIVACY_LEDGER] for row in rows[1:]]
+    assert [ledger["dp-delta"] for ledger in ledgers] == [delta] * ROUNDS
+    assert [ledger["dp-epsilon"] for ledger in ledgers] == pytest.approx(
+        expected, rel=1e-9
+    )
+
+
 @pytest.mark.parametrize(
     ("overrides", "reason"),
     [
         ({"strategy": "folb"}, "CentralDP cannot wrap FOLB"),
         ({"strategy": "fedavg"}, "for Flower's FedAvg use Flower's"),
         ({"strategy": "fedprox"}, "for Flower's FedAvg use Flower's"),
-        ({"strategy": "mmfl"}, "starts its own strategy"),
+        (
+            {"strategy": "mmfl", "central-dp-amplification": "poisson"},
+            "depend on what the clients report",
+        ),
         (
             {"strategy": "ocs", "central-dp-amplification": "poisson"},
             "depend on what the clients report",
