@@ -40,12 +40,17 @@ digits.
 Repetitions alternate plain and secure runs (plain, secure, plain, secure
 ...), so both see the same load over time; each side's time is the median
 over repetitions, and the ratio is SecAgg+ over plain. The spread of the
-per-repetition ratios goes with it.
+per-repetition ratios goes with it, and the same ratio of this process's CPU
+seconds (server and clients run in it), which other processes' load does not
+inflate.
 
 SecAgg+ runs with Flower's defaults (``max_weight``, ``clipping_range``,
 ``quantization_range``, ``modulus_range``) except the shares, which are the
 example's (:data:`NUM_SHARES` shares of each key, :data:`RECONSTRUCTION_THRESHOLD`
-of them rebuild it), and no ``timeout``. Not included: network latency (one
+of them rebuild it), and no ``timeout``. A node's key agreement and shares
+then involve its ``NUM_SHARES`` neighbours, whatever the number of nodes; a
+``num_shares`` given as a share of the nodes (``1.0``, every node) makes
+them grow with the square of the nodes. Not included: network latency (one
 process, no SuperLink), SecAgg+'s waiting for late replies (its ``timeout``:
 none is set and no node drops out), and process start-up (see
 ``deployment_overhead``). Times vary between runs and machines.
@@ -494,7 +499,10 @@ def summary_text(
         "one repetition's pair). The CPU-time ratio is the same of this "
         "process's CPU seconds (server and clients run in it), which other "
         "processes' load does not inflate. SecAgg+: Flower's defaults but the "
-        f"shares, as in `examples/secaggplus`: {secaggplus}. Not included: "
+        f"shares, as in `examples/secaggplus`: {secaggplus}. Each node's key "
+        "agreement and Shamir shares grow with its num_shares neighbours, not "
+        "with the nodes; a num_shares given as a share of the nodes (1.0: every "
+        "node) makes the round's grow with the square of the nodes. Not included: "
         "network latency (one process, no SuperLink), SecAgg+'s timeout (none "
         "set, no node drops out), process start-up (`deployment_overhead`). The "
         "reply columns check the masking: in a SecAgg+ run no reply reaches "
