@@ -2,13 +2,15 @@
 
 As in Flower's flower-secure-aggregation example, ``main`` wraps the context
 in a ``LegacyContext`` with the strategy and runs
-``DefaultWorkflow(fit_workflow=SecAggPlusWorkflow(...))``: every train reply
-reaches the server masked, and the strategy's ``aggregate_fit`` sees only
-their unmasked aggregate. The strategy is told the same workflow
-(``secure_aggregation=``), so its nodes send the weight that makes the
-aggregate its sum. With ``secure-aggregation = false`` the same strategy runs
-under Flower's plain fit workflow. The centralized evaluation writes each
-round's accuracy to ``<output-dir>/history.json`` and its global model to
+``DefaultWorkflow(fit_workflow=...)`` around Flower's ``SecAggPlusWorkflow``:
+every train reply reaches the server masked, and the strategy sees only
+their unmasked sums. FedSampling runs under ``SecAggPlusWorkflow`` itself and
+is told it (``secure_aggregation=``), so its nodes send the weight that makes
+the aggregate its sum; AOCS runs under ``SecureAOCSWorkflow``, which routes
+each of its sums through it (docs/privacy.md). With
+``secure-aggregation = false`` the same strategy runs under Flower's plain
+fit workflow. The centralized evaluation writes each round's accuracy to
+``<output-dir>/history.json`` and its global model to
 ``<output-dir>/round-<r>.npz``.
 """
 
@@ -16,13 +18,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from logging import INFO
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 from flwr.app import Context, UserConfig
-from flwr.common import NDArrays, Scalar, ndarrays_to_parameters
+from flwr.common import NDArrays, Parameters, Scalar, ndarrays_to_parameters
 from flwr.common.logger import log
+from flwr.compat.server.typing import Workflow
 from flwr.server import Grid, LegacyContext, ServerApp, ServerConfig
 from flwr.server.strategy import Strategy
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
@@ -37,6 +42,8 @@ from flwr_importance.sampling import (
 from flwr_importance.tasks import evaluate, get_weights, set_weights
 from secaggplus_app.task import digits, model_for
 
+#: A legacy fit workflow; ``DefaultWorkflow`` calls it with its ``LegacyContext``.
+FitWorkflow = Callable[[Grid, LegacyContext], None]
 #: ``(run_config, num_nodes, workflow or None, evaluate_fn) -> strategy``.
 StrategyFactory = Callable[
     [UserConfig, int, SecAggPlusWorkflow | None, EvaluateFn], Strategy
@@ -53,6 +60,13 @@ def secaggplus_workflow(run_config: UserConfig) -> SecAggPlusWorkflow:
         clipping_range=float(run_config["clipping-range"]),
         quantization_range=int(run_config["quantization-range"]),
         timeout=timeout if timeout > 0 else None,
+    )
+
+
+def initial_parameters(run_config: UserConfig, num_nodes: int) -> Parameters:
+    """The run's initial MLP (seeded by the run config), as legacy parameters."""
+    return ndarrays_to_parameters(
+        get_weights(model_for(run_config, digits(run_config, num_nodes)).model)
     )
 
 
@@ -94,16 +108,76 @@ def fedsampling(
         server_lr=float(run_config["fedsampling-server-lr"]),
         secure_aggregation=workflow,
         min_available_nodes=num_nodes,
-        initial_parameters=ndarrays_to_parameters(
-            get_weights(model_for(run_config, digits(run_config, num_nodes)).model)
-        ),
+        initial_parameters=initial_parameters(run_config, num_nodes),
         evaluate_fn=evaluate_fn,
     )
 
 
+def aocs(
+    run_config: UserConfig,
+    num_nodes: int,
+    workflow: SecAggPlusWorkflow | None,
+    evaluate_fn: EvaluateFn,
+) -> Strategy:
+    """AOCS, ``OptimalClientSampling(approximate=True)``, from the run config.
+
+    Raises
+    ------
+    ValueError
+        Under SecAgg+, fewer than 2 nodes or ``aocs-clients-per-round``
+        below 2: SecAgg+ cannot sum one vector, so no round could step.
+    """
+    clients_per_round = int(run_config["aocs-clients-per-round"])
+    if workflow is not None and min(clients_per_round, num_nodes) < 2:
+        raise ValueError(
+            f"AOCS under SecAgg+ needs at least 2 nodes and "
+            f"aocs-clients-per-round >= 2 (SecAgg+ cannot sum one vector), got "
+            f"{num_nodes} nodes and aocs-clients-per-round={clients_per_round}"
+        )
+    return compat.OptimalClientSampling(
+        clients_per_round=clients_per_round,
+        approximate=True,
+        aocs_iterations=int(run_config["aocs-iterations"]),
+        server_lr=float(run_config["aocs-server-lr"]),
+        seed=int(run_config["seed"]),
+        min_available_nodes=num_nodes,
+        initial_parameters=initial_parameters(run_config, num_nodes),
+        evaluate_fn=evaluate_fn,
+    )
+
+
+def secure_aocs_fit(secure_aggregation: SecAggPlusWorkflow) -> FitWorkflow:
+    """AOCS's fit under SecAgg+: each of its sums one run of ``secure_aggregation``."""
+    return compat.SecureAOCSWorkflow(secure_aggregation=secure_aggregation)
+
+
+@dataclass(frozen=True)
+class Method:
+    """A method of the app: its strategy, and its fit workflow under SecAgg+.
+
+    ``secure_fit`` builds that workflow around the run's
+    ``SecAggPlusWorkflow``; None runs the method under it directly.
+    """
+
+    strategy: StrategyFactory
+    secure_fit: Callable[[SecAggPlusWorkflow], FitWorkflow] | None = None
+
+
 #: The methods this app runs, by the run config's ``strategy``; each has its
 #: client side in the ClientApp's ``HANDLERS``.
-STRATEGIES: dict[str, StrategyFactory] = {"fedsampling": fedsampling}
+STRATEGIES: dict[str, Method] = {
+    "fedsampling": Method(strategy=fedsampling),
+    "aocs": Method(strategy=aocs, secure_fit=secure_aocs_fit),
+}
+
+
+def fit_workflow(
+    method: Method, secure_aggregation: SecAggPlusWorkflow | None
+) -> FitWorkflow | None:
+    """The run's fit: Flower's plain one (None), SecAgg+, or the method's around it."""
+    if secure_aggregation is None or method.secure_fit is None:
+        return secure_aggregation
+    return method.secure_fit(secure_aggregation)
 
 
 def central_evaluation(run_config: UserConfig, num_nodes: int) -> EvaluateFn:
@@ -141,16 +215,20 @@ def main(grid: Grid, context: Context) -> None:
     name = str(run_config["strategy"])
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy '{name}', one of {sorted(STRATEGIES)}")
+    method = STRATEGIES[name]
     num_nodes = int(run_config["num-supernodes"])
     secure = bool(run_config["secure-aggregation"])
     workflow = secaggplus_workflow(run_config) if secure else None
-    strategy = STRATEGIES[name](
+    strategy = method.strategy(
         run_config, num_nodes, workflow, central_evaluation(run_config, num_nodes)
     )
+    fit = fit_workflow(method, workflow)
     log(INFO, "secaggplus-example: %s, secure aggregation %s", name, secure)
     legacy_context = LegacyContext(
         context=context,
         config=ServerConfig(num_rounds=int(run_config["num-server-rounds"])),
         strategy=strategy,
     )
-    DefaultWorkflow(fit_workflow=workflow)(grid, legacy_context)
+    # DefaultWorkflow types its fit workflow for any Context; it calls it with
+    # the LegacyContext it is given.
+    DefaultWorkflow(fit_workflow=cast(Workflow | None, fit))(grid, legacy_context)

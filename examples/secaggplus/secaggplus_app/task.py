@@ -29,6 +29,7 @@ def model_for(run_config: UserConfig, data: FederatedSplit) -> LocalTask:
         y=data.test.y,
         lr=float(run_config["local-lr"]),
         batch_size=int(run_config["batch-size"]),
+        local_steps=int(run_config["local-steps"]),
         seed=int(run_config["seed"]),
     )
 
