@@ -68,16 +68,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from flwr.app import Context, Message, RecordDict
+from flwr.app import Message
 from flwr.client import ClientApp
 from flwr.common import NDArrays, Scalar, ndarrays_to_parameters
 from flwr.common.secure_aggregation.secaggplus_constants import (
     RECORD_KEY_CONFIGS,
     Key,
 )
-from flwr.server import LegacyContext, ServerConfig
 from flwr.server.strategy import Strategy
-from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
+from flwr.server.workflow import SecAggPlusWorkflow
 
 from benchmarks.harness import (
     benchmark_parser,
@@ -327,17 +326,7 @@ def timed_run(setting: Setting, *, secure: bool, rounds: int) -> RunRecord:
     app, strategy, fit_workflow = RUNS[setting.method](setting, workflow, clock)
     run_config = setting.run_config
     grid = InProcessGrid(app, setting.num_nodes, run_config, seed=0)
-    context = Context(
-        run_id=grid.run.run_id,
-        node_id=0,
-        node_config={},
-        state=RecordDict(),
-        run_config=run_config,
-    )
-    legacy_context = LegacyContext(
-        context=context, config=ServerConfig(num_rounds=rounds), strategy=strategy
-    )
-    DefaultWorkflow(fit_workflow=fit_workflow)(grid, legacy_context)
+    grid.run_legacy(strategy, num_rounds=rounds, fit_workflow=fit_workflow)
     replies = [
         record.message() for record in grid.wire_log if record.direction == "to-server"
     ]

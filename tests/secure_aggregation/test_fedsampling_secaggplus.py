@@ -15,10 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 import tomllib
-from flwr.app import Context, MessageType, RecordDict
-from flwr.server import LegacyContext, ServerConfig
+from flwr.app import MessageType
 from flwr.server.strategy import Strategy
-from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
+from flwr.server.workflow import SecAggPlusWorkflow
 
 from flwr_importance import compat
 from flwr_importance.tooling.testing import InProcessGrid
@@ -58,17 +57,7 @@ def run_workflow(
 ) -> InProcessGrid:
     """``ROUNDS`` rounds of Flower's legacy workflow on the example's ClientApp."""
     grid = InProcessGrid(example.client_app.app, num_nodes, config, seed=0)
-    context = Context(
-        run_id=grid.run.run_id,
-        node_id=0,
-        node_config={},
-        state=RecordDict(),
-        run_config=config,
-    )
-    legacy_context = LegacyContext(
-        context=context, config=ServerConfig(num_rounds=ROUNDS), strategy=strategy
-    )
-    DefaultWorkflow(fit_workflow=fit_workflow)(grid, legacy_context)
+    grid.run_legacy(strategy, num_rounds=ROUNDS, fit_workflow=fit_workflow)
     return grid
 
 

@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import Context, RecordDict
 from flwr.server.workflow import SecAggPlusWorkflow
 
 from flwr_importance import protocol
@@ -32,7 +31,12 @@ from flwr_importance.tooling.testing import InProcessGrid
 
 APP_DIR = Path(__file__).resolve().parent / "aocs_app"
 NUM_NODES = 5
-RUN_CONFIG = {"num-server-rounds": 3, "clients-per-round": 3, "seed": 5}
+RUN_CONFIG = {
+    "num-server-rounds": 3,
+    "clients-per-round": 3,
+    "aocs-iterations": 4,
+    "seed": 5,
+}
 #: The per-node keys of OCS's plaintext norm reply, none of which may reach
 #: the server under SecAgg+.
 PRIVATE_KEYS = {
@@ -81,14 +85,7 @@ def app(monkeypatch: pytest.MonkeyPatch) -> Any:
 def run(app: Any, *, secure: bool) -> tuple[dict[str, Any], InProcessGrid]:
     """The app's AOCS run on a fresh in-process federation (same node ids)."""
     grid = InProcessGrid(app.client_app.app, NUM_NODES, RUN_CONFIG, seed=0)
-    context = Context(
-        run_id=grid.run.run_id,
-        node_id=0,
-        node_config={},
-        state=RecordDict(),
-        run_config=RUN_CONFIG,
-    )
-    return app.server_app.run_aocs(grid, context, secure=secure), grid
+    return app.server_app.run_aocs(grid, grid.server_context(), secure=secure), grid
 
 
 def round_metric(run_result: dict[str, Any], key: str) -> list[float]:

@@ -21,6 +21,10 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.common.serde import message_from_proto, message_to_proto
 from flwr.proto.message_pb2 import Message as ProtoMessage
+from flwr.server import LegacyContext, ServerConfig
+from flwr.server.strategy import Strategy as LegacyStrategy
+from flwr.server.workflow import DefaultWorkflow
+from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -131,6 +135,37 @@ class InProcessGrid(LocalGrid):
     def node_state(self, node_id: int) -> RecordDict:
         """The node's persistent ``context.state`` (for assertions in tests)."""
         return self._nodes[node_id].context.state
+
+    def server_context(self) -> Context:
+        """The ``Context`` a ServerApp of this grid's run gets (its run config)."""
+        return Context(
+            run_id=self._run.run_id,
+            node_id=SUPERLINK_NODE_ID,
+            node_config={},
+            state=RecordDict(),
+            run_config=dict(self.run_config),
+        )
+
+    def run_legacy(
+        self,
+        strategy: LegacyStrategy,
+        *,
+        num_rounds: int,
+        fit_workflow: Callable[[Grid, Context], None] | None = None,
+    ) -> LegacyContext:
+        """Flower's legacy ``DefaultWorkflow`` on this grid, as a ServerApp runs it.
+
+        ``fit_workflow`` is the workflow's fit (Flower's ``SecAggPlusWorkflow``,
+        the library's ``SecureAOCSWorkflow``; None: Flower's plain one). Returns
+        the ``LegacyContext``, whose ``history`` and ``state`` hold the run.
+        """
+        context = LegacyContext(
+            context=self.server_context(),
+            config=ServerConfig(num_rounds=num_rounds),
+            strategy=strategy,
+        )
+        DefaultWorkflow(fit_workflow=fit_workflow)(self, context)
+        return context
 
     # -- Grid API --------------------------------------------------------------
     def get_node_ids(self) -> Iterable[int]:
