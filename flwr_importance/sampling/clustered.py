@@ -48,6 +48,7 @@ from flwr_importance.sampling.distances import (
     condensed_distances,
     pairwise_distances,
 )
+from flwr_importance.sampling.incremental import IncrementalTwoLevel
 from flwr_importance.sampling.two_level import two_level_tree
 
 # scipy is imported inside the functions that cluster, not here: it costs
@@ -195,9 +196,81 @@ def clustered_distributions_by_similarity(
         return _allocate_by_similarity(
             units, total, m, _exact_ward_groups(pairwise_distances(grads, distance))
         )
-    return _allocate_by_similarity(
-        units, total, m, _two_level_groups(grads, distance, m, seed)
-    )
+
+    def tree(
+        rows: NDArray[np.floating],
+        active: NDArray[np.intp],
+        units: NDArray[np.int64],
+        total: int,
+        level1: int,
+    ) -> _Tree:
+        return two_level_tree(rows, units, total, distance, groups=level1, seed=seed)
+
+    return _allocate_by_similarity(units, total, m, _two_level_groups(grads, m, tree))
+
+
+def clustered_distributions_incrementally(
+    sizes: ArrayLike,
+    representative_grads: ArrayLike,
+    m: int,
+    clustering: IncrementalTwoLevel,
+    *,
+    changed: ArrayLike | None,
+) -> NDArray[np.float64]:
+    """Algorithm 2 by the two-level clustering, its level 1 kept between rounds.
+
+    :func:`clustered_distributions_by_similarity` above its exact-Ward limit,
+    with the k-means of level 1 updated in ``clustering`` from the last call
+    instead of recomputed (:class:`~.incremental.IncrementalTwoLevel`, with
+    its distance and seed): a strategy keeps ``clustering`` and passes the
+    rows whose gradient changed since its last call.
+
+    Parameters
+    ----------
+    sizes, representative_grads, m
+        As in :func:`clustered_distributions_by_similarity`.
+    clustering : IncrementalTwoLevel
+        The level 1 of the previous calls, updated in place.
+    changed : ArrayLike or None
+        Rows of ``representative_grads`` changed since the last call with
+        ``clustering``; None: unknown (level 1 is recomputed).
+
+    Returns
+    -------
+    NDArray[np.float64]
+        A distribution matrix with the exact properties of
+        :func:`clustered_distributions_by_similarity`'s.
+
+    Examples
+    --------
+    >>> grads = [[1.0, 0.0], [0.0, 1.0], [1.0, 0.1], [0.1, 1.0]]
+    >>> clustering = IncrementalTwoLevel()
+    >>> clustered_distributions_incrementally(
+    ...     [1, 1, 1, 1], grads, 2, clustering, changed=None
+    ... ).tolist()
+    [[0.5, 0.0, 0.5, 0.0], [0.0, 0.5, 0.0, 0.5]]
+    """
+    units, total, m = _checked_units(sizes, m)
+    grads = float_matrix("representative_grads", representative_grads, units.size)
+    rows_changed = None if changed is None else np.asarray(changed, np.intp)
+
+    def tree(
+        rows: NDArray[np.floating],
+        active: NDArray[np.intp],
+        units: NDArray[np.int64],
+        total: int,
+        level1: int,
+    ) -> _Tree:
+        moved = None
+        if rows_changed is not None:
+            # Changed rows among the active clients, as positions in ``rows``.
+            kept = np.isin(rows_changed, active)
+            moved = np.searchsorted(active, rows_changed[kept])
+        return clustering.tree(
+            rows, units, total, groups=level1, changed=moved, population=active
+        )
+
+    return _allocate_by_similarity(units, total, m, _two_level_groups(grads, m, tree))
 
 
 def clustered_distributions_from_distances(
@@ -395,10 +468,19 @@ def _exact_ward_groups(distances: NDArray[np.float64]) -> _Grouping:
     return groups
 
 
+#: The two-level tree of the active clients: ``(their rows, their indices,
+#: their units, M_tot, groups of level 1)`` to what
+#: :func:`.two_level.two_level_tree` returns.
+_Tree = tuple[NDArray[np.float64], NDArray[np.intp], NDArray[np.int64]]
+_TreeOf = Callable[
+    [NDArray[np.floating], NDArray[np.intp], NDArray[np.int64], int, int], _Tree
+]
+
+
 def _two_level_groups(
-    grads: NDArray[np.floating], distance: Distance, m: int, seed: int
+    grads: NDArray[np.floating], m: int, tree_of: _TreeOf
 ) -> _Grouping:
-    """Step 2 by the two-level clustering of :mod:`.two_level`, then the cut.
+    """Step 2 by the two-level clustering ``tree_of``, then the cut.
 
     The tree's leaves are blocks of clients, each within ``M_tot`` units: the
     cut groups whole blocks.
@@ -410,9 +492,7 @@ def _two_level_groups(
         level1 = min(active.size, max(math.isqrt(active.size - 1) + 1, m))
         # Usually every client is active: no copy of the N x d gradients.
         rows = grads if active.size == grads.shape[0] else grads[active]
-        tree, block, block_units = two_level_tree(
-            rows, units, total, distance, groups=level1, seed=seed
-        )
+        tree, block, block_units = tree_of(rows, active, units, total, level1)
         if block_units.size == 1:
             return np.zeros(active.size, np.intp)
         return _cut_by_capacity(tree, block_units, total)[block]

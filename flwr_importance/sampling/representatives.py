@@ -99,6 +99,21 @@ class RepresentativeGradients:
             return np.zeros((len(self.node_ids), 1), np.float32)
         return self._rows
 
+    def take_changed_rows(self) -> NDArray[np.intp]:
+        """Rows whose gradient changed since the last call, then forget them.
+
+        Every row after the nodes changed (:meth:`align`) or when the
+        distance matrix is kept (it consumes the same record: call one or
+        the other).  For the two-level clustering, which keeps its own state
+        between rounds
+        (:class:`~flwr_importance.sampling.incremental.IncrementalTwoLevel`).
+        """
+        changed = np.array(
+            sorted(self._row_of[node_id] for node_id in self._stale), np.intp
+        )
+        self._stale = set()
+        return changed
+
     def gradient(self, node_id: int) -> NDArray[np.float32]:
         """The node's representative gradient (zeros if it never returned a model)."""
         return self._rows[self._row_of[node_id]].copy()

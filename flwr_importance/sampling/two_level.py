@@ -320,13 +320,32 @@ def two_level_tree(
     grads = float_matrix("representative_grads", representative_grads)
     amounts = nonnegative_vector("units", units).astype(np.int64)
     rng = np.random.default_rng(seed)
-    zero = ~np.any(grads, axis=1)
-    nonzero = np.flatnonzero(~zero)
+    nonzero = np.flatnonzero(np.any(grads, axis=1))
     # Only the non-zero gradients are mapped: zero ones all sit at one point.
     points = clustering_points(grads[nonzero], distance)
     labels = np.zeros(grads.shape[0], np.intp)
     if nonzero.size:
-        labels[nonzero] = 1 + _kmeans_labels(points, groups, rng)
+        labels[nonzero] = 1 + kmeans(points, groups, rng)[0]
+    return block_tree(labels, amounts, total, distance, points, np.arange(nonzero.size))
+
+
+def block_tree(
+    labels: NDArray[np.intp],
+    amounts: NDArray[np.int64],
+    total: int,
+    distance: Distance,
+    points: NDArray[np.float32],
+    point_of: NDArray[np.intp],
+) -> tuple[NDArray[np.float64], NDArray[np.intp], NDArray[np.int64]]:
+    """Steps 3 and 4 (blocks, Ward on their centroids) from level 1's groups.
+
+    ``labels`` is 0 for a zero gradient and ``1 + group`` otherwise;
+    ``points[point_of[j]]`` is the point of the ``j``-th client with a
+    non-zero gradient, in index order.  Returns what :func:`two_level_tree`
+    returns.
+    """
+    zero = labels == 0
+    nonzero = np.flatnonzero(~zero)
     block = capacity_blocks(labels, amounts, total)
     blocks = int(block.max()) + 1
     members = np.bincount(block, minlength=blocks)
@@ -336,7 +355,7 @@ def two_level_tree(
     # A block holds zero gradients only or non-zero ones only (its group's).
     has_nonzero = np.bincount(block[nonzero], minlength=blocks) > 0
     if nonzero.size:
-        sums = _group_sums(block[nonzero], blocks, points).astype(np.float64)
+        sums = _group_sums(block[nonzero], blocks, points, point_of)
         centroids[has_nonzero] = sums[has_nonzero]
         centroids[has_nonzero] /= members[has_nonzero, None]
     block_units = np.bincount(block, weights=amounts, minlength=blocks)
@@ -353,10 +372,10 @@ def two_level_tree(
     return tree, block, block_units.astype(np.int64)
 
 
-def _kmeans_labels(
+def kmeans(
     points: NDArray[np.float32], groups: int, rng: np.random.Generator
-) -> NDArray[np.intp]:
-    """Lloyd's k-means of ``points`` into at most ``groups`` groups, labels ``0..``.
+) -> tuple[NDArray[np.intp], NDArray[np.float32], NDArray[np.float32] | None]:
+    """Lloyd's k-means of ``points`` into at most ``groups`` groups.
 
     Run on a Gaussian projection to :data:`KMEANS_DIM` dimensions when the
     points have more (Johnson-Lindenstrauss: squared distances kept to a
@@ -364,13 +383,23 @@ def _kmeans_labels(
     of level 2 are in the full space).  Initial
     centres: k-means++ seeding; an empty group keeps its centre; the
     iterations stop early once the labels repeat (the result is the same).
+
+    Returns
+    -------
+    tuple
+        The group ``0..K-1`` of each point, the ``K`` centres of the groups
+        used (in the projected space) and the projection matrix (None: no
+        projection).
     """
     n = points.shape[0]
     if n <= groups:
-        return np.arange(n, dtype=np.intp)
+        return np.arange(n, dtype=np.intp), points.copy(), None
+    projection = None
     if points.shape[1] > KMEANS_DIM:
-        projection = rng.standard_normal((points.shape[1], KMEANS_DIM))
-        points = points @ (projection / math.sqrt(KMEANS_DIM)).astype(np.float32)
+        projection = (
+            rng.standard_normal((points.shape[1], KMEANS_DIM)) / math.sqrt(KMEANS_DIM)
+        ).astype(np.float32)
+        points = points @ projection
     sample = points[
         np.sort(rng.choice(n, min(n, KMEANS_SAMPLE_PER_GROUP * groups), replace=False))
     ]
@@ -387,8 +416,8 @@ def _kmeans_labels(
         filled = counts > 0
         sums = _group_sums(labels, groups, sample)
         centres[filled] = sums[filled] / counts[filled, None]
-    labels = _nearest(points, centres)
-    return np.unique(labels, return_inverse=True)[1].reshape(-1).astype(np.intp)
+    used, labels = np.unique(_nearest(points, centres), return_inverse=True)
+    return labels.reshape(-1).astype(np.intp), centres[used], projection
 
 
 def _kmeans_plus_plus(
@@ -442,13 +471,22 @@ def _nearest(
 
 
 def _group_sums(
-    labels: NDArray[np.intp], groups: int, points: NDArray[np.float32]
+    labels: NDArray[np.intp],
+    groups: int,
+    points: NDArray[np.float32],
+    point_of: NDArray[np.intp] | None = None,
 ) -> NDArray[np.float32]:
-    """Sum of the points of each group, ``(groups, d)``: a sparse one-hot product."""
+    """Sum of each group's points, ``(groups, d)``: a sparse one-hot product.
+
+    ``labels[j]`` is the group of ``points[point_of[j]]`` (``point_of``
+    None: of ``points[j]``), so a subset of the rows is summed without
+    gathering it.
+    """
     from scipy.sparse import csr_matrix  # scipy on first use, see clustered.py
 
+    rows = np.arange(labels.size) if point_of is None else point_of
     one_hot = csr_matrix(
-        (np.ones(labels.size, np.float32), (labels, np.arange(labels.size))),
-        shape=(groups, labels.size),
+        (np.ones(labels.size, np.float32), (labels, rows)),
+        shape=(groups, points.shape[0]),
     )
     return np.asarray(one_hot @ points, np.float32)

@@ -17,11 +17,12 @@ from flwr_importance.sampling import (
     EXACT_WARD_LIMIT,
     Distance,
     RepresentativeGradients,
-    clustered_distributions_by_similarity,
     clustered_distributions_by_size,
     clustered_distributions_from_distances,
     sample_from_distributions,
 )
+from flwr_importance.sampling.clustered import clustered_distributions_incrementally
+from flwr_importance.sampling.incremental import IncrementalTwoLevel
 from flwr_importance.strategies._multiset import DrawRound, MultisetSampling
 from flwr_importance.strategies.arrays import arrays_of
 from flwr_importance.strategies.checks import check_choice, check_count
@@ -160,6 +161,8 @@ class ClusteredSampling(MultisetSampling):
         self.gradients = RepresentativeGradients(
             distance, projection_dim, self.seed, matrix_limit=exact_ward_limit
         )
+        # Above the limit: the two-level clustering's level 1, kept between rounds.
+        self._two_level = IncrementalTwoLevel(distance, seed=self.seed)
         # Algorithm 1's distributions and the (nodes, sizes, m) they were built for.
         self._size_distributions: tuple[_SizeKey, NDArray[np.float64]] | None = None
 
@@ -221,13 +224,12 @@ class ClusteredSampling(MultisetSampling):
                 return clustered_distributions_from_distances(
                     sizes, self.gradients.distances(), draws
                 )
-            return clustered_distributions_by_similarity(
+            return clustered_distributions_incrementally(
                 sizes,
                 self.gradients.rows(),
                 draws,
-                self.distance,
-                exact_ward_limit=self.exact_ward_limit,
-                seed=self.seed,
+                self._two_level,
+                changed=self.gradients.take_changed_rows(),
             )
         key = (tuple(node_ids), tuple(sizes.tolist()), draws)
         if self._size_distributions is None or self._size_distributions[0] != key:
