@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import Context, Message, RecordDict
+from flwr.app import Context, Message
 
 from flwr_importance.tooling.testing import InProcessGrid
 from tests.secure_aggregation.test_fedsampling_secaggplus import (
@@ -46,14 +46,7 @@ def federation(
 ) -> tuple[InProcessGrid, Context]:
     """A fresh federation of the example's ClientApp, and the server's context."""
     grid = InProcessGrid(example.client_app.app, num_nodes, config, seed=0)
-    context = Context(
-        run_id=grid.run.run_id,
-        node_id=0,
-        node_config={},
-        state=RecordDict(),
-        run_config=config,
-    )
-    return grid, context
+    return grid, grid.server_context()
 
 
 def run_main(example: Any, config: dict[str, Any]) -> InProcessGrid:
