@@ -48,7 +48,6 @@ from flwr_importance.sampling.distances import (
     condensed_distances,
     pairwise_distances,
 )
-from flwr_importance.sampling.incremental import IncrementalTwoLevel
 from flwr_importance.sampling.two_level import two_level_tree
 
 # scipy is imported inside the functions that cluster, not here: it costs
@@ -205,70 +204,6 @@ def clustered_distributions_by_similarity(
         level1: int,
     ) -> _Tree:
         return two_level_tree(rows, units, total, distance, groups=level1, seed=seed)
-
-    return _allocate_by_similarity(units, total, m, _two_level_groups(grads, m, tree))
-
-
-def clustered_distributions_incrementally(
-    sizes: ArrayLike,
-    representative_grads: ArrayLike,
-    m: int,
-    clustering: IncrementalTwoLevel,
-    *,
-    changed: ArrayLike | None,
-) -> NDArray[np.float64]:
-    """Algorithm 2 by the two-level clustering, its level 1 kept between rounds.
-
-    :func:`clustered_distributions_by_similarity` above its exact-Ward limit,
-    with the k-means of level 1 updated in ``clustering`` from the last call
-    instead of recomputed (:class:`~.incremental.IncrementalTwoLevel`, with
-    its distance and seed): a strategy keeps ``clustering`` and passes the
-    rows whose gradient changed since its last call.
-
-    Parameters
-    ----------
-    sizes, representative_grads, m
-        As in :func:`clustered_distributions_by_similarity`.
-    clustering : IncrementalTwoLevel
-        The level 1 of the previous calls, updated in place.
-    changed : ArrayLike or None
-        Rows of ``representative_grads`` changed since the last call with
-        ``clustering``; None: unknown (level 1 is recomputed).
-
-    Returns
-    -------
-    NDArray[np.float64]
-        A distribution matrix with the exact properties of
-        :func:`clustered_distributions_by_similarity`'s.
-
-    Examples
-    --------
-    >>> grads = [[1.0, 0.0], [0.0, 1.0], [1.0, 0.1], [0.1, 1.0]]
-    >>> clustering = IncrementalTwoLevel()
-    >>> clustered_distributions_incrementally(
-    ...     [1, 1, 1, 1], grads, 2, clustering, changed=None
-    ... ).tolist()
-    [[0.5, 0.0, 0.5, 0.0], [0.0, 0.5, 0.0, 0.5]]
-    """
-    units, total, m = _checked_units(sizes, m)
-    grads = float_matrix("representative_grads", representative_grads, units.size)
-    rows_changed = None if changed is None else np.asarray(changed, np.intp)
-
-    def tree(
-        rows: NDArray[np.floating],
-        active: NDArray[np.intp],
-        units: NDArray[np.int64],
-        total: int,
-        level1: int,
-    ) -> _Tree:
-        moved = None
-        if rows_changed is not None:
-            # Changed rows among the active clients, as positions in ``rows``.
-            kept = np.isin(rows_changed, active)
-            moved = np.searchsorted(active, rows_changed[kept])
-        return clustering.tree(
-            rows, units, total, groups=level1, changed=moved, population=active
-        )
 
     return _allocate_by_similarity(units, total, m, _two_level_groups(grads, m, tree))
 

@@ -21,8 +21,10 @@ from flwr_importance.sampling import (
     clustered_distributions_from_distances,
     sample_from_distributions,
 )
-from flwr_importance.sampling.clustered import clustered_distributions_incrementally
-from flwr_importance.sampling.incremental import IncrementalTwoLevel
+from flwr_importance.sampling.incremental import (
+    IncrementalTwoLevel,
+    clustered_distributions_incrementally,
+)
 from flwr_importance.strategies._multiset import DrawRound, MultisetSampling
 from flwr_importance.strategies.arrays import arrays_of
 from flwr_importance.strategies.checks import check_choice, check_count

@@ -17,10 +17,12 @@ from numpy.typing import NDArray
 from flwr_importance.sampling import DISTANCES, Distance
 from flwr_importance.sampling.clustered import (
     clustered_distributions_by_similarity,
-    clustered_distributions_incrementally,
     sample_from_distributions,
 )
-from flwr_importance.sampling.incremental import IncrementalTwoLevel
+from flwr_importance.sampling.incremental import (
+    IncrementalTwoLevel,
+    clustered_distributions_incrementally,
+)
 from tests.clustered.test_two_level import assert_valid_distributions
 
 CLIENTS, CLASSES, DIM, M = 600, 10, 32, 20
