@@ -89,7 +89,10 @@ class ClusteredSampling(MultisetSampling):
         the two-level
         clustering (k-means groups, then Ward on their centroids) of
         :mod:`~flwr_importance.sampling.two_level`, which keeps no ``N x N``
-        matrix (docs/methods.md §4).
+        matrix, its k-means kept between rounds and updated for the clients
+        with a new update
+        (:class:`~flwr_importance.sampling.incremental.IncrementalTwoLevel`,
+        docs/methods.md §4).
     report_cap : float or None (default: None)
         Clip each reported size above ``report_cap`` times the round's median
         size (``> 1``, logged by node) before the draw; None: no bound
