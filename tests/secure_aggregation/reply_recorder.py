@@ -62,20 +62,23 @@ def record_replies(position: str) -> Mod:
 def searchable(array: np.ndarray) -> list[bytes]:
     """Byte strings of ``array`` that can only match its own bytes on the wire.
 
-    A float32 array of 8 values or more: windows of ``WINDOW_BYTES`` spread
-    evenly (aligned to whole values; all-zero windows left out). A float64
-    value: its own 8 bytes, unless it is "round" (exactly a float32, such as
-    0.0, 1.0 or a small fraction), which other fields could hold by chance.
+    An array of 32 bytes or more: ``WINDOWS_PER_ARRAY`` windows of
+    ``WINDOW_BYTES`` of its bytes, in its own dtype, spread evenly (aligned to
+    whole values; all-zero windows left out). A shorter float64 array (a few
+    metrics, a small secure-sum vector): each value's own 8 bytes, unless it
+    is a short dyadic fraction (an integer over 4096, such as 0.0, 1.0 or
+    0.25), which other fields could hold by chance.
     """
-    if array.dtype == np.float64:
-        return [
-            value.tobytes()
-            for value in array.ravel()
-            if float(np.float32(value)) != float(value)
-        ]
-    data = np.ascontiguousarray(array, dtype=np.float32).tobytes()
-    if len(data) < WINDOW_BYTES:
+    data = np.ascontiguousarray(array).tobytes()
+    if len(data) >= WINDOW_BYTES:
+        size = array.dtype.itemsize
+        starts = np.linspace(0, len(data) - WINDOW_BYTES, WINDOWS_PER_ARRAY)
+        windows = [data[int(s) // size * size :][:WINDOW_BYTES] for s in starts]
+        return [window for window in dict.fromkeys(windows) if any(window)]
+    if array.dtype != np.float64:
         return []
-    starts = np.linspace(0, len(data) - WINDOW_BYTES, WINDOWS_PER_ARRAY)
-    windows = [data[int(s) // 4 * 4 :][:WINDOW_BYTES] for s in starts]
-    return [window for window in windows if any(window)]
+    return [
+        value.tobytes()
+        for value in array.ravel()
+        if not float(value * 4096.0).is_integer()
+    ]

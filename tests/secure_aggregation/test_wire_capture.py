@@ -2,22 +2,26 @@
 
 One loopback deployment (a real SuperLink and SuperNodes, Flower's deployment
 engine) whose SuperNodes reach the SuperLink through a :class:`WireTap`, a TCP
-relay that keeps every byte the nodes send. Two apps run on it, each with its
-ClientApp swapped for one that records every float of every reply as the
-library's client side made it, before any masking (``reply_recorder``):
+relay that keeps every byte the nodes send. The SecAgg+ example
+(``examples/secaggplus``) runs on it, its ClientApp swapped for one that
+records every float of every reply as the library's client side made it,
+before any masking (``recording_example_app``, ``reply_recorder``), for each
+of its methods:
 
-- the SecAgg+ example (``examples/secaggplus``): FedSampling's ``G_c``;
-- the AOCS test app (``aocs_app``): each node's update, norm and size replies,
-  and, under SecAgg+, each vector it puts into a secure sum.
+- FedSampling: each node's ``G_c``;
+- AOCS: each node's update, norm and size replies, and, under SecAgg+, each
+  vector it puts into a secure sum.
 
-First both apps run under SecAgg+ side by side, then both in the clear; the
-capture is split between the two phases. The capture point is the nodes' side
-of the SuperLink's gRPC port: in an insecure deployment that is plaintext
-HTTP/2, where an array's bytes appear as they are, cut only at HTTP/2 frame
-boundaries, so the test looks for short windows of float32 arrays and for
-each float64 value's own 8 bytes (``reply_recorder.searchable``). Without
-SecAgg+ most of them must be found (so the search works); under SecAgg+ none
-may be.
+Each method runs under SecAgg+, then in the clear, one run at a time, and each
+run's records are searched in the bytes captured while it ran (runs side by
+side would need different seeds, and the forking SuperExec of these tests once
+left one of two ServerApps it forked at once hanging). The capture point is
+the nodes' side of the SuperLink's gRPC port: in an insecure deployment that
+is plaintext HTTP/2, where an array's bytes appear as they are, cut only at
+HTTP/2 frame boundaries, so the test looks for short windows of float32 arrays
+and for each float64 value's own 8 bytes (``reply_recorder.searchable``).
+Without SecAgg+ most of them must be found (so the search works); under
+SecAgg+ none may be.
 """
 
 from __future__ import annotations
@@ -40,50 +44,45 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NUM_SUPERNODES = 5
-# One round each: a SecAgg+ round is many message round trips (four stages per
-# secure sum, several sums for AOCS), each a ClientApp process per node.
 ROUNDS = 1
-# app -> (its folder, its ClientApp's component, the recording module under
-# tests/secure_aggregation, its run config besides the phase's).
-APPS: dict[str, tuple[Path, str, str, dict[str, Any]]] = {
-    "fedsampling": (
-        REPO_ROOT / "examples" / "secaggplus",
-        "secaggplus_app.client_app:app",
-        "recording_fedsampling_app",
-        {"num-supernodes": NUM_SUPERNODES, "num-server-rounds": ROUNDS},
-    ),
-    "aocs": (
-        Path(__file__).with_name("aocs_app"),
-        "secure_aocs_app.client_app:app",
-        "recording_aocs_app",
-        # One AOCS iteration: every kind of secure sum, fewer of them.
-        {"num-server-rounds": ROUNDS, "aocs-iterations": 1},
-    ),
+EXAMPLE_DIR = REPO_ROOT / "examples" / "secaggplus"
+# The example's methods, each with its run config besides the phase's: one
+# round (a SecAgg+ round is many message round trips, four stages per secure
+# sum and several sums for AOCS, each a ClientApp process per node) and one
+# AOCS iteration (every kind of secure sum, fewer of them).
+APPS: dict[str, dict[str, Any]] = {
+    "fedsampling": {},
+    "aocs": {"aocs-iterations": 1, "local-steps": 5},
 }
 PHASES = ("secure", "plain")
 
 
-def recording_app(app: str, destination: Path) -> Path:
-    """A copy of ``app`` whose ClientApp records its replies to ``record-dir``."""
-    folder, component, module, _ = APPS[app]
-    shutil.copytree(folder, destination, ignore=shutil.ignore_patterns("__pycache__"))
+def recording_app(destination: Path) -> Path:
+    """A copy of the example whose ClientApp records its replies to ``record-dir``."""
+    shutil.copytree(
+        EXAMPLE_DIR, destination, ignore=shutil.ignore_patterns("__pycache__")
+    )
     pyproject = destination / "pyproject.toml"
     text = pyproject.read_text()
-    stock = f'clientapp = "{component}"'
-    assert stock in text, f"{folder}/pyproject.toml no longer names {component}"
-    text = text.replace(stock, f'clientapp = "tests.secure_aggregation.{module}:app"')
+    stock = 'clientapp = "secaggplus_app.client_app:app"'
+    assert stock in text, "the example's pyproject no longer names its ClientApp so"
+    recording = "tests.secure_aggregation.recording_example_app:app"
+    text = text.replace(stock, f'clientapp = "{recording}"')
     config = "[tool.flwr.app.config]\n"
     pyproject.write_text(text.replace(config, f'{config}record-dir = ""\n'))
     return destination
 
 
 def run_config(app: str, phase: str, records: Path) -> dict[str, Any]:
-    """``app``'s run config in ``phase``, recording into ``records``."""
-    secure = phase == "secure"
-    phase_config = (
-        {"secure-aggregation": secure} if app == "fedsampling" else {"runs": phase}
-    )
-    return {**APPS[app][3], **phase_config, "record-dir": str(records)}
+    """The example's run config for ``app`` in ``phase``, recording into ``records``."""
+    return {
+        "strategy": app,
+        "secure-aggregation": phase == "secure",
+        "num-supernodes": NUM_SUPERNODES,
+        "num-server-rounds": ROUNDS,
+        **APPS[app],
+        "record-dir": str(records),
+    }
 
 
 def found_share(records: Path, capture: bytes) -> dict[str, Any]:
@@ -110,7 +109,7 @@ def captured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def run_captured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Both apps under SecAgg+, then both in the clear, behind one tap."""
     work = tmp_path_factory.mktemp("wire-capture")
-    apps = {app: recording_app(app, work / "apps" / app) for app in APPS}
+    example = recording_app(work / "app")
     outcome: dict[str, Any] = {"logs": str(work / "logs")}
     with (
         WireTap() as tap,
@@ -125,21 +124,16 @@ def run_captured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         ) as running,
     ):
         for phase in PHASES:
-            start = len(tap.sent_by_nodes)
-            records = {app: work / "records" / phase / app for app in APPS}
-            run_ids = {
-                running.submit(path, run_config(app, phase, records[app])): app
-                for app, path in apps.items()
-            }
-            statuses = running.wait(list(run_ids), timeout=600)
-            capture = tap.sent_by_nodes[start:]
-            outcome[phase] = {
-                app: {
-                    "status": statuses[run_id],
-                    **found_share(records[app], capture),
+            for app in APPS:
+                records = work / "records" / phase / app
+                start = len(tap.sent_by_nodes)
+                run_id = running.submit(example, run_config(app, phase, records))
+                status = running.wait([run_id], timeout=600)[run_id]
+                capture = tap.sent_by_nodes[start:]
+                outcome.setdefault(phase, {})[app] = {
+                    "status": status,
+                    **found_share(records, capture),
                 }
-                for run_id, app in run_ids.items()
-            }
     outcome["leftover"] = running.leftover_processes()
     return outcome
 

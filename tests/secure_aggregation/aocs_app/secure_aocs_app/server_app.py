@@ -4,8 +4,7 @@ Both runs use the same seed, so the strategy draws the same pools and uniforms;
 the plain run sees the nodes in the same order only on the same federation
 (node ids are new in every ``flwr run``), hence both in one ServerApp. Each
 round's global model of each run, and the secure run's round metrics, go to
-``<output-dir>/models.json``. The run config's ``runs`` may ask for one of
-the two alone (the wire-capture test runs each by itself).
+``<output-dir>/models.json``.
 """
 
 from __future__ import annotations
@@ -64,15 +63,11 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """The runs of the run config's ``runs`` in turn; their models to ``models.json``.
-
-    ``runs`` is ``"secure,plain"`` (both, on the same nodes), ``"secure"`` or
-    ``"plain"``.
-    """
-    names = str(context.run_config["runs"]).split(",")
-    if not names or set(names) - {"secure", "plain"}:
-        raise ValueError(f"runs must name secure and/or plain, not {names}")
-    runs = {name: run_aocs(grid, context, secure=name == "secure") for name in names}
+    """Secure AOCS, then plain AOCS; both runs' models to ``models.json``."""
+    runs = {
+        name: run_aocs(grid, context, secure=name == "secure")
+        for name in ("secure", "plain")
+    }
     output_dir = str(context.run_config["output-dir"])
     if output_dir:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
