@@ -17,7 +17,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import numpy as np
 import pytest
 import tomllib
 from flwr.app import Context, Message, RecordDict
@@ -29,10 +28,6 @@ from flwr_importance.registry import methods
 from flwr_importance.tooling.launcher import processes_mentioning
 from flwr_importance.tooling.testing import InProcessGrid
 from tests.examples.example_runs import checked_run, run_methods
-from tests.secure_aggregation.model_bounds import (
-    drift_beyond_bounds,
-    fedsampling_step_bound,
-)
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 QUICKSTART_DIR = EXAMPLES_DIR / "quickstart-pytorch"
@@ -187,51 +182,6 @@ def test_legacy_example_runs_under_flwr_run(
 #: The SecAgg+ example: its methods (its ``STRATEGIES``), each run with and
 #: without SecAgg+ on the same seeds, and the bound on each coordinate of one
 #: round's step error that the method documents (docs/privacy.md).
-SECAGGPLUS_DIR = EXAMPLES_DIR / "secaggplus"
-SECURE_STEP_BOUNDS = {"fedsampling": fedsampling_step_bound}
-SECAGGPLUS_NODES = 4
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("strategy", sorted(SECURE_STEP_BOUNDS))
-def test_secaggplus_example_matches_its_plain_run(
-    strategy: str, tmp_path: Path
-) -> None:
-    """``flwr run`` with SecAgg+ and without: each round's model within the bound.
-
-    The app writes each round's global model (``round-<r>.npz``); the
-    secure run's may differ from the plain run's by SecAgg+'s quantization
-    only (:func:`tests.secure_aggregation.model_bounds.drift_beyond_bounds`).
-    """
-    config = {
-        "strategy": strategy,
-        "num-server-rounds": ROUNDS,
-        "num-supernodes": SECAGGPLUS_NODES,
-    }
-    models = {}
-    for secure in (True, False):
-        output_dir = tmp_path / f"secure-{secure}"
-        checked_run(
-            SECAGGPLUS_DIR,
-            num_supernodes=SECAGGPLUS_NODES,
-            run_config={
-                **config,
-                "secure-aggregation": secure,
-                "output-dir": str(output_dir),
-            },
-            flwr_home=tmp_path / "flwr-home",
-        )
-        models[secure] = [
-            list(np.load(output_dir / f"round-{server_round}.npz").values())
-            for server_round in range(ROUNDS + 1)
-        ]
-
-    with (SECAGGPLUS_DIR / "pyproject.toml").open("rb") as file:
-        defaults = tomllib.load(file)["tool"]["flwr"]["app"]["config"]
-    step_bound = SECURE_STEP_BOUNDS[strategy](defaults, SECAGGPLUS_NODES)
-    assert drift_beyond_bounds(models[True], models[False], step_bound) == []
-
-
 def test_quickstart_methods_in_one_run_do_not_share_node_state(
     tmp_path: Path,
 ) -> None:

@@ -7,7 +7,8 @@ its ClientApp (the digits MLP, ``handler_client_fn`` with
 ``make_ocs_handlers``, inside ``importance_secaggplus_mod`` and
 ``secure_aocs_mod``) answering; then the same app under the plain workflow.
 The exact secure-against-plain comparison is ``test_secure_aocs.py`` (in
-process) and ``test_secure_aocs_flwr_run.py`` (``flwr run``). About 10 s.
+process) and ``test_wire_capture.py`` (two ``flwr run``s on one deployment).
+About 10 s.
 """
 
 from __future__ import annotations

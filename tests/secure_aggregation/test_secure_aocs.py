@@ -5,8 +5,8 @@ The app of ``tests/secure_aggregation/aocs_app`` (a NumPyClient wrapped by
 ``secure_aocs_mod``) runs under Flower's own ``DefaultWorkflow`` and
 ``SecAggPlusWorkflow`` (four stages, masks, shares, quantization) on an
 in-process grid that serializes every message; the same app without SecAgg+
-is the reference. About 5 s in all; ``flwr run`` of the app is
-``test_secure_aocs_flwr_run.py``.
+is the reference. About 5 s in all; ``test_wire_capture.py`` compares the
+SecAgg+ example's secure and plain AOCS runs on one deployment.
 """
 
 from __future__ import annotations

@@ -21,7 +21,11 @@ is plaintext HTTP/2, where an array's bytes appear as they are, cut only at
 HTTP/2 frame boundaries, so the test looks for short windows of float32 arrays
 and for each float64 value's own 8 bytes (``reply_recorder.searchable``).
 Without SecAgg+ most of them must be found (so the search works); under
-SecAgg+ none may be.
+SecAgg+ none may be. The same runs show FedSampling's models under SecAgg+
+within the documented bound of the plain run's, round by round, and AOCS's
+within the bound its secure run logs (``quantization-bound``): on one
+deployment both runs see the same node ids, so they draw the same pool and
+participants.
 """
 
 from __future__ import annotations
@@ -34,25 +38,28 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tomllib
 
 from flwr_importance.tooling.launcher import deployment
 from flwr_importance.tooling.launcher.wiretap import WireTap
 from tests.heavy import heavy_run_slot, shared_dir
+from tests.secure_aggregation.model_bounds import (
+    drift_beyond_bounds,
+    fedsampling_step_bound,
+)
 from tests.secure_aggregation.reply_recorder import searchable
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-NUM_SUPERNODES = 5
-ROUNDS = 1
+NUM_SUPERNODES = 4
 EXAMPLE_DIR = REPO_ROOT / "examples" / "secaggplus"
-# The example's methods, each with its run config besides the phase's: one
-# round (a SecAgg+ round is many message round trips, four stages per secure
-# sum and several sums for AOCS, each a ClientApp process per node) and one
-# AOCS iteration (every kind of secure sum, fewer of them).
+# The example's methods, each with its run config besides the phase's. AOCS:
+# one round and one iteration (every kind of secure sum, fewer of them: a
+# SecAgg+ sum is four message round trips, each a ClientApp process per node).
 APPS: dict[str, dict[str, Any]] = {
-    "fedsampling": {},
-    "aocs": {"aocs-iterations": 1, "local-steps": 5},
+    "fedsampling": {"num-server-rounds": 2},
+    "aocs": {"num-server-rounds": 1, "aocs-iterations": 1, "local-steps": 5},
 }
 PHASES = ("secure", "plain")
 
@@ -73,15 +80,15 @@ def recording_app(destination: Path) -> Path:
     return destination
 
 
-def run_config(app: str, phase: str, records: Path) -> dict[str, Any]:
-    """The example's run config for ``app`` in ``phase``, recording into ``records``."""
+def run_config(app: str, phase: str, output: Path) -> dict[str, Any]:
+    """The example's run config for ``app`` in ``phase``, writing into ``output``."""
     return {
         "strategy": app,
         "secure-aggregation": phase == "secure",
         "num-supernodes": NUM_SUPERNODES,
-        "num-server-rounds": ROUNDS,
         **APPS[app],
-        "record-dir": str(records),
+        "output-dir": str(output / "models"),
+        "record-dir": str(output / "records"),
     }
 
 
@@ -125,14 +132,15 @@ def run_captured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     ):
         for phase in PHASES:
             for app in APPS:
-                records = work / "records" / phase / app
+                output = work / phase / app
                 start = len(tap.sent_by_nodes)
-                run_id = running.submit(example, run_config(app, phase, records))
+                run_id = running.submit(example, run_config(app, phase, output))
                 status = running.wait([run_id], timeout=600)[run_id]
                 capture = tap.sent_by_nodes[start:]
                 outcome.setdefault(phase, {})[app] = {
                     "status": status,
-                    **found_share(records, capture),
+                    "output": str(output),
+                    **found_share(output / "records", capture),
                 }
     outcome["leftover"] = running.leftover_processes()
     return outcome
@@ -146,7 +154,8 @@ def test_every_run_completes_on_the_deployment_engine(
     run = captured[phase][app]
     assert run["status"] == "finished:completed", captured["logs"]
     # FedSampling: every node sends its G_c every round; AOCS: its pool.
-    expected_replies = NUM_SUPERNODES * ROUNDS if app == "fedsampling" else 1
+    rounds = APPS[app]["num-server-rounds"]
+    expected_replies = NUM_SUPERNODES * rounds if app == "fedsampling" else 1
     assert run["replies"] >= expected_replies, run
     assert run["searched"] > 0, run
 
@@ -170,3 +179,48 @@ def test_with_secagg_no_private_value_is_on_the_wire(
 
 def test_the_deployment_leaves_no_process(captured: dict[str, Any]) -> None:
     assert captured["leftover"] == []
+
+
+def test_fedsampling_under_secagg_gives_the_plain_models(
+    captured: dict[str, Any],
+) -> None:
+    """Each round's global model is the plain run's within the documented bound.
+
+    Both runs are ``flwr run``s of the example on the same SuperNodes (so the
+    same node ids) and seeds: the secure run's models may differ by SecAgg+'s
+    quantization only (:func:`.model_bounds.drift_beyond_bounds`, docs/privacy.md).
+    """
+    rounds = APPS["fedsampling"]["num-server-rounds"]
+    models = {}
+    for phase in PHASES:
+        folder = Path(captured[phase]["fedsampling"]["output"]) / "models"
+        models[phase] = [
+            list(np.load(folder / f"round-{r}.npz").values()) for r in range(rounds + 1)
+        ]
+    with (EXAMPLE_DIR / "pyproject.toml").open("rb") as file:
+        defaults = tomllib.load(file)["tool"]["flwr"]["app"]["config"]
+    step_bound = fedsampling_step_bound(defaults, NUM_SUPERNODES)
+    assert drift_beyond_bounds(models["secure"], models["plain"], step_bound) == []
+
+
+def test_aocs_under_secagg_gives_the_plain_model(captured: dict[str, Any]) -> None:
+    """Round 1's model is the plain run's within the secure run's logged bound.
+
+    Both runs start from the same model and draw the same participants (same
+    node ids and seed), so they differ by SecAgg+'s quantization only
+    (docs/privacy.md, "Quantization tolerance"), and by more than nothing.
+    """
+    folders = {
+        phase: Path(captured[phase]["aocs"]["output"]) / "models" for phase in PHASES
+    }
+    secure, plain = (
+        list(np.load(folders[phase] / "round-1.npz").values()) for phase in PHASES
+    )
+    metrics = json.loads((folders["secure"] / "fit-metrics.json").read_text())
+    [[_, bound]] = metrics["quantization-bound"]
+    [[_, sampled]] = metrics["num-sampled"]
+    assert sampled >= 2, metrics
+    difference = max(
+        float(np.max(np.abs(a - b))) for a, b in zip(secure, plain, strict=True)
+    )
+    assert 0 < difference <= bound

@@ -232,3 +232,11 @@ def main(grid: Grid, context: Context) -> None:
     # DefaultWorkflow types its fit workflow for any Context; it calls it with
     # the LegacyContext it is given.
     DefaultWorkflow(fit_workflow=cast(Workflow | None, fit))(grid, legacy_context)
+    if str(run_config["output-dir"]):
+        # Each round's fit metrics (AOCS under SecAgg+: its quantization-bound).
+        fit_metrics = {
+            key: [[server_round, float(value)] for server_round, value in values]
+            for key, values in legacy_context.history.metrics_distributed_fit.items()
+        }
+        path = Path(str(run_config["output-dir"])) / "fit-metrics.json"
+        path.write_text(json.dumps(fit_metrics, indent=1))
