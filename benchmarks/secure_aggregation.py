@@ -343,9 +343,9 @@ def carries_plain_arrays(message: Message) -> bool:
     """Whether ``message`` holds an array with data.
 
     Flower's legacy replies without parameters carry one data-less
-    placeholder array.
+    placeholder array; an error reply has no content at all.
     """
-    return any(
+    return message.has_content() and any(
         array.data
         for record in message.content.array_records.values()
         for array in record.values()
@@ -354,6 +354,8 @@ def carries_plain_arrays(message: Message) -> bool:
 
 def carries_masked_vectors(message: Message) -> bool:
     """Whether ``message`` is a node's SecAgg+ reply with its masked vectors."""
+    if not message.has_content():
+        return False
     configs = message.content.config_records.get(RECORD_KEY_CONFIGS)
     return configs is not None and Key.MASKED_PARAMETERS in configs
 
