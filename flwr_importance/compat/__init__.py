@@ -32,9 +32,10 @@ An argument that cannot apply (``fraction_fit``, ``min_fit_clients``,
 naming what replaces it.
 
 A method declared in :mod:`flwr_importance.registry` without a hand-written
-class here (``compat.MDSampling``, ``compat.ClusteredSampling`` ...) gets one
-generated on first use, under its Message-API class name: :func:`legacy_class`
-wraps any registry strategy, the legacy transport carrying its queries.
+class here (``compat.MDSampling``, ``compat.ClusteredSampling`` ...) gets a
+generated one, under its Message-API class name: :func:`legacy_class` wraps any
+registry strategy, the legacy transport carrying its queries, and each is
+assigned below by name, so that IDEs and type checkers see it.
 
 The server side imports no ML framework, and neither does
 :func:`importance_client_fn` (your client brings its own); the ready-made
@@ -60,7 +61,6 @@ from flwr_importance.compat.folb import FOLB
 from flwr_importance.compat.isfedavg import ISFedAvg
 from flwr_importance.compat.ocs import OptimalClientSampling
 from flwr_importance.compat.secure_aocs import SecureAOCSWorkflow
-from flwr_importance.registry import methods
 
 if TYPE_CHECKING:
     from flwr_importance.clientapps.legacy import HandlerClient, handler_client_fn
@@ -79,38 +79,39 @@ _CLIENT_SIDE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """Load the client-side names and generated legacy classes on first use.
+# The generated legacy classes, one per registry method without a hand-written
+# class (tests/packaging/test_static_names.py checks that none is missing).
+ClusteredSampling = legacy_class("clustered")
+MDSampling = legacy_class("md")
+PowerOfChoice = legacy_class("power-of-choice")
 
-    PEP 562: a name not defined here is a client-side name (loaded with its
-    module) or a registry method's strategy class name (its legacy class).
+
+def __getattr__(name: str) -> Any:
+    """Load the client-side names on first use.
+
+    PEP 562: a name not defined here is a client-side name, loaded with its
+    module.
     """
     if name in _CLIENT_SIDE:
         module = importlib.import_module(_CLIENT_SIDE[name])
         return getattr(module, name)
-    for spec in methods():
-        if spec.strategy.__name__ == name and spec.legacy_api:
-            return legacy_class(spec.name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
     "FOLB",
+    "ClusteredSampling",
     "FedSampling",
     "HandlerClient",
     "ISFedAvg",
     "ImportanceClient",
     "LegacyOptions",
     "LegacyStrategyAdapter",
+    "MDSampling",
     "OptimalClientSampling",
+    "PowerOfChoice",
     "SecureAOCSWorkflow",
     "handler_client_fn",
     "importance_client_fn",
     "legacy_class",
-    # The generated classes (see __getattr__).
-    *(
-        spec.strategy.__name__
-        for spec in methods()
-        if spec.legacy_api and spec.legacy is None
-    ),
 ]
