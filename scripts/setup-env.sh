@@ -2,8 +2,8 @@
 # Create a venv with a pinned stack: by default .venv with constraints.txt (the
 # pinned Flower), or the venv and constraints file given, e.g.
 #   bash scripts/setup-env.sh .venv-flwr1.42 constraints-flwr1.42.txt
-# Re-runs only when pyproject.toml or the constraints file change, so `make run`
-# and `make test` stay fast after the first. .venv also gets wheelhouse/: the
+# Re-runs only when pyproject.toml, the constraints file or this script change,
+# so `make run` and `make test` stay fast after the first. .venv also gets wheelhouse/: the
 # wheels of every dependency, from which tests/packaging installs the built
 # wheel into fresh venvs without the network.
 set -euo pipefail
@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 python_bin="${PYTHON:-python3}"
 venv="${1:-.venv}"
 constraints="${2:-constraints.txt}"
-stamp="$venv/.installed-$(cat pyproject.toml "$constraints" | sha1sum | cut -c1-12)"
+stamp="$venv/.installed-$(cat pyproject.toml "$constraints" scripts/setup-env.sh | sha1sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
     echo "Setting up $venv from $constraints (first run takes a few minutes)..."
     "$python_bin" -m venv "$venv"

@@ -78,20 +78,22 @@ def test_sdist_holds_the_tests_and_runs_them(
     missing = [name for name in SDIST_TREE if not (unpacked / name).is_file()]
     assert missing == []
     assert not list(unpacked.rglob("__pycache__"))
+    # A test of the unpacked tree's own: the package it imports is the sdist's,
+    # not this checkout's editable install.
+    (unpacked / "tests" / "test_imports_the_sdist.py").write_text(
+        "from pathlib import Path\n"
+        "import flwr_importance\n"
+        "def test_package_is_the_sdists():\n"
+        "    root = Path(__file__).resolve().parents[1]\n"
+        "    assert Path(flwr_importance.__file__).resolve().is_relative_to(root)\n",
+        encoding="utf-8",
+    )
     output = run_checked(
         [
             *(sys.executable, "-m", "pytest", "-q", "-n", "0", "-m", "not slow"),
             *("-p", "no:cacheprovider", *SDIST_TESTS),
+            "tests/test_imports_the_sdist.py",
         ],
         cwd=unpacked,
     )
     assert " passed" in output and "failed" not in output
-    where = run_checked(
-        [
-            sys.executable,
-            "-c",
-            "import flwr_importance; print(flwr_importance.__file__)",
-        ],
-        cwd=unpacked,
-    )
-    assert Path(where.strip()).is_relative_to(unpacked)

@@ -88,7 +88,9 @@ def test_extra_alone_gives_what_the_readme_says(
     run_checked([sys.executable, "-m", "venv", venv])
     python = venv / "bin" / "python"
     requirement = f"{wheel}[{extra}]" if extra else str(wheel)
-    offline = {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INPUT": "1"}
+    # Nothing of the test's own environment: no pip configuration (indexes,
+    # find-links, constraints) and no PYTHONPATH.
+    offline = {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INPUT": "1", "PYTHONPATH": ""}
     run_checked(
         [
             *(python, "-m", "pip", "install", "--no-index", "--no-compile"),
@@ -97,10 +99,12 @@ def test_extra_alone_gives_what_the_readme_says(
         env=offline,
     )
     run_checked([python, "-m", "pip", "check"], env=offline)
-    installed = run_checked([python, "-m", "pip", "list", "--format=freeze"]).lower()
+    installed = run_checked(
+        [python, "-m", "pip", "list", "--format=freeze"], env=offline
+    ).lower()
     for name in absent:
         assert f"\n{name}==" not in f"\n{installed}", f"{extra or 'base'}: {name}"
     outside = tmp_path / "elsewhere"
     outside.mkdir()
-    run_checked([python, "-c", IMPORT_ALL, *subpackages], cwd=outside)
-    run_checked([python, "-c", check], cwd=outside)
+    run_checked([python, "-c", IMPORT_ALL, *subpackages], cwd=outside, env=offline)
+    run_checked([python, "-c", check], cwd=outside, env=offline)
