@@ -3,9 +3,9 @@
 # pinned Flower), or the venv and constraints file given, e.g.
 #   bash scripts/setup-env.sh .venv-flwr1.42 constraints-flwr1.42.txt
 # Re-runs only when pyproject.toml, the constraints file or this script change,
-# so `make run` and `make test` stay fast after the first. .venv also gets wheelhouse/: the
-# wheels of every dependency, from which tests/packaging installs the built
-# wheel into fresh venvs without the network.
+# so `make run` and `make test` stay fast after the first. .venv also gets
+# wheelhouse/: the wheels of every dependency, from which tests/packaging
+# installs the built wheel into fresh venvs without the network.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python_bin="${PYTHON:-python3}"
