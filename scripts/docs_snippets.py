@@ -54,7 +54,9 @@ README = ROOT / "README.md"
 
 #: The app shapes of the lines table: example folder and column title.
 SHAPES = {
-    "quickstart-pytorch": "PyTorch, Message API (`examples/quickstart-pytorch`)",
+    "quickstart-pytorch": (
+        "Flower's `quickstart-pytorch`, Message API (`examples/quickstart-pytorch`)"
+    ),
     "quickstart-pytorch-legacy": (
         "PyTorch `NumPyClient`, legacy API (`examples/quickstart-pytorch-legacy`)"
     ),

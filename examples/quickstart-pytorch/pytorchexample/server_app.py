@@ -13,7 +13,6 @@ run one after another, each from the same initial model, and with
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -75,9 +74,6 @@ app = ServerApp()
 NUM_MODELS = 2
 # --8<-- [end:mmfl-server]
 
-#: ``(server_round, arrays) -> metrics``: the central evaluation of a round.
-EvaluateFn = Callable[[int, ArrayRecord], MetricRecord]
-
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
@@ -100,18 +96,27 @@ def run_method(
     num_rounds = int(context.run_config["num-server-rounds"])
     lr = float(context.run_config["learning-rate"])
     strategy = make_strategy(method, context)
-    evaluate_fn: EvaluateFn = global_evaluate
     if method == "mmfl":
         # --8<-- [start:mmfl-server]
+        # after: arrays = ArrayRecord(global_model.state_dict())
         arrays = pack_models([arrays] * NUM_MODELS)  # the models, packed in one
-        evaluate_fn = evaluate_every_model  # strategy.start's evaluate_fn
         # --8<-- [end:mmfl-server]
+        return strategy.start(
+            grid=grid,
+            initial_arrays=arrays,
+            train_config=ConfigRecord({"lr": lr}),
+            num_rounds=num_rounds,
+            # --8<-- [start:mmfl-server]
+            # replaces: evaluate_fn=global_evaluate,
+            evaluate_fn=evaluate_every_model,
+            # --8<-- [end:mmfl-server]
+        )
     return strategy.start(
         grid=grid,
         initial_arrays=arrays,
         train_config=ConfigRecord({"lr": lr}),
         num_rounds=num_rounds,
-        evaluate_fn=evaluate_fn,
+        evaluate_fn=global_evaluate,
     )
 
 
