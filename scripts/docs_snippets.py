@@ -323,14 +323,7 @@ def lines_table(methods: list[str]) -> str:
 
 def render(text: str, methods: list[str]) -> str:
     """``text`` with every snippet block and the lines table regenerated."""
-
-    def snippet(match: re.Match[str]) -> str:
-        code = region_code(match["example"], match["region"])
-        marker = match.group(0).split("\n", 1)[0]
-        language = "diff" if match["example"] in DIFF_SHAPES else "python"
-        return f"{marker}\n```{language}\n{code}```\n"
-
-    text = SNIPPET_MARKER.sub(snippet, text)
+    text = render_snippets(text)
     return TABLE.sub(lambda m: m.group(1) + lines_table(methods) + m.group(2), text)
 
 
@@ -360,11 +353,24 @@ def methods_table() -> str:
     return "\n".join(rows) + "\n\n"
 
 
+def render_snippets(text: str) -> str:
+    """``text`` with the block under every snippet marker regenerated."""
+
+    def snippet(match: re.Match[str]) -> str:
+        code = region_code(match["example"], match["region"])
+        marker = match.group(0).split("\n", 1)[0]
+        language = "diff" if match["example"] in DIFF_SHAPES else "python"
+        return f"{marker}\n```{language}\n{code}```\n"
+
+    return SNIPPET_MARKER.sub(snippet, text)
+
+
 def render_readme(text: str) -> str:
-    """``text`` (the README) with its table of methods regenerated."""
+    """``text`` (the README) with its snippets and table of methods regenerated."""
     if not METHODS_TABLE.search(text):
         raise ValueError("the README has no <!-- methods-table:start --> marker")
     table = methods_table()
+    text = render_snippets(text)
     return METHODS_TABLE.sub(lambda m: m.group(1) + table + m.group(2), text)
 
 

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from flwr_importance.registry import methods
 from scripts import docs_snippets
@@ -248,3 +249,33 @@ def test_diff_blocks_name_flowers_files_and_import_what_they_use(example: str) -
 
 #: An import statement, its names (parenthesized on several lines, or not).
 IMPORT = r"^from \S+ import (\([^)]*\)|.*)$"
+
+
+def test_the_readme_runs_the_quickstart_on_enough_nodes() -> None:
+    """The README's ``flwr run`` gives the example's node count, at least the
+    ``clients_per_round`` of every strategy line, which Flower's default of
+    simulated nodes (2) is not."""
+    from flwr.supercore.constant import DEFAULT_SIMULATION_CONFIG
+
+    readme = docs_snippets.README.read_text()
+    given = re.findall(
+        r'flwr run \. --federation-config "num-supernodes=(\d+)"', readme
+    )
+    assert given, "the README's Use it runs no flwr run with num-supernodes"
+    with (docs_snippets.EXAMPLES / "quickstart-pytorch" / "pyproject.toml").open(
+        "rb"
+    ) as file:
+        run_config = tomllib.load(file)["tool"]["flwr"]["app"]["config"]
+    sampled = {
+        int(number)
+        for region in docs_snippets.example_regions("quickstart-pytorch")
+        if region.endswith("-server")
+        for number in re.findall(
+            r"clients_per_round=(\d+)",
+            docs_snippets.region_code("quickstart-pytorch", region),
+        )
+    }
+    assert sampled, "no strategy line names clients_per_round"
+    assert {int(number) for number in given} == {run_config["num-supernodes"]}
+    assert max(sampled) <= run_config["num-supernodes"]
+    assert DEFAULT_SIMULATION_CONFIG.num_supernodes < min(sampled)
