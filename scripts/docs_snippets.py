@@ -190,22 +190,23 @@ def indentation(line: str) -> int:
 def region_code(example: str, region: str) -> str:
     """A region as the docs show it: each file's parts under its path.
 
-    A file's parts lose the indentation they share, and keep the rest, so the
-    lines of one function read at their depths. An example of
-    :data:`DIFF_SHAPES` gives :func:`region_diff` instead.
+    Each part loses its own indentation and keeps the rest, so the lines of
+    one function read at their depths. An example of :data:`DIFF_SHAPES` gives
+    :func:`region_diff` instead.
     """
     if example in DIFF_SHAPES:
         return region_diff(example, region)
     blocks = []
     for path, parts in region_files(example, region).items():
-        codes = [part.code for part in parts]
-        lines = [line for code in codes for line in code.splitlines() if line.strip()]
-        shared = min(indentation(line) for line in lines)
-        dedented = [
-            "\n".join(line[shared:] for line in code.splitlines()) for code in codes
-        ]
+        dedented = ["\n".join(dedent(part.code.splitlines())) for part in parts]
         blocks.append(f"# {path.as_posix()}\n" + f"\n{PART_SEPARATOR}\n".join(dedented))
     return "\n\n".join(blocks) + "\n"
+
+
+def dedent(lines: list[str]) -> list[str]:
+    """``lines`` less the indentation their non-blank lines share."""
+    shared = min(indentation(line) for line in lines if line.strip())
+    return [line[shared:] for line in lines]
 
 
 def region_files(example: str, region: str) -> dict[Path, list[Part]]:
@@ -234,8 +235,8 @@ def region_diff(example: str, region: str) -> str:
         rendered = []
         for part in parts:
             lines = part.code.splitlines()
-            shared = min(indentation(line) for line in lines if line.strip())
-            diff = [diff_line(line[shared:]) for line in lines]
+            shared = indentation(lines[0]) - indentation(dedent(lines)[0])
+            diff = [diff_line(line) for line in dedent(lines)]
             if all(line.startswith("-") for line in diff) and part.next_line:
                 diff.append(" " + part.next_line[shared:])
             rendered.append("\n".join(diff))
