@@ -23,15 +23,6 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, Result, Strategy
 from sklearn.metrics import log_loss
 
-from flwr_importance.strategies import (
-    ClusteredSampling,
-    MDSampling,
-    MultiModelSampling,
-    OptimalClientSampling,
-    PowerOfChoice,
-    pack_models,
-    unpack_models,
-)
 from sklearnexample.task import (
     NUM_TASKS,
     UNIQUE_LABELS,
@@ -41,6 +32,29 @@ from sklearnexample.task import (
     set_initial_params,
     set_model_params,
 )
+
+# Each method's imports: the lines its "Use it" block adds.
+# isort: off
+# --8<-- [start:md-server]
+from flwr_importance.strategies import MDSampling
+
+# --8<-- [end:md-server]
+# --8<-- [start:clustered-server]
+from flwr_importance.strategies import ClusteredSampling
+
+# --8<-- [end:clustered-server]
+# --8<-- [start:ocs-server,aocs-server]
+from flwr_importance.strategies import OptimalClientSampling
+
+# --8<-- [end:ocs-server,aocs-server]
+# --8<-- [start:power-of-choice-server]
+from flwr_importance.strategies import PowerOfChoice
+
+# --8<-- [end:power-of-choice-server]
+# --8<-- [start:mmfl-server]
+from flwr_importance.strategies import MultiModelSampling, pack_models, unpack_models
+# --8<-- [end:mmfl-server]
+# isort: on
 
 # Flower ServerApp
 app = ServerApp()
