@@ -186,7 +186,15 @@ The node's true size and the number of samples it keeps never leave it.
   (:data:`FEDSAMPLING_SIZE_RESPONSE`): the randomized response of eq. 1, an
   integer in ``{1..M-1}``: the true size clipped to ``M - 1`` with
   probability ``alpha = (e^eps - 1) / (e^eps + M - 2)``, else uniform on
-  ``{1..M-1}``. Never ``num-examples``.
+  ``{1..M-1}``. Never ``num-examples``. The library's helpers add the node's
+  own ledger: ``node-size-answers``, ``node-epsilon-spent`` and
+  ``node-reproducible-coins`` (:data:`FEDSAMPLING_NODE_ANSWERS`,
+  :data:`FEDSAMPLING_NODE_EPSILON`, :data:`FEDSAMPLING_NODE_REPRODUCIBLE_COINS`).
+  A node refuses (error reply) a query whose ``epsilon`` is above its cap
+  (node config ``fedsampling-max-epsilon``,
+  :data:`FEDSAMPLING_MAX_EPSILON_NODE_KEY`) or would take its spent epsilon
+  above its budget (node config ``fedsampling-epsilon-budget``,
+  :data:`FEDSAMPLING_EPSILON_BUDGET_NODE_KEY`).
 - ``train`` to the nodes whose size reply was usable: the model under
   ``arrayrecord_key``; config ``server-round``, the ``train_config``,
   ``samples-per-round`` (:data:`FEDSAMPLING_SAMPLES_PER_ROUND`, int ``K``),
@@ -475,6 +483,19 @@ FEDSAMPLING_SIZE_RESPONSE = "size-response"
 FEDSAMPLING_MAX_SIZE = "max-size"
 #: ``epsilon`` of the local differential privacy (``query.sizes`` config).
 FEDSAMPLING_EPSILON = "epsilon"
+#: The size replies this node has sent in the run, this one included
+#: (``query.sizes`` reply): the node's own ledger.
+FEDSAMPLING_NODE_ANSWERS = "node-size-answers"
+#: The epsilon this node's size replies have spent in the run by basic
+#: composition, this one included (``query.sizes`` reply).
+FEDSAMPLING_NODE_EPSILON = "node-epsilon-spent"
+#: 1 when the node drew its coins from the seeded streams that are unsafe for
+#: privacy, else 0 (``query.sizes`` reply).
+FEDSAMPLING_NODE_REPRODUCIBLE_COINS = "node-reproducible-coins"
+#: Node config: the largest epsilon one size reply of this node may spend.
+FEDSAMPLING_MAX_EPSILON_NODE_KEY = "fedsampling-max-epsilon"
+#: Node config: the epsilon this node's size replies may spend in all.
+FEDSAMPLING_EPSILON_BUDGET_NODE_KEY = "fedsampling-epsilon-budget"
 #: ``K``: the number of samples the round aims for (train config).
 FEDSAMPLING_SAMPLES_PER_ROUND = "samples-per-round"
 #: ``N_tilde``: the server's estimate of the total number of samples.

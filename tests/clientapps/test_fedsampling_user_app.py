@@ -74,7 +74,7 @@ def fedsampling_train(msg: Message, context: Context) -> Message:
     return fedsampling_reply(msg, gradient)
 
 
-def user_app(max_epsilon: float | None = None) -> ClientApp:
+def user_app(max_epsilon: float = 10.0) -> ClientApp:
     app = ClientApp()
     add_private_size_query(
         app,
@@ -126,7 +126,16 @@ def test_fedsampling_runs_on_the_users_code_and_sends_no_count(
         assert list(reply.content.metric_records) == []
         assert list(reply.content.array_records) == ["arrays"]
     for reply in size_replies:
-        assert list(reply.content.metric_records["metrics"]) == ["size-response"]
+        metrics = reply.content.metric_records["metrics"]
+        # The randomized size and the node's own ledger, which counts only
+        # what the server asked: answers, epsilon spent and the coins' kind.
+        assert list(metrics) == [
+            "size-response",
+            "node-size-answers",
+            "node-epsilon-spent",
+            "node-reproducible-coins",
+        ]
+        assert metrics["node-reproducible-coins"] == 0
 
 
 @CUDA
@@ -311,7 +320,10 @@ def ready_made_g_c(device: str) -> np.ndarray:
         )
 
     app = register_handlers(ClientApp(), make_fedsampling_handlers(task))
-    grid = InProcessGrid(app, 1, {}, seed=0)
+    # Both devices keep the same samples: the seeded coins (unsafe for privacy).
+    grid = InProcessGrid(
+        app, 1, {"fedsampling-unsafe-reproducible-coins": True}, seed=0
+    )
     (node_id,) = grid.get_node_ids()
     config = ConfigRecord(
         {

@@ -62,7 +62,12 @@ EXAMPLE_DIR = REPO_ROOT / "examples" / "secaggplus"
 # one round and one iteration (every kind of secure sum, fewer of them: a
 # SecAgg+ sum is four message round trips, each a ClientApp process per node).
 APPS: dict[str, dict[str, Any]] = {
-    "fedsampling": {"num-server-rounds": 1},
+    # The secure and plain runs are compared on the same (seeded, unsafe for
+    # privacy) coins.
+    "fedsampling": {
+        "num-server-rounds": 1,
+        "fedsampling-unsafe-reproducible-coins": True,
+    },
     "aocs": {"num-server-rounds": 1, "aocs-iterations": 1, "local-steps": 5},
 }
 PHASES = ("secure", "plain")

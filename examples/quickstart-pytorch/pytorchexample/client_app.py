@@ -378,7 +378,7 @@ def fedsampling_app() -> ClientApp:
     """
     app = ClientApp()
     # --8<-- [start:fedsampling-client]
-    add_private_size_query(app, num_examples=num_train_examples)
+    add_private_size_query(app, num_examples=num_train_examples, max_epsilon=8.0)
     app.train()(train_fedsampling)
     # --8<-- [end:fedsampling-client]
     return app
