@@ -352,10 +352,14 @@ model, never scaled by ``d_i`` or ``1/p_i``.
   ``C (n_i / p_i) U_i / b_u``, ``b_u`` in ``update-bound``
   (:data:`UPDATE_BOUND`). ``aocs-participation``
   (:data:`AOCS_PARTICIPATION_STEP`, a ``get_properties`` of type
-  ``query.participation``, :data:`PARTICIPATION_QUERY`) with the start factor,
-  the scales and the node's public draw ``participation-draw``
-  (:data:`PARTICIPATION_DRAW`, ``r_i``): reply ``participates``
-  (:data:`PARTICIPATES`, 1 iff ``r_i < p_i``, else 0).
+  ``query.participation``, :data:`PARTICIPATION_QUERY`) with the start factor
+  and the scales: reply ``participates`` (:data:`PARTICIPATES`, 1 iff
+  ``r_i < p_i``, else 0), ``r_i`` the node's own uniform coin (only with the
+  run config's ``secure-aocs-unsafe-public-draws``,
+  :data:`SECURE_AOCS_UNSAFE_PUBLIC_DRAWS`, the server's ``participation-draw``,
+  :data:`PARTICIPATION_DRAW`). A node answers each step of a round once
+  (``aocs-totals`` at most ``AOCS_MAX_TOTALS_SUMS`` times, each over other
+  bounds) and refuses public values that change within a round.
 
 Power-of-Choice, pow-d and rpow-d (``power-of-choice``)
 -------------------------------------------------------
@@ -554,6 +558,9 @@ AOCS_SCALES = "aocs-scales"
 UPDATE_BOUND = "update-bound"
 #: The node's public uniform draw ``r_i``.
 PARTICIPATION_DRAW = "participation-draw"
+#: Run config: ``true`` makes ``secure_aocs_mod`` take the server's
+#: ``participation-draw`` as its coin (unsafe for privacy: tests only).
+SECURE_AOCS_UNSAFE_PUBLIC_DRAWS = "secure-aocs-unsafe-public-draws"
 #: Reply: 1 if the node participates (``r_i < p_i``), else 0.
 PARTICIPATES = "participates"
 

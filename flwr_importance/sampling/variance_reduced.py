@@ -332,6 +332,12 @@ def estimator_variance(norms: ArrayLike, probs: ArrayLike) -> float:
     return float(np.sum(squared / probs_array[contributing] - squared))
 
 
+#: The most secure sums of AOCS's totals in one round under SecAgg+ (each over
+#: larger or tighter public bounds, ``256**8 = 2**64``): the workflow gives the
+#: round up after them, and a node answers no more.
+AOCS_MAX_TOTALS_SUMS = 10
+
+
 def aocs_start_factor(score_total: float, m: int) -> float:
     """AOCS's first broadcast: ``m / u``, where ``u = sum_i u_i`` (server side).
 

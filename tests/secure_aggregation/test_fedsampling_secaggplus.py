@@ -47,7 +47,10 @@ def run_config(**overrides: Any) -> dict[str, Any]:
     config = dict(pyproject["tool"]["flwr"]["app"]["config"])
     # Secure and plain runs are compared on the same seeded coins (unsafe for
     # privacy, docs/privacy.md).
-    reproducible = {"fedsampling-unsafe-reproducible-coins": True}
+    reproducible = {
+        "fedsampling-unsafe-reproducible-coins": True,
+        "secure-aocs-unsafe-public-draws": True,
+    }
     return {**config, "num-supernodes": NUM_NODES, **reproducible, **overrides}
 
 

@@ -68,7 +68,12 @@ APPS: dict[str, dict[str, Any]] = {
         "num-server-rounds": 1,
         "fedsampling-unsafe-reproducible-coins": True,
     },
-    "aocs": {"num-server-rounds": 1, "aocs-iterations": 1, "local-steps": 5},
+    "aocs": {
+        "num-server-rounds": 1,
+        "aocs-iterations": 1,
+        "local-steps": 5,
+        "secure-aocs-unsafe-public-draws": True,
+    },
 }
 PHASES = ("secure", "plain")
 # Seconds a run may take (AOCS under SecAgg+ takes about 2.5 minutes here).
