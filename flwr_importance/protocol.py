@@ -186,14 +186,12 @@ The node's true size and the number of samples it keeps never leave it.
   (:data:`FEDSAMPLING_SIZE_RESPONSE`): the randomized response of eq. 1, an
   integer in ``{1..M-1}``: the true size clipped to ``M - 1`` with
   probability ``alpha = (e^eps - 1) / (e^eps + M - 2)``, else uniform on
-  ``{1..M-1}``. Never ``num-examples``. The library's helpers add the node's
-  own ledger: ``node-size-answers``, ``node-epsilon-spent`` and
-  ``node-reproducible-coins`` (:data:`FEDSAMPLING_NODE_ANSWERS`,
-  :data:`FEDSAMPLING_NODE_EPSILON`, :data:`FEDSAMPLING_NODE_REPRODUCIBLE_COINS`).
-  A node refuses (error reply) a query whose ``epsilon`` is above its cap
-  (node config ``fedsampling-max-epsilon``,
-  :data:`FEDSAMPLING_MAX_EPSILON_NODE_KEY`) or would take its spent epsilon
-  above its budget (node config ``fedsampling-epsilon-budget``,
+  ``{1..M-1}``. Never ``num-examples``. The helpers add the node's ledger,
+  ``node-size-answers``, ``node-epsilon-spent``, ``node-reproducible-coins``
+  (:data:`FEDSAMPLING_NODE_ANSWERS`, :data:`FEDSAMPLING_NODE_EPSILON`,
+  :data:`FEDSAMPLING_NODE_REPRODUCIBLE_COINS`), and refuse a query above the
+  node config's ``fedsampling-max-epsilon`` or ``fedsampling-epsilon-budget``
+  (:data:`FEDSAMPLING_MAX_EPSILON_NODE_KEY`,
   :data:`FEDSAMPLING_EPSILON_BUDGET_NODE_KEY`).
 - ``train`` to the nodes whose size reply was usable: the model under
   ``arrayrecord_key``; config ``server-round``, the ``train_config``,
@@ -357,9 +355,8 @@ model, never scaled by ``d_i`` or ``1/p_i``.
   ``r_i < p_i``, else 0), ``r_i`` the node's own uniform coin (only with the
   run config's ``secure-aocs-unsafe-public-draws``,
   :data:`SECURE_AOCS_UNSAFE_PUBLIC_DRAWS`, the server's ``participation-draw``,
-  :data:`PARTICIPATION_DRAW`). A node answers each step of a round once
-  (``aocs-totals`` at most ``AOCS_MAX_TOTALS_SUMS`` times, each over other
-  bounds) and refuses public values that change within a round.
+  :data:`PARTICIPATION_DRAW`). A node answers each step of a round once and
+  refuses public values that change within a round.
 
 Power-of-Choice, pow-d and rpow-d (``power-of-choice``)
 -------------------------------------------------------
@@ -487,18 +484,13 @@ FEDSAMPLING_SIZE_RESPONSE = "size-response"
 FEDSAMPLING_MAX_SIZE = "max-size"
 #: ``epsilon`` of the local differential privacy (``query.sizes`` config).
 FEDSAMPLING_EPSILON = "epsilon"
-#: The size replies this node has sent in the run, this one included
-#: (``query.sizes`` reply): the node's own ledger.
+#: The node's own ledger in its size reply: its replies so far, their epsilon
+#: (basic composition), and 1 if its coins were the unsafe seeded ones.
 FEDSAMPLING_NODE_ANSWERS = "node-size-answers"
-#: The epsilon this node's size replies have spent in the run by basic
-#: composition, this one included (``query.sizes`` reply).
 FEDSAMPLING_NODE_EPSILON = "node-epsilon-spent"
-#: 1 when the node drew its coins from the seeded streams that are unsafe for
-#: privacy, else 0 (``query.sizes`` reply).
 FEDSAMPLING_NODE_REPRODUCIBLE_COINS = "node-reproducible-coins"
-#: Node config: the largest epsilon one size reply of this node may spend.
+#: Node config: the node's epsilon cap per size reply, and for the whole run.
 FEDSAMPLING_MAX_EPSILON_NODE_KEY = "fedsampling-max-epsilon"
-#: Node config: the epsilon this node's size replies may spend in all.
 FEDSAMPLING_EPSILON_BUDGET_NODE_KEY = "fedsampling-epsilon-budget"
 #: ``K``: the number of samples the round aims for (train config).
 FEDSAMPLING_SAMPLES_PER_ROUND = "samples-per-round"
@@ -546,9 +538,8 @@ AOCS_UPDATE_STEP = "aocs-update"
 PARTICIPATION_QUERY = "participation"
 #: SecAgg+'s ``clipping_range``: a secure vector's entries lie within it.
 CLIPPING_RANGE = "clipping-range"
-#: Public bound on ``v_i = n_i ||U_i||`` in the totals step.
+#: Public bounds on ``v_i = n_i ||U_i||`` and on ``n_i`` in the totals step.
 SCORE_BOUND = "score-bound"
-#: Public bound on ``n_i`` in the totals step.
 SIZE_BOUND = "size-bound"
 #: ``m / sum_j v_j``: a client's ``p_i`` starts at ``min(1, factor v_i)``.
 AOCS_START_FACTOR = "aocs-start-factor"
@@ -556,10 +547,8 @@ AOCS_START_FACTOR = "aocs-start-factor"
 AOCS_SCALES = "aocs-scales"
 #: Public bound on the norm of ``(n_i / p_i) U_i`` in the update step.
 UPDATE_BOUND = "update-bound"
-#: The node's public uniform draw ``r_i``.
+#: The server's uniform draw ``r_i``, taken only with (run config, unsafe):
 PARTICIPATION_DRAW = "participation-draw"
-#: Run config: ``true`` makes ``secure_aocs_mod`` take the server's
-#: ``participation-draw`` as its coin (unsafe for privacy: tests only).
 SECURE_AOCS_UNSAFE_PUBLIC_DRAWS = "secure-aocs-unsafe-public-draws"
 #: Reply: 1 if the node participates (``r_i < p_i``), else 0.
 PARTICIPATES = "participates"

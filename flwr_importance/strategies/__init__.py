@@ -26,10 +26,14 @@ from flwr_importance.strategies.mmfl import (
 )
 from flwr_importance.strategies.ocs import OptimalClientSampling
 from flwr_importance.strategies.power_of_choice import PowerOfChoice
-from flwr_importance.strategies.replies import ClientSideMissingError
+from flwr_importance.strategies.replies import (
+    ClientSideFailedError,
+    ClientSideMissingError,
+)
 
 __all__ = [
     "FOLB",
+    "ClientSideFailedError",
     "ClientSideMissingError",
     "ClusteredSampling",
     "FedSampling",

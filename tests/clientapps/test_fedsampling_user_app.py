@@ -39,6 +39,7 @@ from flwr_importance.clientapps.fedsampling import (
 from flwr_importance.sampling import bernoulli_keep
 from flwr_importance.strategies.arrays import flatten
 from flwr_importance.strategies.fedsampling import FedSampling
+from flwr_importance.strategies.replies import ClientSideFailedError
 from flwr_importance.tasks import Objective
 from flwr_importance.tooling.testing import InProcessGrid
 from tests.clientapps.quickstart_user import (
@@ -296,8 +297,9 @@ def test_a_node_refuses_an_epsilon_above_its_cap() -> None:
     strategy = FedSampling(
         samples_per_round=16, max_size=MAX_SIZE, epsilon=3.0, min_available_nodes=1
     )
-    messages = strategy.configure_train(1, initial_arrays(), ConfigRecord(), grid)
-    assert list(messages) == []  # no usable size reply: the round is skipped
+    # Every node refuses: nothing can train, the run stops quoting the node.
+    with pytest.raises(ClientSideFailedError, match="allows at most 2"):
+        strategy.configure_train(1, initial_arrays(), ConfigRecord(), grid)
     errors = wire_messages(grid, "to-server")
     assert len(errors) == 2 and all(reply.has_error() for reply in errors)
     assert "allows at most 2" in str(errors[0].error.reason)
