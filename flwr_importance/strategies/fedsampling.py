@@ -422,4 +422,9 @@ METHOD = MethodSpec(
     client_handlers="flwr_importance.clientapps.fedsampling:make_fedsampling_handlers",
     legacy="flwr_importance.compat.fedsampling:FedSampling",
     clients_per_round=False,
+    central_dp_refusal=(
+        "its sampling ratio K / N_tilde and its aggregate depend on the count "
+        "and the values of every client's size reply: no per-client bound (a "
+        "noisy-sum mode is not built)"
+    ),
 )

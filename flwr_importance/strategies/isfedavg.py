@@ -356,4 +356,8 @@ METHOD = MethodSpec(
     section="1-isfedavg-two-level-importance-sampling",
     client_handlers="flwr_importance.clientapps.isfedavg:make_isfedavg_handlers",
     legacy="flwr_importance.compat.isfedavg:ISFedAvg",
+    central_dp_refusal=(
+        "its probabilities are normalised over every client's reported "
+        "statistics: one client moves the others' weights"
+    ),
 )

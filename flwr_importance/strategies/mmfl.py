@@ -382,4 +382,9 @@ METHOD = MethodSpec(
     client_handlers="flwr_importance.clientapps.variance_reduced:make_mmfl_handlers",
     # Several models in one round trip: the legacy API carries one Parameters.
     legacy_api=False,
+    central_dp_refusal=(
+        "each client's probabilities p_{s|i} water-fill over every client's "
+        "norms, and its weights d_is are normalised over the replies: one "
+        "client moves the others' terms"
+    ),
 )
