@@ -69,7 +69,7 @@ import torch
 from flwr.app import Context, Message
 from torch import Tensor, nn
 
-from flwr_importance import protocol
+from flwr_importance import per_sample, protocol
 from flwr_importance.clientapps._device import model_device
 from flwr_importance.clientapps.common import (
     ClientHandler,
@@ -88,8 +88,7 @@ from flwr_importance.clientapps.isfedavg_sampler import (
     importance_loss_weights,
 )
 from flwr_importance.clientapps.messages import server_round_of
-from flwr_importance.tasks import _per_sample
-from flwr_importance.tasks._per_sample import SampleLoss
+from flwr_importance.per_sample import SampleLoss
 
 __all__ = [
     "SAMPLE_STATE_KEY",
@@ -130,7 +129,7 @@ def per_sample_grad_norms(
     torch.Tensor
         Shape ``(B,)``.
     """
-    return _per_sample.per_sample_grad_norms(model, inputs, targets, sample_loss, 0.0)
+    return per_sample.per_sample_grad_norms(model, inputs, targets, sample_loss, 0.0)
 
 
 def importance_sampled_sgd(

@@ -35,9 +35,9 @@ from flwr_importance.clientapps.messages import (
     config_number,
     server_round_of,
 )
+from flwr_importance.per_sample import SampleLoss, weighted_gradient_and_norms
 from flwr_importance.sampling import systematic_sample, update_sample_probs
-from flwr_importance.tasks import WeightedStep, _per_sample
-from flwr_importance.tasks._per_sample import SampleLoss
+from flwr_importance.tasks import WeightedStep
 
 #: Where the node keeps its per-sample state in ``context.state``: an
 #: ArrayRecord with ``probs`` (``p_n``) and ``grad-norms`` (the last
@@ -380,7 +380,7 @@ class ImportanceSampler(Sampler[list[int]]):
         """
         if self._observed or self._batch is None:
             raise RuntimeError("ISFedAvg: observe() once per drawn batch")
-        gradient, norms = _per_sample.weighted_gradient_and_norms(
+        gradient, norms = weighted_gradient_and_norms(
             model, inputs, targets, sample_loss, l2, self.loss_weights()
         )
         client_scale = self.settings.num_clients * self.settings.client_prob

@@ -1,0 +1,264 @@
+"""What a forward pass records of each layer call, and its per-sample contribution.
+
+A *piece* is one call of a layer (or one linear map inside a recurrent or
+attention layer): the operands the layer-wise identities of
+:mod:`flwr_importance.per_sample.layers` need, plus the gradient edge of the
+output whose gradient ``D`` the backward pass returns. A layer called several
+times in one forward pass (a weight shared over time steps, a block applied
+twice) leaves one piece per call; its pieces are joined along the positions
+before any norm is taken, since a sample's gradient is the sum over calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F  # noqa: N812 (the conventional alias)
+from torch import Tensor
+from torch.autograd.graph import GradientEdge, get_gradient_edge
+
+from flwr_importance.per_sample import layers
+
+#: Maps the gradient of a piece's output to the layout its math expects.
+Layout = Callable[[Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class DensePiece:
+    """A weight applied at positions: ``Z_b = A_b W[rows]^T + bias[bias_rows]``.
+
+    ``inputs`` is ``A``, ``(B, G, T, fan_in)``; ``layout`` maps the output's
+    gradient to ``(B, G, T, fan_out)``. The rows pick one projection out of a
+    stacked weight (attention's ``in_proj_weight``).
+    """
+
+    weight: Tensor
+    bias: Tensor | None
+    inputs: Tensor
+    output: GradientEdge
+    output_shape: tuple[int, ...]
+    layout: Layout
+    rows: slice = field(default_factory=lambda: slice(None))
+    bias_rows: slice = field(default_factory=lambda: slice(None))
+
+
+@dataclass(frozen=True)
+class AffinePiece:
+    """A per-feature scale and shift of ``normalized`` (``(B, T, C)``)."""
+
+    weight: Tensor | None
+    bias: Tensor | None
+    normalized: Tensor
+    output: GradientEdge
+    output_shape: tuple[int, ...]
+    layout: Layout
+
+
+@dataclass(frozen=True)
+class EmbeddingPiece:
+    """Rows ``indices`` (``(B, T)``) of ``weight`` looked up."""
+
+    weight: Tensor
+    indices: Tensor
+    padding_idx: int | None
+    output: GradientEdge
+    output_shape: tuple[int, ...]
+    layout: Layout
+
+
+Piece = DensePiece | AffinePiece | EmbeddingPiece
+
+
+class Recorder:
+    """Collects the pieces of one forward pass, and why it cannot be served.
+
+    Saved tensors are detached views of the model's own; :meth:`check_unchanged`
+    tells whether the forward pass modified one of them in place afterwards.
+    """
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+        self.pieces: list[Piece] = []
+        self.problems: list[str] = []
+        self._versions: list[tuple[Tensor, int]] = []
+
+    def saved(self, tensor: Tensor) -> Tensor:
+        """``tensor`` detached, remembered to check it is not changed in place."""
+        self._versions.append((tensor, tensor._version))
+        return tensor.detach()
+
+    def batched(self, tensor: Tensor, what: str) -> bool:
+        """Whether ``tensor``'s first dimension is the batch; else note a problem."""
+        if tensor.dim() >= 2 and tensor.shape[0] == self.batch_size:
+            return True
+        self.problems.append(
+            f"{what} got a tensor of shape {tuple(tensor.shape)}, not batch-first"
+        )
+        return False
+
+    def check_unchanged(self) -> None:
+        """Note a problem if a saved tensor was modified in place."""
+        if any(tensor._version != version for tensor, version in self._versions):
+            self.problems.append("a layer input was modified in place")
+
+
+def edge_of(output: Tensor) -> tuple[GradientEdge, tuple[int, ...]]:
+    """The gradient edge of ``output`` now (before any in-place op), and its shape."""
+    return get_gradient_edge(output), tuple(output.shape)
+
+
+@dataclass
+class Contribution:
+    """What the pieces of one parameter set add to the per-sample quantities."""
+
+    squared_norms: Tensor
+    #: ``<grad_b, parameters>``, needed for the L2 regularizer (None if unused).
+    inner_with_parameters: Tensor | None
+    #: Weighted gradient per parameter: ``(parameter, rows, gradient)``.
+    gradients: list[tuple[Tensor, slice, Tensor]]
+
+
+def dense_contribution(
+    pieces: Sequence[DensePiece],
+    output_grads: Sequence[Tensor],
+    sample_weights: Tensor | None,
+    with_inner: bool,
+) -> Contribution:
+    """The calls of one dense weight, joined along the positions."""
+    first = pieces[0]
+    inputs = torch.cat([piece.inputs for piece in pieces], dim=2)
+    grads = torch.cat(
+        [piece.layout(grad) for piece, grad in zip(pieces, output_grads, strict=True)],
+        dim=2,
+    )
+    weight = first.weight[first.rows]
+    bias = None if first.bias is None else first.bias[first.bias_rows]
+    squared = layers.dense_squared_norms(inputs, grads)
+    bias_grads = None
+    if bias is not None:
+        bias_grads = layers.summed_bias_grads(grads)
+        squared = squared + layers.row_squared_norms(bias_grads)
+    inner = None
+    if with_inner:
+        # <D_b^T A_b, W> + <sum_t D_bt, bias> = <D_b, A_b W^T + bias>.
+        group_weight = weight.reshape(inputs.shape[1], grads.shape[3], -1)
+        outputs = torch.einsum("bgti,goi->bgto", inputs, group_weight)
+        if bias is not None:
+            outputs = outputs + bias.reshape(1, inputs.shape[1], 1, -1)
+        inner = (grads * outputs).flatten(start_dim=1).sum(dim=1)
+    gradients = []
+    if sample_weights is not None:
+        gradient = layers.dense_weighted_gradient(inputs, grads, sample_weights)
+        gradients.append((first.weight, first.rows, gradient.reshape(weight.shape)))
+        if first.bias is not None and bias is not None and bias_grads is not None:
+            bias_gradient = sample_weights @ bias_grads.flatten(start_dim=1)
+            gradients.append(
+                (first.bias, first.bias_rows, bias_gradient.reshape(bias.shape))
+            )
+    return Contribution(squared, inner, gradients)
+
+
+def affine_contribution(
+    pieces: Sequence[AffinePiece],
+    output_grads: Sequence[Tensor],
+    sample_weights: Tensor | None,
+    with_inner: bool,
+) -> Contribution:
+    """The calls of one normalization layer's scale and shift."""
+    first = pieces[0]
+    normalized = torch.cat([piece.normalized for piece in pieces], dim=1)
+    grads = torch.cat(
+        [piece.layout(grad) for piece, grad in zip(pieces, output_grads, strict=True)],
+        dim=1,
+    )
+    squared = normalized.new_zeros(normalized.shape[0])
+    inner = normalized.new_zeros(normalized.shape[0]) if with_inner else None
+    gradients = []
+    for parameter, sample_grads in (
+        (first.weight, lambda: layers.affine_sample_grads(normalized, grads)),
+        (first.bias, lambda: grads.sum(dim=1)),
+    ):
+        if parameter is None:
+            continue
+        per_sample = sample_grads()
+        squared = squared + layers.row_squared_norms(per_sample)
+        if inner is not None:
+            inner = inner + per_sample @ parameter.reshape(-1)
+        if sample_weights is not None:
+            gradients.append(
+                (
+                    parameter,
+                    slice(None),
+                    (sample_weights @ per_sample).view_as(parameter),
+                )
+            )
+    return Contribution(squared, inner, gradients)
+
+
+def embedding_contribution(
+    pieces: Sequence[EmbeddingPiece],
+    output_grads: Sequence[Tensor],
+    sample_weights: Tensor | None,
+    with_inner: bool,
+) -> Contribution:
+    """The calls of one embedding table."""
+    first = pieces[0]
+    indices = torch.cat([piece.indices for piece in pieces], dim=1)
+    grads = torch.cat(
+        [piece.layout(grad) for piece, grad in zip(pieces, output_grads, strict=True)],
+        dim=1,
+    )
+    if first.padding_idx is not None:
+        # The padding row gets no gradient.
+        grads = grads * (indices != first.padding_idx).unsqueeze(2).to(grads)
+    num_embeddings = first.weight.shape[0]
+    squared = layers.embedding_squared_norms(indices, grads, num_embeddings)
+    inner = None
+    if with_inner:
+        inner = (grads * F.embedding(indices, first.weight)).sum(dim=(1, 2))
+    gradients = []
+    if sample_weights is not None:
+        gradient = layers.embedding_weighted_gradient(
+            indices, grads, sample_weights, num_embeddings
+        )
+        gradients.append((first.weight, slice(None), gradient))
+    return Contribution(squared, inner, gradients)
+
+
+def piece_key(piece: Piece) -> tuple[int, object]:
+    """Pieces with one key belong to the same parameters and are joined."""
+    rows = piece.rows if isinstance(piece, DensePiece) else slice(None)
+    anchor = piece.weight if piece.weight is not None else piece.bias
+    return id(anchor), (rows.start, rows.stop)
+
+
+def contribution(
+    pieces: Sequence[Piece],
+    output_grads: Sequence[Tensor],
+    sample_weights: Tensor | None,
+    with_inner: bool,
+) -> Contribution:
+    """Dispatch the pieces of one key (all of one type) to their math."""
+    first = pieces[0]
+    if isinstance(first, DensePiece):
+        return dense_contribution(
+            [p for p in pieces if isinstance(p, DensePiece)],
+            output_grads,
+            sample_weights,
+            with_inner,
+        )
+    if isinstance(first, AffinePiece):
+        return affine_contribution(
+            [p for p in pieces if isinstance(p, AffinePiece)],
+            output_grads,
+            sample_weights,
+            with_inner,
+        )
+    return embedding_contribution(
+        [p for p in pieces if isinstance(p, EmbeddingPiece)],
+        output_grads,
+        sample_weights,
+        with_inner,
+    )
