@@ -181,6 +181,7 @@ class CharTransformer(nn.Module):
         positions = torch.zeros(max_length, d_model)
         positions[:, 0::2] = torch.sin(position * frequency)
         positions[:, 1::2] = torch.cos(position * frequency)
+        self.positions: Tensor
         self.register_buffer("positions", positions)
 
     def forward(self, characters: Tensor) -> Tensor:
