@@ -17,7 +17,6 @@ import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from types import EllipsisType
 from typing import Any
 
 import torch.nn.functional as F  # noqa: N812 (the conventional alias)
@@ -29,6 +28,7 @@ from torch.utils.hooks import RemovableHandle
 from flwr_importance.per_sample import recurrent
 from flwr_importance.per_sample.pieces import (
     AffinePiece,
+    ConvPiece,
     DensePiece,
     EmbeddingPiece,
     Recorder,
@@ -160,7 +160,7 @@ def _hook(recorder: Recorder) -> Callable[[nn.Module, tuple[Any, ...], Tensor], 
 
 def _piece(
     module: nn.Module, layer_input: Tensor, output: Tensor
-) -> DensePiece | AffinePiece | EmbeddingPiece:
+) -> DensePiece | ConvPiece | AffinePiece | EmbeddingPiece:
     """The piece of one call of a hooked layer."""
     batch_size = layer_input.shape[0]
     edge, shape = edge_of(output)
@@ -174,18 +174,21 @@ def _piece(
             layout=lambda grad: grad.reshape(batch_size, 1, -1, grad.shape[-1]),
         )
     if isinstance(module, _ConvNd):
-        groups = module.groups
-        patches = conv_patches(module, layer_input)
-        return DensePiece(
-            weight=module.weight,
-            bias=module.bias,
-            inputs=patches,
-            output=edge,
-            output_shape=shape,
-            layout=lambda grad: grad.reshape(
-                batch_size, groups, grad.shape[1] // groups, -1
-            ).transpose(2, 3),
+        spatial = layer_input.dim() - 2
+        if module.padding_mode == "zeros" and not isinstance(module.padding, str):
+            return ConvPiece(module, layer_input, module.padding, edge, shape)
+        # Other padding modes, and "same" (maybe one more on one side), pad
+        # the input themselves.
+        padded = (
+            F.pad(
+                layer_input,
+                module._reversed_padding_repeated_twice,
+                mode=module.padding_mode,
+            )
+            if module.padding_mode != "zeros"
+            else F.pad(layer_input, _zero_padding(module, spatial))
         )
+        return ConvPiece(module, padded, (0,) * spatial, edge, shape)
     if isinstance(module, nn.Embedding):
         return EmbeddingPiece(
             weight=module.weight,
@@ -237,41 +240,6 @@ def _channel_normalized(module: nn.Module, layer_input: Tensor) -> Tensor:
     return (layer_input - mean) / (
         module.running_var.reshape(shape) + module.eps
     ).sqrt()
-
-
-def conv_patches(conv: _ConvNd, layer_input: Tensor) -> Tensor:
-    """The input patches each kernel position sees: ``(B, G, L, C/G * prod(k))``.
-
-    Pads as the layer does (its padding mode, ``"same"`` and ``"valid"``
-    included), then takes windows of ``dilation (k - 1) + 1`` every ``stride``
-    along each spatial dimension, keeping every ``dilation``-th element; the
-    patch features are ordered as the flattened weight ``(C/G, *k)``.
-    """
-    spatial = layer_input.dim() - 2
-    kernel, dilation, stride = conv.kernel_size, conv.dilation, conv.stride
-    if conv.padding_mode != "zeros":
-        padded = F.pad(
-            layer_input,
-            conv._reversed_padding_repeated_twice,
-            mode=conv.padding_mode,
-        )
-    else:
-        padded = F.pad(layer_input, _zero_padding(conv, spatial))
-    windows = padded
-    for dim in range(spatial):
-        span = dilation[dim] * (kernel[dim] - 1) + 1
-        windows = windows.unfold(2 + dim, span, stride[dim])
-    # (B, C, L_1..L_n, span_1..span_n) -> every dilation-th element of a span.
-    every_dilation: tuple[EllipsisType | slice, ...] = (
-        Ellipsis,
-        *(slice(None, None, d) for d in dilation),
-    )
-    windows = windows[every_dilation]
-    batch_size = windows.shape[0]
-    positions = math.prod(windows.shape[2 : 2 + spatial])
-    order = (0, *range(2, 2 + spatial), 1, *range(2 + spatial, 2 + 2 * spatial))
-    patches = windows.permute(order).reshape(batch_size, positions, conv.groups, -1)
-    return patches.transpose(1, 2)
 
 
 def _zero_padding(conv: _ConvNd, spatial: int) -> list[int]:

@@ -26,7 +26,11 @@ Three shapes of layer cover the layers of :mod:`flwr_importance.per_sample`:
 
 from __future__ import annotations
 
+import math
+from types import EllipsisType
+
 import torch
+import torch.nn.functional as F  # noqa: N812 (the conventional alias)
 from torch import Tensor
 
 
@@ -64,59 +68,181 @@ def dense_uses_gram(positions: int, fan_in: int, fan_out: int) -> bool:
     return positions * (fan_in + fan_out) < fan_in * fan_out
 
 
-def dense_squared_norms(inputs: Tensor, output_grads: Tensor) -> Tensor:
-    """``||D_b^T A_b||^2`` for every sample ``b``, summed over groups.
+def dense_norms_and_gradient(
+    inputs: Tensor, output_grads: Tensor, sample_weights: Tensor | None
+) -> tuple[Tensor, Tensor | None]:
+    """``||D_b^T A_b||^2`` for every sample ``b``, and ``sum_b c_b D_b^T A_b``.
 
     Parameters
     ----------
     inputs : torch.Tensor
         ``A``, shaped ``(B, G, T, fan_in)``: ``G`` independent weight blocks
         (a grouped convolution's groups; 1 otherwise), each applied at ``T``
-        positions.
+        positions. Strided views are fine (no copy is made of them).
     output_grads : torch.Tensor
         ``D``, shaped ``(B, G, T, fan_out)``.
+    sample_weights : torch.Tensor or None
+        ``(B,)`` weights ``c_b``; None: no weighted gradient.
 
     Returns
     -------
-    torch.Tensor
-        Shape ``(B,)``.
+    tuple of (torch.Tensor, torch.Tensor or None)
+        The ``(B,)`` squared norms summed over the groups, and the weighted
+        gradient ``(G, fan_out, fan_in)`` (None without weights). Where the
+        per-sample gradients are materialized, the weighted gradient is their
+        weighted sum.
 
     Examples
     --------
     >>> import torch
     >>> a, d = torch.randn(3, 1, 5, 4), torch.randn(3, 1, 5, 2)
-    >>> direct = (d.transpose(2, 3) @ a).pow(2).sum((1, 2, 3))
-    >>> torch.allclose(dense_squared_norms(a, d), direct)
+    >>> per_sample = d.transpose(2, 3) @ a
+    >>> squared, weighted = dense_norms_and_gradient(a, d, torch.ones(3))
+    >>> torch.allclose(squared, per_sample.pow(2).sum((1, 2, 3)))
+    True
+    >>> torch.allclose(weighted, per_sample.sum(0))
     True
     """
     positions, fan_in, fan_out = inputs.shape[2], inputs.shape[3], output_grads.shape[3]
-    if positions == 1:
-        return (
-            (inputs.square().sum(dim=3) * output_grads.square().sum(dim=3))
-            .flatten(start_dim=1)
-            .sum(dim=1)
-        )
-    if dense_uses_gram(positions, fan_in, fan_out):
-        input_gram = inputs @ inputs.transpose(2, 3)
-        grad_gram = output_grads @ output_grads.transpose(2, 3)
-        return (input_gram * grad_gram).flatten(start_dim=1).sum(dim=1)
-    return row_squared_norms(output_grads.transpose(2, 3) @ inputs)
+    if positions == 1 or dense_uses_gram(positions, fan_in, fan_out):
+        if positions == 1:
+            squared = (
+                inputs.square().sum(dim=3) * output_grads.square().sum(dim=3)
+            ).sum(dim=(1, 2))
+        else:
+            input_gram = inputs @ inputs.transpose(2, 3)
+            grad_gram = output_grads @ output_grads.transpose(2, 3)
+            squared = (input_gram * grad_gram).sum(dim=(1, 2, 3))
+        if sample_weights is None:
+            return squared, None
+        weighted = output_grads * sample_weights.reshape(-1, 1, 1, 1)
+        return squared, torch.einsum("bgto,bgti->goi", weighted, inputs)
+    per_sample = output_grads.transpose(2, 3) @ inputs
+    squared = row_squared_norms(per_sample)
+    if sample_weights is None:
+        return squared, None
+    return squared, torch.tensordot(sample_weights, per_sample, dims=1)
 
 
-def dense_weighted_gradient(
-    inputs: Tensor, output_grads: Tensor, sample_weights: Tensor
+def conv_sample_weight_grads(
+    inputs: Tensor,
+    output_grads: Tensor,
+    weight_shape: tuple[int, ...],
+    *,
+    stride: tuple[int, ...],
+    padding: tuple[int, ...],
+    dilation: tuple[int, ...],
+    groups: int,
 ) -> Tensor:
-    """``sum_b c_b D_b^T A_b``, shaped ``(G, fan_out, fan_in)``.
+    """Every sample's convolution weight gradient, ``(B, *weight_shape)``.
+
+    The batch becomes ``B`` groups of one convolution (samples side by side
+    along the channels), whose weight gradient, by the convolution's own
+    backward kernel, is the ``B`` per-sample gradients stacked.
+
+    Parameters
+    ----------
+    inputs : torch.Tensor
+        The layer's ``(B, C, *spatial)`` input (padded, unless ``padding``
+        does it).
+    output_grads : torch.Tensor
+        ``(B, O, *out_spatial)``.
+    weight_shape : tuple of int
+        ``(O, C / groups, *kernel)``.
+    stride, padding, dilation, groups
+        The layer's.
 
     Examples
     --------
     >>> import torch
-    >>> a, d = torch.ones(2, 1, 3, 1), torch.ones(2, 1, 3, 1)
-    >>> dense_weighted_gradient(a, d, torch.tensor([1.0, 0.5]))
-    tensor([[[4.5000]]])
+    >>> import torch.nn.functional as F
+    >>> x, w = torch.randn(2, 3, 5), torch.randn(4, 3, 2, requires_grad=True)
+    >>> d = torch.randn(2, 4, 4)
+    >>> grads = conv_sample_weight_grads(
+    ...     x, d, (4, 3, 2), stride=(1,), padding=(0,), dilation=(1,), groups=1
+    ... )
+    >>> first, = torch.autograd.grad(F.conv1d(x[:1], w), w, d[:1])
+    >>> torch.allclose(grads[0], first, atol=1e-6)
+    True
     """
-    weighted = output_grads * sample_weights.reshape(-1, 1, 1, 1)
-    return torch.einsum("bgto,bgti->goi", weighted, inputs)
+    batch_size = inputs.shape[0]
+    out_channels = weight_shape[0]
+    stacked = (batch_size * out_channels, *weight_shape[1:])
+    grads = torch.ops.aten.convolution_backward(
+        output_grads.reshape(1, batch_size * out_channels, *output_grads.shape[2:]),
+        inputs.reshape(1, -1, *inputs.shape[2:]),
+        # Only the weight's shape is read.
+        output_grads.new_empty(1).expand(stacked),
+        None,
+        list(stride),
+        list(padding),
+        list(dilation),
+        False,
+        [0] * len(stride),
+        batch_size * groups,
+        (False, True, False),
+    )[1]
+    return grads.reshape(batch_size, *weight_shape)
+
+
+def conv_patches(
+    inputs: Tensor,
+    *,
+    kernel_size: tuple[int, ...],
+    stride: tuple[int, ...],
+    padding: tuple[int, ...],
+    dilation: tuple[int, ...],
+    groups: int,
+) -> Tensor:
+    """The input patches each kernel position sees: ``(B, G, L, C/G * prod(k))``.
+
+    Windows of ``dilation (k - 1) + 1`` every ``stride`` along each spatial
+    dimension of the zero-padded input, keeping every ``dilation``-th element
+    (``F.unfold``'s im2col for 1-d and 2-d inputs, strided windows for 3-d);
+    the patch features are ordered as the flattened weight ``(C/G, *k)``. The
+    result is a transposed view of a contiguous ``(B, G, C/G * prod(k), L)``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> patches = conv_patches(
+    ...     torch.arange(4.0).reshape(1, 1, 4),
+    ...     kernel_size=(2,), stride=(2,), padding=(0,), dilation=(1,), groups=1,
+    ... )
+    >>> patches
+    tensor([[[[0., 1.],
+              [2., 3.]]]])
+    """
+    spatial = inputs.dim() - 2
+    batch_size = inputs.shape[0]
+    if spatial <= 2:
+
+        def as_2d(values: tuple[int, ...]) -> tuple[int, int]:
+            # A 1-d input is a 2-d one of height 1.
+            return (1, values[0]) if spatial == 1 else (values[0], values[1])
+
+        columns = F.unfold(
+            inputs if spatial == 2 else inputs.unsqueeze(2),
+            kernel_size=as_2d(kernel_size),
+            dilation=as_2d(dilation),
+            padding=(0, padding[0]) if spatial == 1 else as_2d(padding),
+            stride=as_2d(stride),
+        )
+        return columns.reshape(batch_size, groups, -1, columns.shape[2]).transpose(2, 3)
+    windows = F.pad(inputs, [p for p in reversed(padding) for _ in range(2)])
+    for dim in range(spatial):
+        span = dilation[dim] * (kernel_size[dim] - 1) + 1
+        windows = windows.unfold(2 + dim, span, stride[dim])
+    # (B, C, L_1..L_n, span_1..span_n) -> every dilation-th element of a span.
+    every_dilation: tuple[EllipsisType | slice, ...] = (
+        Ellipsis,
+        *(slice(None, None, d) for d in dilation),
+    )
+    windows = windows[every_dilation]
+    positions = math.prod(windows.shape[2 : 2 + spatial])
+    order = (0, 1, *range(2 + spatial, 2 + 2 * spatial), *range(2, 2 + spatial))
+    columns = windows.permute(order).reshape(batch_size, groups, -1, positions)
+    return columns.transpose(2, 3)
 
 
 def summed_bias_grads(output_grads: Tensor) -> Tensor:

@@ -11,6 +11,7 @@ before any norm is taken, since a sample's gradient is the sum over calls.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -18,6 +19,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812 (the conventional alias)
 from torch import Tensor
 from torch.autograd.graph import GradientEdge, get_gradient_edge
+from torch.nn.modules.conv import _ConvNd
 
 from flwr_importance.per_sample import layers
 
@@ -45,6 +47,44 @@ class DensePiece:
 
 
 @dataclass(frozen=True)
+class ConvPiece:
+    """A call of a convolution on ``inputs`` (padded as ``padding`` says)."""
+
+    conv: _ConvNd
+    inputs: Tensor
+    padding: tuple[int, ...]
+    output: GradientEdge
+    output_shape: tuple[int, ...]
+
+    @property
+    def weight(self) -> Tensor:
+        """The convolution's kernel."""
+        return self.conv.weight
+
+    def patches(self) -> DensePiece:
+        """The same call as a dense piece over its input patches."""
+        groups = self.conv.groups
+        batch_size = self.inputs.shape[0]
+        return DensePiece(
+            weight=self.conv.weight,
+            bias=self.conv.bias,
+            inputs=layers.conv_patches(
+                self.inputs,
+                kernel_size=self.conv.kernel_size,
+                stride=self.conv.stride,
+                padding=self.padding,
+                dilation=self.conv.dilation,
+                groups=groups,
+            ),
+            output=self.output,
+            output_shape=self.output_shape,
+            layout=lambda grad: grad.reshape(
+                batch_size, groups, grad.shape[1] // groups, -1
+            ).transpose(2, 3),
+        )
+
+
+@dataclass(frozen=True)
 class AffinePiece:
     """A per-feature scale and shift of ``normalized`` (``(B, T, C)``)."""
 
@@ -68,7 +108,7 @@ class EmbeddingPiece:
     layout: Layout
 
 
-Piece = DensePiece | AffinePiece | EmbeddingPiece
+Piece = DensePiece | ConvPiece | AffinePiece | EmbeddingPiece
 
 
 class Recorder:
@@ -120,6 +160,11 @@ class Contribution:
     gradients: list[tuple[Tensor, slice, Tensor]]
 
 
+def joined(tensors: Sequence[Tensor], dim: int) -> Tensor:
+    """The tensors of a layer's calls concatenated along positions (no copy for one)."""
+    return tensors[0] if len(tensors) == 1 else torch.cat(list(tensors), dim=dim)
+
+
 def dense_contribution(
     pieces: Sequence[DensePiece],
     output_grads: Sequence[Tensor],
@@ -128,14 +173,16 @@ def dense_contribution(
 ) -> Contribution:
     """The calls of one dense weight, joined along the positions."""
     first = pieces[0]
-    inputs = torch.cat([piece.inputs for piece in pieces], dim=2)
-    grads = torch.cat(
+    inputs = joined([piece.inputs for piece in pieces], dim=2)
+    grads = joined(
         [piece.layout(grad) for piece, grad in zip(pieces, output_grads, strict=True)],
         dim=2,
     )
     weight = first.weight[first.rows]
     bias = None if first.bias is None else first.bias[first.bias_rows]
-    squared = layers.dense_squared_norms(inputs, grads)
+    squared, weight_gradient = layers.dense_norms_and_gradient(
+        inputs, grads, sample_weights
+    )
     bias_grads = None
     if bias is not None:
         bias_grads = layers.summed_bias_grads(grads)
@@ -149,40 +196,74 @@ def dense_contribution(
             outputs = outputs + bias.reshape(1, inputs.shape[1], 1, -1)
         inner = (grads * outputs).flatten(start_dim=1).sum(dim=1)
     gradients = []
-    if sample_weights is not None:
-        gradient = layers.dense_weighted_gradient(inputs, grads, sample_weights)
-        gradients.append((first.weight, first.rows, gradient.reshape(weight.shape)))
-        if first.bias is not None and bias is not None and bias_grads is not None:
-            bias_gradient = sample_weights @ bias_grads.flatten(start_dim=1)
-            gradients.append(
-                (first.bias, first.bias_rows, bias_gradient.reshape(bias.shape))
-            )
+    if weight_gradient is not None:
+        gradients.append(
+            (first.weight, first.rows, weight_gradient.reshape(weight.shape))
+        )
+    if sample_weights is not None and first.bias is not None and bias_grads is not None:
+        assert bias is not None
+        bias_gradient = sample_weights @ bias_grads.flatten(start_dim=1)
+        gradients.append(
+            (first.bias, first.bias_rows, bias_gradient.reshape(bias.shape))
+        )
     return Contribution(squared, inner, gradients)
 
 
-def affine_contribution(
-    pieces: Sequence[AffinePiece],
+def conv_contribution(
+    pieces: Sequence[ConvPiece],
     output_grads: Sequence[Tensor],
     sample_weights: Tensor | None,
     with_inner: bool,
 ) -> Contribution:
-    """The calls of one normalization layer's scale and shift."""
-    first = pieces[0]
-    normalized = torch.cat([piece.normalized for piece in pieces], dim=1)
-    grads = torch.cat(
-        [piece.layout(grad) for piece, grad in zip(pieces, output_grads, strict=True)],
-        dim=1,
+    """The calls of one convolution: Gram form over patches, or materialized.
+
+    Materialized per-sample kernels come from the convolution's own backward
+    kernel (:func:`~flwr_importance.per_sample.layers.conv_sample_weight_grads`),
+    which beats building the input patches wherever the Gram form does not pay.
+    """
+    conv = pieces[0].conv
+    positions = sum(math.prod(piece.output_shape[2:]) for piece in pieces)
+    fan_in = conv.weight[0].numel()
+    out_per_group = conv.out_channels // conv.groups
+    if layers.dense_uses_gram(positions, fan_in, out_per_group):
+        return dense_contribution(
+            [piece.patches() for piece in pieces],
+            output_grads,
+            sample_weights,
+            with_inner,
+        )
+    per_sample = sum(
+        layers.conv_sample_weight_grads(
+            piece.inputs,
+            grad,
+            tuple(conv.weight.shape),
+            stride=conv.stride,
+            padding=piece.padding,
+            dilation=conv.dilation,
+            groups=conv.groups,
+        )
+        for piece, grad in zip(pieces, output_grads, strict=True)
     )
-    squared = normalized.new_zeros(normalized.shape[0])
-    inner = normalized.new_zeros(normalized.shape[0]) if with_inner else None
+    assert isinstance(per_sample, Tensor)
+    sample_grads = [(conv.weight, per_sample.flatten(start_dim=1))]
+    if conv.bias is not None:
+        bias_grads = sum(grad.flatten(start_dim=2).sum(dim=2) for grad in output_grads)
+        assert isinstance(bias_grads, Tensor)
+        sample_grads.append((conv.bias, bias_grads))
+    return materialized_contribution(sample_grads, sample_weights, with_inner)
+
+
+def materialized_contribution(
+    sample_grads: Sequence[tuple[Tensor, Tensor]],
+    sample_weights: Tensor | None,
+    with_inner: bool,
+) -> Contribution:
+    """What parameters with ``(B, numel)`` per-sample gradients at hand add."""
+    first = sample_grads[0][1]
+    squared = first.new_zeros(first.shape[0])
+    inner = first.new_zeros(first.shape[0]) if with_inner else None
     gradients = []
-    for parameter, sample_grads in (
-        (first.weight, lambda: layers.affine_sample_grads(normalized, grads)),
-        (first.bias, lambda: grads.sum(dim=1)),
-    ):
-        if parameter is None:
-            continue
-        per_sample = sample_grads()
+    for parameter, per_sample in sample_grads:
         squared = squared + layers.row_squared_norms(per_sample)
         if inner is not None:
             inner = inner + per_sample @ parameter.reshape(-1)
@@ -197,6 +278,29 @@ def affine_contribution(
     return Contribution(squared, inner, gradients)
 
 
+def affine_contribution(
+    pieces: Sequence[AffinePiece],
+    output_grads: Sequence[Tensor],
+    sample_weights: Tensor | None,
+    with_inner: bool,
+) -> Contribution:
+    """The calls of one normalization layer's scale and shift."""
+    first = pieces[0]
+    normalized = joined([piece.normalized for piece in pieces], dim=1)
+    grads = joined(
+        [piece.layout(grad) for piece, grad in zip(pieces, output_grads, strict=True)],
+        dim=1,
+    )
+    sample_grads = []
+    if first.weight is not None:
+        sample_grads.append(
+            (first.weight, layers.affine_sample_grads(normalized, grads))
+        )
+    if first.bias is not None:
+        sample_grads.append((first.bias, grads.sum(dim=1)))
+    return materialized_contribution(sample_grads, sample_weights, with_inner)
+
+
 def embedding_contribution(
     pieces: Sequence[EmbeddingPiece],
     output_grads: Sequence[Tensor],
@@ -205,8 +309,8 @@ def embedding_contribution(
 ) -> Contribution:
     """The calls of one embedding table."""
     first = pieces[0]
-    indices = torch.cat([piece.indices for piece in pieces], dim=1)
-    grads = torch.cat(
+    indices = joined([piece.indices for piece in pieces], dim=1)
+    grads = joined(
         [piece.layout(grad) for piece, grad in zip(pieces, output_grads, strict=True)],
         dim=1,
     )
@@ -245,6 +349,13 @@ def contribution(
     if isinstance(first, DensePiece):
         return dense_contribution(
             [p for p in pieces if isinstance(p, DensePiece)],
+            output_grads,
+            sample_weights,
+            with_inner,
+        )
+    if isinstance(first, ConvPiece):
+        return conv_contribution(
+            [p for p in pieces if isinstance(p, ConvPiece)],
             output_grads,
             sample_weights,
             with_inner,

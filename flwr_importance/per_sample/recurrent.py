@@ -149,9 +149,11 @@ def _lstm_layer(
     if bias_hh is not None:
         input_part = input_part + bias_hh
     previous, outputs = [], []
-    for t in range(steps.shape[1]):
+    # unbind: one backward node for all steps (a slice per step would each
+    # scatter into a zero tensor of the whole sequence).
+    for step_input in input_part.unbind(dim=1):
         previous.append(h)
-        gates = input_part[:, t] + F.linear(h, weight_hh)
+        gates = step_input + F.linear(h, weight_hh)
         in_gate, forget_gate, cell_gate, out_gate = gates.chunk(4, dim=1)
         c = torch.sigmoid(forget_gate) * c + torch.sigmoid(in_gate) * torch.tanh(
             cell_gate
@@ -182,10 +184,12 @@ def _gru_layer(
     # A zero added to every step's hidden part: its gradient is that part's.
     offset = input_part.new_zeros(batch_size, length, width, requires_grad=True)
     previous, outputs = [], []
-    for t in range(length):
+    for step_input, step_offset in zip(
+        input_part.unbind(dim=1), offset.unbind(dim=1), strict=True
+    ):
         previous.append(h)
-        hidden_part = F.linear(h, weight_hh, bias_hh) + offset[:, t]
-        input_r, input_z, input_n = input_part[:, t].chunk(3, dim=1)
+        hidden_part = F.linear(h, weight_hh, bias_hh) + step_offset
+        input_r, input_z, input_n = step_input.chunk(3, dim=1)
         hidden_r, hidden_z, hidden_n = hidden_part.chunk(3, dim=1)
         reset = torch.sigmoid(input_r + hidden_r)
         update = torch.sigmoid(input_z + hidden_z)
