@@ -39,7 +39,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F  # noqa: N812 (the conventional alias)
 from torch import Tensor, nn
 
 from benchmarks.harness import benchmark_parser, markdown_table
@@ -68,6 +67,9 @@ NUM_CLASSES = 10
 LEARNING_RATE = 0.01
 
 
+CLASSIFICATION = Objective("classification")
+
+
 @dataclass(frozen=True)
 class Case:
     """One benchmarked model: how to build it and a batch for it."""
@@ -76,7 +78,7 @@ class Case:
     #: ``(batch size, small, generator) -> (x, y)``.
     batch: Callable[[int, bool, torch.Generator], tuple[Tensor, Tensor]]
     batch_size: int
-    objective: Objective = Objective("classification")
+    objective: Objective = CLASSIFICATION
 
 
 def images(
@@ -174,12 +176,12 @@ def opacus_step(
         with torch.no_grad():
             squared = torch.zeros_like(weights)
             for parameter in parameters:
-                sample_grads = parameter.grad_sample  # type: ignore[attr-defined]
+                sample_grads = parameter.grad_sample
                 squared += sample_grads.flatten(start_dim=1).square().sum(dim=1)
                 parameter.sub_(
                     LEARNING_RATE * torch.tensordot(weights, sample_grads, dims=1)
                 )
-                parameter.grad_sample = None  # type: ignore[attr-defined]
+                parameter.grad_sample = None
                 parameter.grad = None
         return squared.sqrt()
 
@@ -250,7 +252,7 @@ def benchmark_model(
         variants["opacus"] = opacus_step(model, x, y, objective, weights)
     except ImportError:
         status = "not installed"
-    except Exception as error:  # noqa: BLE001 (any refusal is a result)
+    except Exception as error:  # any refusal is a result
         status = f"fails: {type(error).__name__}: {str(error).splitlines()[0][:60]}..."
 
     def synchronize() -> None:
