@@ -45,6 +45,11 @@ class DensePiece:
     rows: slice = field(default_factory=lambda: slice(None))
     bias_rows: slice = field(default_factory=lambda: slice(None))
 
+    @property
+    def parameters(self) -> tuple[Tensor, ...]:
+        """The parameters this piece's gradient reaches."""
+        return _present(self.weight, self.bias)
+
 
 @dataclass(frozen=True)
 class ConvPiece:
@@ -60,6 +65,11 @@ class ConvPiece:
     def weight(self) -> Tensor:
         """The convolution's kernel."""
         return self.conv.weight
+
+    @property
+    def parameters(self) -> tuple[Tensor, ...]:
+        """The parameters this piece's gradient reaches."""
+        return _present(self.conv.weight, self.conv.bias)
 
     def patches(self) -> DensePiece:
         """The same call as a dense piece over its input patches."""
@@ -95,6 +105,11 @@ class AffinePiece:
     output_shape: tuple[int, ...]
     layout: Layout
 
+    @property
+    def parameters(self) -> tuple[Tensor, ...]:
+        """The parameters this piece's gradient reaches."""
+        return _present(self.weight, self.bias)
+
 
 @dataclass(frozen=True)
 class EmbeddingPiece:
@@ -107,8 +122,17 @@ class EmbeddingPiece:
     output_shape: tuple[int, ...]
     layout: Layout
 
+    @property
+    def parameters(self) -> tuple[Tensor, ...]:
+        """The parameters this piece's gradient reaches."""
+        return (self.weight,)
+
 
 Piece = DensePiece | ConvPiece | AffinePiece | EmbeddingPiece
+
+
+def _present(*tensors: Tensor | None) -> tuple[Tensor, ...]:
+    return tuple(tensor for tensor in tensors if tensor is not None)
 
 
 class Recorder:
@@ -334,8 +358,7 @@ def embedding_contribution(
 def piece_key(piece: Piece) -> tuple[int, object]:
     """Pieces with one key belong to the same parameters and are joined."""
     rows = piece.rows if isinstance(piece, DensePiece) else slice(None)
-    anchor = piece.weight if piece.weight is not None else piece.bias
-    return id(anchor), (rows.start, rows.stop)
+    return id(piece.parameters[0]), (rows.start, rows.stop)
 
 
 def contribution(
