@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
 from flwr_importance.per_sample import (
+    engine,
     layerwise_gradient_and_norms,
     per_sample_grad_norms,
     weighted_gradient_and_norms,
@@ -342,9 +344,10 @@ def test_the_cases_take_both_dense_branches() -> None:
     assert not dense_uses_gram(6, 2 * 3, 3)
 
 
-def test_a_layer_the_layerwise_path_does_not_serve_falls_back_with_one_warning() -> (
-    None
-):
+def test_an_unserved_layer_falls_back_to_torch_func_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(engine, "_ANNOUNCED_FALLBACKS", set())
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), nn.PReLU(), nn.Linear(4, 2)).double()
     x = torch.randn(BATCH, 3, dtype=torch.float64)
@@ -362,3 +365,32 @@ def test_a_layer_the_layerwise_path_does_not_serve_falls_back_with_one_warning()
         warnings.simplefilter("always")
         per_sample_grad_norms(model, x, y, sample_loss, 0.0)
     assert [str(w.message) for w in seen] == []
+
+
+def test_the_fallback_materializes_one_chunk_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.PReLU(), nn.Linear(4, 2)).double()
+    x = torch.randn(BATCH, 3, dtype=torch.float64)
+    y = torch.randint(0, 2, (BATCH,))
+    weights = torch.rand(BATCH, dtype=torch.float64)
+    expected_gradient, expected_norms = loop_reference(model, x, y, 0.01, weights)
+    chunk_rows: list[int] = []
+    materialize = engine.vmap_per_sample_grads
+
+    def spy(model: nn.Module, x: Tensor, *args: Any) -> dict[str, Tensor]:
+        chunk_rows.append(len(x))
+        return materialize(model, x, *args)
+
+    monkeypatch.setattr(engine, "NORM_CHUNK_SIZE", 2)
+    monkeypatch.setattr(engine, "vmap_per_sample_grads", spy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gradient, norms = weighted_gradient_and_norms(
+            model, x, y, sample_loss, 0.01, weights
+        )
+    assert chunk_rows == [2, 2, 1]
+    torch.testing.assert_close(norms, expected_norms, rtol=RTOL, atol=ATOL)
+    for got, want in zip(gradient, expected_gradient, strict=True):
+        torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
