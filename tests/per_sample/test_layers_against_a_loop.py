@@ -125,6 +125,10 @@ CASES: dict[
         ),
         images((4, 12)),
     ),
+    "conv1d-same-zeros-even-kernel": (
+        lambda: Head(nn.Conv1d(2, 3, 4, padding="same", dilation=2), 3 * 7),
+        images((2, 7)),
+    ),
     "conv2d-same-reflect": (
         lambda: Head(
             nn.Conv2d(
@@ -195,6 +199,10 @@ CASES: dict[
     ),
     "lstm-sequence-first-no-bias": (
         lambda: Head(SequenceFirst(nn.LSTM(3, 4, bias=False)), 4, "mean1"),
+        images((5, 3)),
+    ),
+    "gru-bidirectional-sequence-first": (
+        lambda: Head(SequenceFirst(nn.GRU(3, 4, bidirectional=True)), 8, "mean1"),
         images((5, 3)),
     ),
     "gru-2-layer": (
