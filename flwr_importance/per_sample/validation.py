@@ -82,11 +82,9 @@ def replace_batchnorm(model: nn.Module) -> nn.Module:
     Examples
     --------
     >>> from torch import nn
-    >>> replace_batchnorm(nn.Sequential(nn.Conv2d(3, 48, 3), nn.BatchNorm2d(48)))
-    Sequential(
-      (0): Conv2d(3, 48, kernel_size=(3, 3), stride=(1, 1))
-      (1): GroupNorm(16, 48, eps=1e-05, affine=True)
-    )
+    >>> fixed = replace_batchnorm(nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(48)))
+    >>> type(fixed[1]).__name__, fixed[1].num_groups, fixed[1].num_channels
+    ('GroupNorm', 16, 48)
     """
     if isinstance(model, _BatchNorm):
         return _group_norm(model)
