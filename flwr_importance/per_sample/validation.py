@@ -82,7 +82,8 @@ def replace_batchnorm(model: nn.Module) -> nn.Module:
     Examples
     --------
     >>> from torch import nn
-    >>> fixed = replace_batchnorm(nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(48)))
+    >>> model = nn.Sequential(nn.Conv2d(3, 48, 3), nn.BatchNorm2d(48))
+    >>> fixed = replace_batchnorm(model)
     >>> type(fixed[1]).__name__, fixed[1].num_groups, fixed[1].num_channels
     ('GroupNorm', 16, 48)
     """
