@@ -67,10 +67,12 @@ def layer_plan(model: nn.Module) -> LayerPlan:
     """
     plan = LayerPlan()
     served: set[int] = set()
+    owned = 0
     for module in model.modules():
-        if any(id(p) in served for p in module.parameters(recurse=False)):
-            continue
         own = list(module.parameters(recurse=False))
+        owned += len(own)
+        if any(id(p) in served for p in own):
+            continue
         if unrolled_supported(module):
             plan.unrolled.append(module)
             served.update(id(p) for p in module.parameters())
@@ -82,8 +84,7 @@ def layer_plan(model: nn.Module) -> LayerPlan:
     parameters = list(model.parameters())
     if not all(p.requires_grad for p in parameters):
         plan.unsupported.append("frozen parameters")
-    owned = [p for module in model.modules() for p in module.parameters(recurse=False)]
-    if len(owned) != len(parameters):
+    if owned != len(parameters):
         plan.unsupported.append("parameters shared between layers")
     return plan
 

@@ -103,7 +103,17 @@ def dense_norms_and_gradient(
     >>> torch.allclose(weighted, per_sample.sum(0))
     True
     """
-    positions, fan_in, fan_out = inputs.shape[2], inputs.shape[3], output_grads.shape[3]
+    batch_size, groups, positions, fan_in = inputs.shape
+    fan_out = output_grads.shape[3]
+    if positions == 1 and groups == 1:
+        # Rank one: ||d a^T||^2 = ||d||^2 ||a||^2, and plain matrix products.
+        flat_inputs = inputs.reshape(batch_size, fan_in)
+        flat_grads = output_grads.reshape(batch_size, fan_out)
+        squared = row_squared_norms(flat_inputs) * row_squared_norms(flat_grads)
+        if sample_weights is None:
+            return squared, None
+        weighted_grads = flat_grads * sample_weights.unsqueeze(1)
+        return squared, (weighted_grads.T @ flat_inputs).unsqueeze(0)
     if positions == 1 or dense_uses_gram(positions, fan_in, fan_out):
         if positions == 1:
             squared = (

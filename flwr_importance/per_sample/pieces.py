@@ -215,7 +215,7 @@ def dense_contribution(
     if with_inner:
         # <D_b^T A_b, W> + <sum_t D_bt, bias> = <D_b, A_b W^T + bias>.
         group_weight = weight.reshape(inputs.shape[1], grads.shape[3], -1)
-        outputs = torch.einsum("bgti,goi->bgto", inputs, group_weight)
+        outputs = inputs @ group_weight.transpose(1, 2).unsqueeze(0)
         if bias is not None:
             outputs = outputs + bias.reshape(1, inputs.shape[1], 1, -1)
         inner = (grads * outputs).flatten(start_dim=1).sum(dim=1)

@@ -45,9 +45,14 @@ def sample_mixing_layers(model: nn.Module) -> list[str]:
     return [
         f"{name or '<model>'} ({type(module).__name__})"
         for name, module in model.named_modules()
-        if isinstance(module, _BatchNorm)
-        and (module.training or module.running_mean is None)
+        if _mixes_samples(module)
     ]
+
+
+def _mixes_samples(module: nn.Module) -> bool:
+    return isinstance(module, _BatchNorm) and (
+        module.training or module.running_mean is None
+    )
 
 
 def check_samples_independent(model: nn.Module) -> None:
@@ -58,6 +63,8 @@ def check_samples_independent(model: nn.Module) -> None:
     SampleMixingLayerError
         Naming each such layer and the fix.
     """
+    if not any(_mixes_samples(module) for module in model.modules()):
+        return
     mixing = sample_mixing_layers(model)
     if mixing:
         raise SampleMixingLayerError(
