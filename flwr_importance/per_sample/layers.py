@@ -134,7 +134,7 @@ def dense_norms_and_gradient(
     return squared, torch.tensordot(sample_weights, per_sample, dims=1)
 
 
-def conv_sample_weight_grads(
+def conv_weight_grads(
     inputs: Tensor,
     output_grads: Tensor,
     weight_shape: tuple[int, ...],
@@ -143,12 +143,15 @@ def conv_sample_weight_grads(
     padding: tuple[int, ...],
     dilation: tuple[int, ...],
     groups: int,
+    per_sample: bool,
 ) -> Tensor:
-    """Every sample's convolution weight gradient, ``(B, *weight_shape)``.
+    """A convolution's weight gradient, by its own backward kernel.
 
-    The batch becomes ``B`` groups of one convolution (samples side by side
-    along the channels), whose weight gradient, by the convolution's own
-    backward kernel, is the ``B`` per-sample gradients stacked.
+    With ``per_sample``, every sample's, ``(B, *weight_shape)``: the batch
+    becomes ``B`` groups of one convolution (samples side by side along the
+    channels), whose weight gradient is the ``B`` per-sample gradients
+    stacked. Without, their sum over the batch, ``weight_shape`` (scale
+    ``output_grads`` by the sample weights for a weighted sum).
 
     Parameters
     ----------
@@ -161,6 +164,8 @@ def conv_sample_weight_grads(
         ``(O, C / groups, *kernel)``.
     stride, padding, dilation, groups
         The layer's.
+    per_sample : bool
+        Whether to keep the samples' gradients apart.
 
     Examples
     --------
@@ -168,19 +173,21 @@ def conv_sample_weight_grads(
     >>> import torch.nn.functional as F
     >>> x, w = torch.randn(2, 3, 5), torch.randn(4, 3, 2, requires_grad=True)
     >>> d = torch.randn(2, 4, 4)
-    >>> grads = conv_sample_weight_grads(
-    ...     x, d, (4, 3, 2), stride=(1,), padding=(0,), dilation=(1,), groups=1
-    ... )
+    >>> options = dict(stride=(1,), padding=(0,), dilation=(1,), groups=1)
+    >>> grads = conv_weight_grads(x, d, (4, 3, 2), **options, per_sample=True)
     >>> first, = torch.autograd.grad(F.conv1d(x[:1], w), w, d[:1])
     >>> torch.allclose(grads[0], first, atol=1e-6)
     True
+    >>> total = conv_weight_grads(x, d, (4, 3, 2), **options, per_sample=False)
+    >>> torch.allclose(total, grads.sum(0), atol=1e-6)
+    True
     """
     batch_size = inputs.shape[0]
-    out_channels = weight_shape[0]
-    stacked = (batch_size * out_channels, *weight_shape[1:])
+    copies = batch_size if per_sample else 1
+    stacked = (copies * weight_shape[0], *weight_shape[1:])
     grads = torch.ops.aten.convolution_backward(
-        output_grads.reshape(1, batch_size * out_channels, *output_grads.shape[2:]),
-        inputs.reshape(1, -1, *inputs.shape[2:]),
+        output_grads.reshape(-1, copies * weight_shape[0], *output_grads.shape[2:]),
+        inputs.reshape(-1, copies * inputs.shape[1], *inputs.shape[2:]),
         # Only the weight's shape is read.
         output_grads.new_empty(1).expand(stacked),
         None,
@@ -189,10 +196,10 @@ def conv_sample_weight_grads(
         list(dilation),
         False,
         [0] * len(stride),
-        batch_size * groups,
+        copies * groups,
         (False, True, False),
     )[1]
-    return grads.reshape(batch_size, *weight_shape)
+    return grads.reshape(-1, *weight_shape) if per_sample else grads
 
 
 def conv_patches(

@@ -241,40 +241,56 @@ def conv_contribution(
 ) -> Contribution:
     """The calls of one convolution: Gram form over patches, or materialized.
 
-    Materialized per-sample kernels come from the convolution's own backward
-    kernel (:func:`~flwr_importance.per_sample.layers.conv_sample_weight_grads`),
-    which beats building the input patches wherever the Gram form does not pay.
+    Materialized per-sample kernels, and the weighted gradient, come from the
+    convolution's own backward kernel
+    (:func:`~flwr_importance.per_sample.layers.conv_weight_grads`), which beats
+    building the input patches wherever the Gram form does not pay.
     """
     conv = pieces[0].conv
     positions = sum(math.prod(piece.output_shape[2:]) for piece in pieces)
     fan_in = conv.weight[0].numel()
     out_per_group = conv.out_channels // conv.groups
-    if layers.dense_uses_gram(positions, fan_in, out_per_group):
-        return dense_contribution(
-            [piece.patches() for piece in pieces],
-            output_grads,
-            sample_weights,
-            with_inner,
+
+    def weight_grads(weights: Tensor | None) -> Tensor:
+        """Per-sample kernels (no weights), or their weighted sum."""
+        total = sum(
+            layers.conv_weight_grads(
+                piece.inputs,
+                grad if weights is None else grad * weights.reshape(shape),
+                tuple(conv.weight.shape),
+                stride=conv.stride,
+                padding=piece.padding,
+                dilation=conv.dilation,
+                groups=conv.groups,
+                per_sample=weights is None,
+            )
+            for piece, grad in zip(pieces, output_grads, strict=True)
+            for shape in [(-1,) + (1,) * (grad.dim() - 1)]
         )
-    per_sample = sum(
-        layers.conv_sample_weight_grads(
-            piece.inputs,
-            grad,
-            tuple(conv.weight.shape),
-            stride=conv.stride,
-            padding=piece.padding,
-            dilation=conv.dilation,
-            groups=conv.groups,
-        )
-        for piece, grad in zip(pieces, output_grads, strict=True)
-    )
-    assert isinstance(per_sample, Tensor)
-    sample_grads = [(conv.weight, per_sample.flatten(start_dim=1))]
+        assert isinstance(total, Tensor)
+        return total
+
+    bias_grads = None
     if conv.bias is not None:
-        bias_grads = sum(grad.flatten(start_dim=2).sum(dim=2) for grad in output_grads)
-        assert isinstance(bias_grads, Tensor)
-        sample_grads.append((conv.bias, bias_grads))
-    return materialized_contribution(sample_grads, sample_weights, with_inner)
+        bias_grads = torch.stack(
+            [grad.flatten(start_dim=2).sum(dim=2) for grad in output_grads]
+        ).sum(dim=0)
+    if not layers.dense_uses_gram(positions, fan_in, out_per_group):
+        sample_grads = [(conv.weight, weight_grads(None).flatten(start_dim=1))]
+        if conv.bias is not None and bias_grads is not None:
+            sample_grads.append((conv.bias, bias_grads))
+        return materialized_contribution(sample_grads, sample_weights, with_inner)
+    # Norms from the patches' Gram form; the weighted gradient from the
+    # convolution's own kernel (contracting the patches over samples and
+    # positions would copy them).
+    part = dense_contribution(
+        [piece.patches() for piece in pieces], output_grads, None, with_inner
+    )
+    if sample_weights is not None:
+        part.gradients.append((conv.weight, slice(None), weight_grads(sample_weights)))
+        if conv.bias is not None and bias_grads is not None:
+            part.gradients.append((conv.bias, slice(None), sample_weights @ bias_grads))
+    return part
 
 
 def materialized_contribution(
