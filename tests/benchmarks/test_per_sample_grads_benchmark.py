@@ -45,6 +45,7 @@ def test_every_model_gets_a_row_and_an_opacus_column(tmp_path: Path) -> None:
         else:
             assert float(opacus) > 0 and opacus_ratio.endswith("x"), name
     assert "Target: library/plain <= 2.5x on every model" in summary
+    assert "same command with `--device cuda` on a GPU" in summary
     results = json.loads((tmp_path / "results.json").read_text())
     assert set(results["char-lstm"]) == {"plain", "library", "opacus", "opacus-status"}
 
