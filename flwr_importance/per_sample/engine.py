@@ -274,7 +274,7 @@ def layerwise_gradient_and_norms(
     groups: dict[tuple[int, object], list[Piece]] = {}
     for piece in recorder.pieces:
         groups.setdefault(piece_math.piece_key(piece), []).append(piece)
-    edges = {(id(p.output.node), p.output.output_nr): p.output for p in recorder.pieces}
+    edges = {piece_math.edge_key(p.output): p.output for p in recorder.pieces}
     edge_grads = dict(
         zip(
             edges,
@@ -289,17 +289,20 @@ def layerwise_gradient_and_norms(
     inner_with_parameters = torch.zeros_like(squared_norms)
     parameters = list(model.parameters())
     gradients = {id(p): torch.zeros_like(p) for p in parameters}
+    grams: piece_math.GramCache = {}
     with torch.no_grad():
         for group in groups.values():
             output_grads = [
                 _grad_or_zeros(
-                    edge_grads[(id(p.output.node), p.output.output_nr)],
+                    edge_grads[piece_math.edge_key(p.output)],
                     p,
                     squared_norms,
                 )
                 for p in group
             ]
-            part = piece_math.contribution(group, output_grads, sample_weights, l2 > 0)
+            part = piece_math.contribution(
+                group, output_grads, sample_weights, l2 > 0, grams
+            )
             squared_norms += part.squared_norms
             if part.inner_with_parameters is not None:
                 inner_with_parameters += part.inner_with_parameters

@@ -69,7 +69,10 @@ def dense_uses_gram(positions: int, fan_in: int, fan_out: int) -> bool:
 
 
 def dense_norms_and_gradient(
-    inputs: Tensor, output_grads: Tensor, sample_weights: Tensor | None
+    inputs: Tensor,
+    output_grads: Tensor,
+    sample_weights: Tensor | None,
+    output_gram: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """``||D_b^T A_b||^2`` for every sample ``b``, and ``sum_b c_b D_b^T A_b``.
 
@@ -83,6 +86,10 @@ def dense_norms_and_gradient(
         ``D``, shaped ``(B, G, T, fan_out)``.
     sample_weights : torch.Tensor or None
         ``(B,)`` weights ``c_b``; None: no weighted gradient.
+    output_gram : torch.Tensor or None
+        ``D_b D_b^T`` (``(B, G, T, T)``, :func:`position_gram`) when already
+        computed for another weight with the same output gradient (an LSTM's
+        two weights); used only by the Gram form.
 
     Returns
     -------
@@ -120,9 +127,9 @@ def dense_norms_and_gradient(
                 inputs.square().sum(dim=3) * output_grads.square().sum(dim=3)
             ).sum(dim=(1, 2))
         else:
-            input_gram = inputs @ inputs.transpose(2, 3)
-            grad_gram = output_grads @ output_grads.transpose(2, 3)
-            squared = (input_gram * grad_gram).sum(dim=(1, 2, 3))
+            if output_gram is None:
+                output_gram = position_gram(output_grads)
+            squared = (position_gram(inputs) * output_gram).sum(dim=(1, 2, 3))
         if sample_weights is None:
             return squared, None
         weighted = output_grads * sample_weights.reshape(-1, 1, 1, 1)
@@ -132,6 +139,19 @@ def dense_norms_and_gradient(
     if sample_weights is None:
         return squared, None
     return squared, torch.tensordot(sample_weights, per_sample, dims=1)
+
+
+def position_gram(positions: Tensor) -> Tensor:
+    """``X_b X_b^T`` of ``(B, G, T, features)``: the ``(B, G, T, T)`` inner products.
+
+    Examples
+    --------
+    >>> import torch
+    >>> position_gram(torch.tensor([[[[1.0, 2.0], [0.0, 1.0]]]]))
+    tensor([[[[5., 2.],
+              [2., 1.]]]])
+    """
+    return positions @ positions.transpose(2, 3)
 
 
 def conv_weight_grads(

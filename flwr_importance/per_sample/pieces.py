@@ -26,6 +26,11 @@ from flwr_importance.per_sample import layers
 #: Maps the gradient of a piece's output to the layout its math expects.
 Layout = Callable[[Tensor], Tensor]
 
+#: ``D_b D_b^T`` by its shape and the output edges of the pieces it was
+#: computed from: an LSTM's two weights share their gate gradient, so its Gram
+#: is computed once.
+GramCache = dict[tuple[tuple[int, ...], ...], Tensor]
+
 
 @dataclass(frozen=True)
 class DensePiece:
@@ -194,6 +199,7 @@ def dense_contribution(
     output_grads: Sequence[Tensor],
     sample_weights: Tensor | None,
     with_inner: bool,
+    grams: GramCache,
 ) -> Contribution:
     """The calls of one dense weight, joined along the positions."""
     first = pieces[0]
@@ -204,8 +210,14 @@ def dense_contribution(
     )
     weight = first.weight[first.rows]
     bias = None if first.bias is None else first.bias[first.bias_rows]
+    output_gram = None
+    if layers.dense_uses_gram(grads.shape[2], inputs.shape[3], grads.shape[3]):
+        key = (tuple(grads.shape), *(edge_key(piece.output) for piece in pieces))
+        if key not in grams:
+            grams[key] = layers.position_gram(grads)
+        output_gram = grams[key]
     squared, weight_gradient = layers.dense_norms_and_gradient(
-        inputs, grads, sample_weights
+        inputs, grads, sample_weights, output_gram
     )
     bias_grads = None
     if bias is not None:
@@ -238,6 +250,7 @@ def conv_contribution(
     output_grads: Sequence[Tensor],
     sample_weights: Tensor | None,
     with_inner: bool,
+    grams: GramCache,
 ) -> Contribution:
     """The calls of one convolution: Gram form over patches, or materialized.
 
@@ -284,7 +297,7 @@ def conv_contribution(
     # convolution's own kernel (contracting the patches over samples and
     # positions would copy them).
     part = dense_contribution(
-        [piece.patches() for piece in pieces], output_grads, None, with_inner
+        [piece.patches() for piece in pieces], output_grads, None, with_inner, grams
     )
     if sample_weights is not None:
         part.gradients.append((conv.weight, slice(None), weight_grads(sample_weights)))
@@ -371,6 +384,11 @@ def embedding_contribution(
     return Contribution(squared, inner, gradients)
 
 
+def edge_key(edge: GradientEdge) -> tuple[int, int]:
+    """Identifies the output a gradient edge points at."""
+    return id(edge.node), edge.output_nr
+
+
 def piece_key(piece: Piece) -> tuple[int, object]:
     """Pieces with one key belong to the same parameters and are joined."""
     rows = piece.rows if isinstance(piece, DensePiece) else slice(None)
@@ -382,6 +400,7 @@ def contribution(
     output_grads: Sequence[Tensor],
     sample_weights: Tensor | None,
     with_inner: bool,
+    grams: GramCache,
 ) -> Contribution:
     """Dispatch the pieces of one key (all of one type) to their math."""
     first = pieces[0]
@@ -391,6 +410,7 @@ def contribution(
             output_grads,
             sample_weights,
             with_inner,
+            grams,
         )
     if isinstance(first, ConvPiece):
         return conv_contribution(
@@ -398,6 +418,7 @@ def contribution(
             output_grads,
             sample_weights,
             with_inner,
+            grams,
         )
     if isinstance(first, AffinePiece):
         return affine_contribution(
