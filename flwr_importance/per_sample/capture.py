@@ -21,7 +21,6 @@ from typing import Any
 
 import torch.nn.functional as F  # noqa: N812 (the conventional alias)
 from torch import Tensor, nn
-from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.conv import _ConvNd
 from torch.utils.hooks import RemovableHandle
 
@@ -34,10 +33,19 @@ from flwr_importance.per_sample.pieces import (
     Recorder,
     edge_of,
 )
+from flwr_importance.per_sample.validation import mixes_samples
 
 CONV_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 INSTANCE_NORM_TYPES = (nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
 BATCH_NORM_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+#: Served by a forward hook whatever their options.
+HOOKED_TYPES = (
+    nn.Linear,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    *CONV_TYPES,
+    *INSTANCE_NORM_TYPES,
+)
 
 
 @dataclass
@@ -101,28 +109,14 @@ def unrolled_supported(module: nn.Module) -> bool:
 def hook_supported(module: nn.Module) -> bool:
     """Whether a forward hook on ``module`` sees all its parameters act."""
     kind = type(module)
-    if kind is nn.Linear or kind in (nn.LayerNorm, nn.GroupNorm):
-        return True
-    if kind in CONV_TYPES:
-        return not isinstance(module.padding, str) or module.padding in (
-            "valid",
-            "same",
-        )
     if kind is nn.Embedding:
         # max_norm renormalizes the table in place; scale_grad_by_freq mixes
         # the samples of a batch.
         return module.max_norm is None and not module.scale_grad_by_freq
-    if kind in INSTANCE_NORM_TYPES:
-        return True
-    # BatchNorm is served only with its running statistics (eval mode).
-    return kind in BATCH_NORM_TYPES and not uses_batch_statistics(module)
-
-
-def uses_batch_statistics(module: nn.Module) -> bool:
-    """Whether a BatchNorm normalizes by the statistics of the batch."""
-    return isinstance(module, _BatchNorm) and (
-        module.training or module.running_mean is None
-    )
+    if kind in BATCH_NORM_TYPES:
+        # Served only with its running statistics (eval mode).
+        return not mixes_samples(module)
+    return kind in HOOKED_TYPES
 
 
 @contextmanager

@@ -67,11 +67,6 @@ class ConvPiece:
     output_shape: tuple[int, ...]
 
     @property
-    def weight(self) -> Tensor:
-        """The convolution's kernel."""
-        return self.conv.weight
-
-    @property
     def parameters(self) -> tuple[Tensor, ...]:
         """The parameters this piece's gradient reaches."""
         return _present(self.conv.weight, self.conv.bias)

@@ -45,11 +45,12 @@ def sample_mixing_layers(model: nn.Module) -> list[str]:
     return [
         f"{name or '<model>'} ({type(module).__name__})"
         for name, module in model.named_modules()
-        if _mixes_samples(module)
+        if mixes_samples(module)
     ]
 
 
-def _mixes_samples(module: nn.Module) -> bool:
+def mixes_samples(module: nn.Module) -> bool:
+    """Whether ``module`` is a BatchNorm normalizing by its batch's statistics."""
     return isinstance(module, _BatchNorm) and (
         module.training or module.running_mean is None
     )
@@ -63,7 +64,7 @@ def check_samples_independent(model: nn.Module) -> None:
     SampleMixingLayerError
         Naming each such layer and the fix.
     """
-    if not any(_mixes_samples(module) for module in model.modules()):
+    if not any(mixes_samples(module) for module in model.modules()):
         return
     mixing = sample_mixing_layers(model)
     if mixing:
