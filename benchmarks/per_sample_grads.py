@@ -270,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--small", action="store_true", help="small models and data (CI, seconds)"
     )
     parser.add_argument(
-        "--repeats", type=int, default=None, help="timed steps (20; 100 with --full)"
+        "--repeats", type=int, default=None, help="timed steps (30; 100 with --full)"
     )
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument(
@@ -283,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--models", nargs="+", choices=list(CASES), default=list(CASES))
     args = parser.parse_args(argv)
-    repeats = args.repeats or (100 if args.full else 20)
+    repeats = args.repeats or (100 if args.full else 30)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
