@@ -133,7 +133,11 @@ def dense_norms_and_gradient(
         if sample_weights is None:
             return squared, None
         weighted = output_grads * sample_weights.reshape(-1, 1, 1, 1)
-        return squared, torch.einsum("bgto,bgti->goi", weighted, inputs)
+        # One product per group over samples and positions (for one group,
+        # the reshapes are views: no copy, unlike einsum's).
+        grads_by_group = weighted.transpose(0, 1).reshape(groups, -1, fan_out)
+        inputs_by_group = inputs.transpose(0, 1).reshape(groups, -1, fan_in)
+        return squared, grads_by_group.transpose(1, 2) @ inputs_by_group
     per_sample = output_grads.transpose(2, 3) @ inputs
     squared = row_squared_norms(per_sample)
     if sample_weights is None:
