@@ -47,7 +47,14 @@ def test_every_model_gets_a_row_and_an_opacus_column(tmp_path: Path) -> None:
     assert "Target: library/plain <= 2.5x on every model" in summary
     assert "same command with `--device cuda` on a GPU" in summary
     results = json.loads((tmp_path / "results.json").read_text())
-    assert set(results["char-lstm"]) == {"plain", "library", "opacus", "opacus-status"}
+    assert set(results["char-lstm"]) == {
+        "plain",
+        "library",
+        "library-ratio",
+        "opacus",
+        "opacus-ratio",
+        "opacus-status",
+    }
 
 
 def test_without_opacus_the_column_says_so(
