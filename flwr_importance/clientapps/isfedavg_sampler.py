@@ -35,9 +35,13 @@ from flwr_importance.clientapps.messages import (
     config_number,
     server_round_of,
 )
+from flwr_importance.per_sample import (
+    SampleLoss,
+    check_samples_independent,
+    weighted_gradient_and_norms,
+)
 from flwr_importance.sampling import systematic_sample, update_sample_probs
-from flwr_importance.tasks import WeightedStep, _per_sample
-from flwr_importance.tasks._per_sample import SampleLoss
+from flwr_importance.tasks import WeightedStep
 
 #: Where the node keeps its per-sample state in ``context.state``: an
 #: ArrayRecord with ``probs`` (``p_n``) and ``grad-norms`` (the last
@@ -215,6 +219,17 @@ class ImportanceSampler(Sampler[list[int]]):
         ``p_n`` and the last norms; updated in place.
     rng : numpy.random.Generator
         Source of the batch draws.
+    model : torch.nn.Module or None
+        The model :meth:`observe` will see. When given, a model whose layers
+        mix the samples of a batch (BatchNorm in training mode) is refused
+        here, at the round's start, rather than at the first
+        :meth:`observe`.
+
+    Raises
+    ------
+    SampleMixingLayerError
+        Naming each such layer and the fix
+        (:func:`~flwr_importance.per_sample.replace_batchnorm`).
 
     Attributes
     ----------
@@ -234,7 +249,10 @@ class ImportanceSampler(Sampler[list[int]]):
         sample_state: SampleState,
         *,
         rng: np.random.Generator,
+        model: nn.Module | None = None,
     ) -> None:
+        if model is not None:
+            check_samples_independent(model)
         self.settings = settings
         self.sample_state = sample_state
         self._rng = rng
@@ -265,6 +283,7 @@ class ImportanceSampler(Sampler[list[int]]):
         *,
         num_samples: int,
         rng: np.random.Generator | None = None,
+        model: nn.Module | None = None,
     ) -> ImportanceSampler:
         """The sampler for this train message, from the node's stored ``p_n``.
 
@@ -280,11 +299,19 @@ class ImportanceSampler(Sampler[list[int]]):
         rng : numpy.random.Generator or None
             Source of the batch draws; by default seeded by the node id and
             the server round.
+        model : torch.nn.Module or None
+            Your model, checked now for layers that mix a batch's samples
+            (see the class).
         """
         settings = RoundSettings.from_message(message)
         if rng is None:
             rng = np.random.default_rng([context.node_id, server_round_of(message)])
-        return cls(settings, SampleState.load(context.state, num_samples), rng=rng)
+        return cls(
+            settings,
+            SampleState.load(context.state, num_samples),
+            rng=rng,
+            model=model,
+        )
 
     def __len__(self) -> int:
         """``E_k``, the number of batches a DataLoader gets."""
@@ -380,7 +407,7 @@ class ImportanceSampler(Sampler[list[int]]):
         """
         if self._observed or self._batch is None:
             raise RuntimeError("ISFedAvg: observe() once per drawn batch")
-        gradient, norms = _per_sample.weighted_gradient_and_norms(
+        gradient, norms = weighted_gradient_and_norms(
             model, inputs, targets, sample_loss, l2, self.loss_weights()
         )
         client_scale = self.settings.num_clients * self.settings.client_prob
