@@ -12,7 +12,8 @@ Nothing else runs here: this process has one thread, no Flower client, socket
 or exit handler when it forks, so a child starts in the state of a fresh
 ``flwr-serverapp``/``flwr-clientapp`` process after its imports.
 
-Usage: started by ``forking_superexec`` with the SuperExec's own arguments
+Usage: started by ``forking_superexec``, which waits until the pipe named by
+``FORK_SERVER_READY_FD`` closes, with the SuperExec's own arguments
 (``--insecure --runtime-api-address 127.0.0.1:PORT ...``), which it ignores:
 they put the deployment's address on the command line of every app process,
 where the launcher looks for the processes of a deployment.
@@ -41,6 +42,8 @@ ENTRY_POINTS: dict[TaskType, Callable[[], None]] = {
     TaskType.CLIENT_APP: flwr_clientapp,
 }
 APP_PACKAGES = ("simulations", "flwr_importance")
+# Names the descriptor of a pipe the fork server closes once warm.
+READY_FD_VARIABLE = "FORK_SERVER_READY_FD"
 
 
 def spec_to_line(spec: ExecutionSpec) -> bytes:
@@ -104,6 +107,9 @@ def run_child(spec: ExecutionSpec) -> None:
 def main() -> None:
     """Fork one app process per task line on stdin, until stdin ends."""
     warm_up()
+    # The SuperExec takes tasks once this closes: a task's token is only
+    # accepted for a while, and the imports take minutes on a loaded machine.
+    os.close(int(os.environ.pop(READY_FD_VARIABLE)))
     for line in sys.stdin.buffer:
         reap_children()
         spec = line_to_spec(line)

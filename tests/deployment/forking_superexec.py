@@ -30,7 +30,7 @@ from flwr.supercore.superexec.executor import (
     SubprocessExecutor,
 )
 
-from tests.deployment.fork_server import ENTRY_POINTS, spec_to_line
+from tests.deployment.fork_server import ENTRY_POINTS, READY_FD_VARIABLE, spec_to_line
 
 
 class ForkServerExecutor(SubprocessExecutor):
@@ -56,10 +56,18 @@ class ForkServerExecutor(SubprocessExecutor):
 def main() -> None:
     """``flower-superexec`` with the fork server's executor."""
     # First, while this process has one thread and no Flower state to pass on.
+    ready, warm = os.pipe()
     fork_server = subprocess.Popen(
         [sys.executable, "-m", "tests.deployment.fork_server", *sys.argv[1:]],
         stdin=subprocess.PIPE,
+        env={**os.environ, READY_FD_VARIABLE: str(warm)},
+        pass_fds=(warm,),
     )
+    os.close(warm)
+    # Until the fork server is warm, no task: it would wait in the pipe while
+    # its token ages (Flower refused one after 66 s: 401, and started it again).
+    os.read(ready, 1)
+    os.close(ready)
     # Flower's default is to look for tasks once a second.
     os.environ.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.2")
     # The executor factory is the one thing replaced in Flower's SuperExec.

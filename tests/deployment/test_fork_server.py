@@ -18,7 +18,7 @@ import pytest
 from flwr.supercore.constant import TaskType
 from flwr.supercore.superexec.executor import ExecutionSpec
 
-from tests.deployment.fork_server import line_to_spec, spec_to_line
+from tests.deployment.fork_server import READY_FD_VARIABLE, line_to_spec, spec_to_line
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -89,13 +89,19 @@ def test_the_fork_server_forks_with_one_thread_and_no_flower_state() -> None:
 
 
 @pytest.mark.slow
-def test_the_fork_server_exits_at_the_end_of_its_input() -> None:
-    server = subprocess.run(
+def test_the_fork_server_says_when_warm_and_exits_at_the_end_of_its_input() -> None:
+    ready, warm = os.pipe()
+    server = subprocess.Popen(
         [sys.executable, "-m", "tests.deployment.fork_server"],
         cwd=REPO_ROOT,
-        input=b"",
-        capture_output=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "OMP_NUM_THREADS": "1", READY_FD_VARIABLE: str(warm)},
+        pass_fds=(warm,),
     )
-    assert server.returncode == 0, server.stderr.decode()[-2000:]
+    os.close(warm)
+    # Blocks until the server closes its end, once warm.
+    assert os.read(ready, 1) == b""
+    os.close(ready)
+    _, stderr = server.communicate(input=b"", timeout=300)
+    assert server.returncode == 0, stderr.decode()[-2000:]
