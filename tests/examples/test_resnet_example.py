@@ -36,7 +36,7 @@ def example_module(name: str) -> ModuleType:
     """A module of the example's package, imported from its folder."""
     sys.path.insert(0, str(EXAMPLE_DIR))
     try:
-        return importlib.import_module(f"pytorchexample.{name}")
+        return importlib.import_module(f"resnetexample.{name}")
     finally:
         sys.path.remove(str(EXAMPLE_DIR))
 

@@ -10,8 +10,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from flwr_importance.strategies import ISFedAvg
-from pytorchexample.task import Net, load_centralized_dataset
-from pytorchexample.task import test as test_fn
+from resnetexample.task import Net, load_centralized_dataset
+from resnetexample.task import test as test_fn
 
 app = ServerApp()
 

@@ -17,9 +17,9 @@ from flwr.clientapp import ClientApp
 from torch.utils.data import DataLoader
 
 from flwr_importance.clientapps.isfedavg import ImportanceSampler
-from pytorchexample.task import Net, load_data
-from pytorchexample.task import test as test_fn
-from pytorchexample.task import train as train_fn
+from resnetexample.task import Net, load_data
+from resnetexample.task import test as test_fn
+from resnetexample.task import train as train_fn
 
 app = ClientApp()
 
