@@ -510,7 +510,10 @@ def exact_report_sum(
     >>> exact_report_sum(np.array([[1.0, 0.0], [0.5, 1.0]]), 1.0).tolist()
     [1.5, 1.0]
     """
-    return np.asarray(rows, dtype=np.float64).sum(axis=0)
+    # Column by column as one contiguous 1-D sum each: the floats of the
+    # plain AOCS sums, which SecureAOCSWorkflow's steps reproduce exactly.
+    columns = np.asarray(rows, dtype=np.float64).T
+    return np.array([np.ascontiguousarray(column).sum() for column in columns])
 
 
 def aocs_probs(
