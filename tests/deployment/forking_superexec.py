@@ -1,4 +1,4 @@
-"""``flower-superexec`` whose app processes are forked from a warm interpreter.
+"""``flower-superexec`` that forks each app process from a warm interpreter.
 
 Test-only. Flower's SuperLink and SuperNodes in ``process`` isolation mode leave
 the app processes to a SuperExec; the stock ``flower-superexec`` starts a fresh
@@ -7,10 +7,11 @@ scikit-learn and ``flwr_datasets`` to import each one costs ~5 s of CPU. A
 deployment running eight runs on two cores would spend minutes importing.
 
 This is the stock ``flower-superexec`` (its command line, task polling and
-plugin), with one change: its executor hands each task to a fork server
-(``tests/deployment/fork_server.py``), started before the SuperExec's own
-threads, client and exit handlers exist, which forks the app process from an
-interpreter where the app's third-party dependencies are already imported.
+plugin), with one change: its executor forks the app process from this
+interpreter, where the app's third-party dependencies are already imported,
+and the child runs the ``flwr-serverapp``/``flwr-clientapp`` entry point with
+the very arguments the stock executor passes. The app's own modules are not
+kept: each child loads the app from the installed FAB, as a fresh process would.
 
 Usage: ``python -m tests.deployment.forking_superexec --insecure
 --runtime-api-address 127.0.0.1:PORT [--parent-pid PID]``.
@@ -19,61 +20,99 @@ Usage: ``python -m tests.deployment.forking_superexec --insecure
 from __future__ import annotations
 
 import os
-import subprocess
+import signal
 import sys
+from collections.abc import Callable
 
 from flwr.supercore.cli.flower_superexec import flower_superexec
+from flwr.supercore.constant import (
+    TASK_TYPE_TO_APPIO_API_ADDRESS_ARG,
+    TASK_TYPE_TO_COMMAND,
+    TaskType,
+)
 from flwr.supercore.superexec import run_superexec as superexec_module
 from flwr.supercore.superexec.executor import (
     ExecutionSpec,
     LaunchResult,
     SubprocessExecutor,
 )
+from flwr.superlink.cli import flwr_serverapp
+from flwr.supernode.cli import flwr_clientapp
 
-from tests.deployment.fork_server import ENTRY_POINTS, READY_FD_VARIABLE, spec_to_line
+ENTRY_POINTS: dict[TaskType, Callable[[], None]] = {
+    TaskType.SERVER_APP: flwr_serverapp,
+    TaskType.CLIENT_APP: flwr_clientapp,
+}
+APP_PACKAGES = ("simulations", "flwr_importance")
 
 
-class ForkServerExecutor(SubprocessExecutor):
-    """Run each task's app process as a fork of a warm fork server."""
+def warm_up() -> None:
+    """Import the app once, then forget its own modules, keeping the rest."""
+    import simulations.client_app
+    import simulations.server_app  # noqa: F401
 
-    def __init__(self, *, fork_server: subprocess.Popen[bytes]) -> None:
-        self.fork_server = fork_server
+    for name in list(sys.modules):
+        if name.split(".")[0] in APP_PACKAGES:
+            del sys.modules[name]
+
+
+class ForkingExecutor(SubprocessExecutor):
+    """Run each task's app process as a fork of this (warm) process."""
 
     def launch(self, spec: ExecutionSpec) -> LaunchResult:
-        """Send the task to the fork server, which forks its app process."""
+        """Fork; the child runs the task's Flower entry point and exits."""
         if spec.task_type not in ENTRY_POINTS:
             return LaunchResult.failed(f"no entry point for {spec.task_type}")
-        if self.fork_server.poll() is not None:
-            return LaunchResult.failed(
-                f"fork server exited with {self.fork_server.returncode}"
-            )
-        assert self.fork_server.stdin is not None
-        self.fork_server.stdin.write(spec_to_line(spec))
-        self.fork_server.stdin.flush()
+        pid = os.fork()
+        if pid == 0:
+            run_child(spec)
         return LaunchResult.accepted()
+
+    def reconcile(self) -> None:
+        """Reap finished children (called by SuperExec's loop every poll)."""
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        except ChildProcessError:
+            pass
+
+
+def run_child(spec: ExecutionSpec) -> None:
+    """Body of a forked app process; never returns."""
+    code = 1
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # The arguments of SubprocessExecutor.launch, which execs the command.
+        sys.argv = [
+            TASK_TYPE_TO_COMMAND[spec.task_type],
+            TASK_TYPE_TO_APPIO_API_ADDRESS_ARG[spec.task_type],
+            spec.runtime_api_address,
+            "--token",
+            spec.token,
+        ]
+        if spec.insecure:
+            sys.argv.append("--insecure")
+        elif spec.root_certificates_path is not None:
+            sys.argv += ["--root-certificates", spec.root_certificates_path]
+        if spec.parent_pid is not None:
+            sys.argv += ["--parent-pid", str(spec.parent_pid)]
+        ENTRY_POINTS[spec.task_type]()
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def main() -> None:
-    """``flower-superexec`` with the fork server's executor."""
-    # First, while this process has one thread and no Flower state to pass on.
-    ready, warm = os.pipe()
-    fork_server = subprocess.Popen(
-        [sys.executable, "-m", "tests.deployment.fork_server", *sys.argv[1:]],
-        stdin=subprocess.PIPE,
-        env={**os.environ, READY_FD_VARIABLE: str(warm)},
-        pass_fds=(warm,),
-    )
-    os.close(warm)
-    # Until the fork server is warm, no task: it would wait in the pipe while
-    # its token ages (Flower refused one after 66 s: 401, and started it again).
-    os.read(ready, 1)
-    os.close(ready)
+    """``flower-superexec`` with the forking executor."""
+    warm_up()
     # Flower's default is to look for tasks once a second.
     os.environ.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.2")
     # The executor factory is the one thing replaced in Flower's SuperExec.
-    superexec_module.get_executor = lambda *args, **kwargs: ForkServerExecutor(
-        fork_server=fork_server
-    )
+    superexec_module.get_executor = lambda *args, **kwargs: ForkingExecutor()
     flower_superexec()
 
 
