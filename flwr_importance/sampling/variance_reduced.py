@@ -346,9 +346,7 @@ def estimator_variance(norms: ArrayLike, probs: ArrayLike) -> float:
     return float(np.sum(squared / probs_array[contributing] - squared))
 
 
-#: The most secure sums of AOCS's totals in one round under SecAgg+ (each over
-#: larger or tighter public bounds, ``256**8 = 2**64``): the workflow gives the
-#: round up after them, and a node answers no more.
+#: Most secure sums of AOCS's totals in a round (each over new bounds).
 AOCS_MAX_TOTALS_SUMS = 10
 
 
@@ -446,15 +444,12 @@ def aocs_saturated_scale(
     """AOCS's server step from the saturated count: ``C = (m - S) / P``, or None.
 
     ``S = #{i : p_i = 1}``, so ``m - S = m - N + I`` (:func:`aocs_next_scale`)
-    without the number of clients ``N``: under central DP both ``P`` and
-    ``S`` are noisy sums, and ``N`` is not released.
+    without ``N``: under central DP ``P`` and ``S`` are noisy sums.
 
     Examples
     --------
     >>> aocs_saturated_scale(0.4615384615384615, 1, 2)
     2.166666666666667
-    >>> aocs_saturated_scale(1.0, 1, 2) is None
-    True
     """
     if mass_below_one <= 0:
         return None
@@ -481,8 +476,7 @@ def aocs_next_scale(
     Returns
     -------
     float or None
-        ``C`` when it is above 1; None when ``P <= 0`` or ``C <= 1`` (the
-        iteration has converged: no probability would grow).
+        ``C`` above 1; None when ``P <= 0`` or ``C <= 1`` (converged).
 
     Examples
     --------
@@ -494,9 +488,8 @@ def aocs_next_scale(
     return aocs_saturated_scale(mass_below_one, num_clients - num_below_one, m)
 
 
-#: A sum over the clients of rows of reports, each row of L2 norm at most the
-#: given bound: ``(rows, row_bound) -> sum``. The plain strategies sum
-#: exactly (:func:`exact_report_sum`); CentralDP clips, adds noise, accounts.
+#: ``(rows, row_bound) -> sum`` of client rows of L2 norm <= the bound: exact
+#: (:func:`exact_report_sum`) or, under CentralDP, clipped, noised, accounted.
 ReportSum = Callable[[NDArray[np.float64], float], NDArray[np.float64]]
 
 

@@ -33,6 +33,7 @@ from flwr_importance.protocol import (
     ISFEDAVG_SIGMA2,
 )
 from flwr_importance.strategies.isfedavg import ISFedAvg
+from flwr_importance.strategies.replies import ClientSideFailedError
 from flwr_importance.tooling.testing import InProcessGrid
 from simulations.inprocess import load_preset, run_inprocess
 from tests.isfedavg.test_isfedavg_client import app as isfedavg_app
@@ -188,13 +189,17 @@ def test_bad_and_missing_replies_are_logged_and_left_out(
         assert strategy.client_probs[node] == pytest.approx(prob)
 
 
-def test_a_round_without_usable_replies_keeps_the_model_and_the_probabilities() -> None:
+def test_a_first_round_without_usable_replies_stops_and_keeps_the_probabilities() -> (
+    None
+):
     grid = InProcessGrid(echo_app, num_nodes=6)
     strategy = ISFedAvg(clients_per_round=2, seed=1)
     messages = configured(strategy, grid)
     before = dict(strategy.client_probs)
     replies = [reply_to(message, [5.0, 5.0, 5.0], -1.0, 0.0) for message in messages]
-    assert strategy.aggregate_train(1, replies) == (None, None)
+    # No node has ever trained well: nothing can train, the run stops.
+    with pytest.raises(ClientSideFailedError):
+        strategy.aggregate_train(1, replies)
     assert strategy.client_probs == before
 
 
