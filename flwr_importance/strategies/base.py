@@ -222,12 +222,10 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
     aggregates_train_metrics: ClassVar[bool] = False
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Self:
-        """Refuse FedAvg's round-size arguments before Python checks the signature.
+        """Refuse FedAvg's round-size arguments, naming :attr:`round_size`.
 
-        ``Method(fraction_train=0.5)``, FedAvg's line with the class swapped,
-        would otherwise fail on the method's own missing argument
-        (``clients_per_round``) without saying what replaces
-        ``fraction_train`` (:attr:`round_size`).
+        Here, before Python checks the signature: else ``fraction_train=0.5``
+        alone fails on the method's missing ``clients_per_round``.
         """
         for argument in ("fraction_train", "min_train_nodes"):
             if argument in kwargs:
@@ -289,12 +287,7 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
         unknown: Mapping[str, object],
         train_metrics_aggr_fn: MetricsAggregation | None,
     ) -> None:
-        """Refuse ``train_metrics_aggr_fn`` where the method does not average.
-
-        For a class whose round metrics are its own; any unknown keyword is
-        refused as Python would (``fraction_train`` and ``min_train_nodes``
-        never get here: :meth:`__new__` refuses them).
-        """
+        """Refuse unknown keywords, and ``train_metrics_aggr_fn`` if unused."""
         name = type(self).__name__
         if unknown:
             raise TypeError(
