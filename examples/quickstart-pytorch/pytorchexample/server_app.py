@@ -220,13 +220,14 @@ def make_strategy(method: str, context: Context) -> Strategy:
             )
             # --8<-- [end:folb-server]
         case "fedsampling":
-            # A size bound above the largest partition (about 144 images) and an
-            # epsilon at which 10 nodes' randomized sizes still estimate the total;
-            # no federated evaluation (its replies would reveal the sizes).
+            # An epsilon at which 10 nodes' randomized sizes still estimate the
+            # total; no federated evaluation (its replies would reveal the sizes).
             # --8<-- [start:fedsampling-server]
             # replaces: strategy = FedAvg(fraction_evaluate=fraction_evaluate)
             strategy = FedSampling(
                 samples_per_round=160,
+                # above your largest len(trainloader.dataset) (here about 144),
+                # else round 1 warns "set max_size (...) above the largest partition"
                 max_size=200,
                 epsilon=8.0,
                 server_lr=0.5,
