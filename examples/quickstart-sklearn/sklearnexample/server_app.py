@@ -63,7 +63,7 @@ from flwr_importance.strategies import evaluate_every_model, per_model_files
 app = ServerApp()
 
 #: ``(server_round, arrays) -> metrics``: the central evaluation of a run.
-EvaluateFn = Callable[[int, ArrayRecord], MetricRecord]
+EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 
 
 def make_strategy(method: str, context: Context) -> Strategy:
