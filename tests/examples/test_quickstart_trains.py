@@ -1,4 +1,4 @@
-"""ISFedAvg and MMFL train in the quickstart with Flower's own settings.
+"""ISFedAvg, MMFL and FedSampling train in the quickstart with Flower's settings.
 
 In process (the example's ServerApp ``main`` and ClientApp ``app`` on an
 :class:`~flwr_importance.tooling.testing.InProcessGrid` of 10 nodes), with the
@@ -11,10 +11,11 @@ eq. 8's ``1/E_k`` and ``E_k``, ``B_k`` of its own, 0.124 -> 0.102), MMFL
 0.124 -> 0.156 (the mean of its two models). At torch seeds 1-3 ISFedAvg
 ends 0.08 to 0.43 above its start, MMFL 0.03 to 0.46.
 
-FedSampling is not here: it makes one server step per round, 3 in Flower's
-3 rounds, and its nodes' coins come from OS entropy (no seed); measured
-with its quickstart lines, the central loss falls (2.306 -> 2.298) but the
-accuracy after 3 rounds is within the run-to-run spread of the start.
+FedSampling makes one server step per round, 3 in Flower's 3 rounds, and
+its nodes' coins come from OS entropy (no seed): in 5 runs with its
+quickstart lines its central loss fell from 2.306 to 2.297-2.299 every
+time, but its accuracy after 3 rounds (0.101 to 0.183) is within the
+run-to-run spread of its round-1 values, so only the loss is checked.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ FLOWER_SETTINGS = {
 #: half the measured gain (0.081 ISFedAvg, 0.032 MMFL), 0.01 being 18 of the
 #: 1,797 test images.
 MARGIN = {"isfedavg": 0.04, "mmfl": 0.016}
+#: FedSampling's central loss after 3 rounds must be this much below the
+#: start's: under half the smallest fall measured (0.007).
+FEDSAMPLING_LOSS_MARGIN = 0.003
 
 
 #: A method's run: its central metrics by round, and its output folder.
@@ -83,7 +87,16 @@ def run_quickstart(
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
     """Each method's run, made once for the module's tests."""
     output_dir = tmp_path_factory.mktemp("quickstart")
-    yield {method: run_quickstart(method, output_dir) for method in MARGIN}
+    methods = [*MARGIN, "fedsampling"]
+    yield {method: run_quickstart(method, output_dir) for method in methods}
+
+
+@pytest.mark.slow
+def test_fedsampling_lowers_the_central_loss_in_its_three_steps(
+    runs: dict[str, Run],
+) -> None:
+    central, _ = runs["fedsampling"]
+    assert central["3"]["loss"] < central["0"]["loss"] - FEDSAMPLING_LOSS_MARGIN
 
 
 @pytest.mark.slow
