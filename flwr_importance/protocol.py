@@ -108,8 +108,9 @@ batches by its per-sample probabilities ``p_n`` and scales its own steps.
   * ``isfedavg-local-steps`` (:data:`ISFEDAVG_LOCAL_STEPS`, int): ``E_k``,
     the number of local SGD steps (replaces your epochs);
   * ``isfedavg-batch-size`` (:data:`ISFEDAVG_BATCH_SIZE`, int): ``B_k``, the
-    number of distinct samples per batch (a node with fewer samples uses
-    all of them);
+    distinct samples per batch (a node with fewer samples uses them all);
+  * ``isfedavg-divide-by-local-steps`` (:data:`ISFEDAVG_DIVIDE_BY_LOCAL_STEPS`,
+    bool): eq. 8's ``1/E_k`` in each step (False: the app's own step size);
   * ``isfedavg-adapt-sample-probs`` (:data:`ISFEDAVG_ADAPT_SAMPLE_PROBS`,
     bool): update ``p_n`` by eq. 29 (False in the strategy's uniform mode:
     keep ``p_n = 1/N_k``);
@@ -119,9 +120,8 @@ batches by its per-sample probabilities ``p_n`` and scales its own steps.
 
   The node draws each batch of distinct samples with ``P(n in B) = pi_n``,
   ``B_k p_n`` capped at 1 with the excess spread over the others, and steps
-  with the eq. 8 gradient
-  ``sum_{b in B} grad Q_b / (K p_k E_k N_k pi_b)``: the importance weights
-  are applied on the client.
+  with the eq. 8 gradient ``sum_{b in B} grad Q_b / (K p_k E_k N_k pi_b)``
+  (without ``E_k`` when not dividing): the weights are applied on the client.
 - ``train`` reply: one ArrayRecord, the trained local model (not an update);
   one MetricRecord with ``isfedavg-sigma2`` (:data:`ISFEDAVG_SIGMA2`,
   ``sigma2_k`` of eq. 22 from the per-sample gradient norms seen this round,
@@ -453,9 +453,10 @@ ISFEDAVG_NUM_CLIENTS = "isfedavg-num-clients"
 ISFEDAVG_LOCAL_STEPS = "isfedavg-local-steps"
 #: ``B_k``: mini-batch size.
 ISFEDAVG_BATCH_SIZE = "isfedavg-batch-size"
-#: Whether to apply eq. 29 to the sample probabilities; False leaves them as
-#: they are (uniform, as stored on a node's first round, in uniform mode).
+#: Whether to apply eq. 29 to the ``p_n``; False keeps them (uniform mode).
 ISFEDAVG_ADAPT_SAMPLE_PROBS = "isfedavg-adapt-sample-probs"
+#: Whether each local step divides eq. 8's loss by ``E_k`` (absent: True).
+ISFEDAVG_DIVIDE_BY_LOCAL_STEPS = "isfedavg-divide-by-local-steps"
 #: Floor on every ``p_n`` as a fraction of ``1/N_k``, in ``(0, 1]``.
 ISFEDAVG_MIN_RELATIVE_SAMPLE_PROB = "isfedavg-min-relative-sample-prob"
 #: ``sigma2_k`` of eq. 22 (train reply).

@@ -245,7 +245,10 @@ def test_quickstart_example_knows_every_method() -> None:
     assert {spec.name for spec in methods()} <= set(server_app.METHODS)
     assert set(client_app.METHOD_APPS) == set(server_app.METHODS)
     assert set(EXAMPLE_TRAIN_METRIC) | {"fedsampling"} == set(server_app.METHODS)
-    run_config: dict[str, bool | float | int | str] = {"fraction-evaluate": 0.5}
+    run_config: dict[str, bool | float | int | str] = {
+        "fraction-evaluate": 0.5,
+        "batch-size": 32,
+    }
     context = Context(
         run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config
     )

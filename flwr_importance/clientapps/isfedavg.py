@@ -12,7 +12,10 @@ eq. 28: ``sigma2_k`` (eq. 22) and ``||grad P_k||^2`` (eq. 14).
 ``B_k`` on the server**, per node: with this method they replace your epochs
 and batch size. :class:`ImportanceSampler` is the batch sampler that draws
 exactly ``E_k`` batches of ``B_k``; its ``local_steps`` and ``batch_size`` say
-what they are this round. Your learning rate, optimizer, loss and device stay.
+what they are this round (the server's ``local_steps_range`` and
+``batch_size_range`` can fix them to yours). Your optimizer, loss and device
+stay; eq. 8 divides each step by ``E_k`` unless the server's
+``ISFedAvg(keep_app_step_size=True)`` keeps your learning rate's own step.
 
 Your own train function (Flower's quickstart-pytorch shape: ``load_data``'s
 DataLoaders of ``{"img", "label"}`` batches), lines added or changed marked

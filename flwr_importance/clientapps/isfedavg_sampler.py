@@ -67,6 +67,10 @@ class RoundSettings:
         Whether ``p_n`` follow eq. 29 (False in the server's uniform mode).
     min_relative_sample_prob : float
         Floor on ``p_n`` as a fraction of ``1/N_k``.
+    divide_by_local_steps : bool
+        Whether each step divides eq. 8's loss by ``E_k`` (the server's
+        ``keep_app_step_size=False``, the paper's step); False keeps your
+        optimizer's own step size.
     """
 
     client_prob: float
@@ -75,6 +79,12 @@ class RoundSettings:
     batch_size: int
     adapt_sample_probs: bool
     min_relative_sample_prob: float
+    divide_by_local_steps: bool = True
+
+    @property
+    def step_divisor(self) -> int:
+        """What each step's loss is divided by: ``E_k``, or 1 for your own step."""
+        return self.local_steps if self.divide_by_local_steps else 1
 
     @classmethod
     def from_message(cls, message: Message) -> RoundSettings:
@@ -89,6 +99,9 @@ class RoundSettings:
             ),
             min_relative_sample_prob=config_number(
                 message, protocol.ISFEDAVG_MIN_RELATIVE_SAMPLE_PROB
+            ),
+            divide_by_local_steps=config_flag(
+                message, protocol.ISFEDAVG_DIVIDE_BY_LOCAL_STEPS, default=True
             ),
         )
         if not 0 < settings.client_prob <= 1:
@@ -337,7 +350,7 @@ class ImportanceSampler(Sampler[list[int]]):
                 inclusion[batch],
                 client_prob=self.settings.client_prob,
                 num_clients=self.settings.num_clients,
-                local_steps=self.local_steps,
+                local_steps=self.settings.step_divisor,
                 num_samples=inclusion.size,
             )
             self._observed = False
@@ -410,7 +423,14 @@ class ImportanceSampler(Sampler[list[int]]):
         gradient, norms = weighted_gradient_and_norms(
             model, inputs, targets, sample_loss, l2, self.loss_weights()
         )
-        client_scale = self.settings.num_clients * self.settings.client_prob
+        # Eq. 14's estimate is the mean of the steps' unbiased gradients: the
+        # weights divide by step_divisor, the mean by E_k.
+        client_scale = (
+            self.settings.num_clients
+            * self.settings.client_prob
+            * self.settings.step_divisor
+            / self.local_steps
+        )
         if self._round_gradient is None:
             self._round_gradient = [torch.zeros_like(g) for g in gradient]
         for accumulated, step_gradient in zip(

@@ -21,7 +21,9 @@ from flwr_importance.strategies.isfedavg import ISFedAvg
 from flwr_importance.strategies.md import MDSampling
 from flwr_importance.strategies.mmfl import (
     MultiModelSampling,
+    evaluate_every_model,
     pack_models,
+    per_model_files,
     unpack_models,
 )
 from flwr_importance.strategies.ocs import OptimalClientSampling
@@ -47,6 +49,8 @@ __all__ = [
     "ServerMomentum",
     "ServerOptimizer",
     "ServerYogi",
+    "evaluate_every_model",
     "pack_models",
+    "per_model_files",
     "unpack_models",
 ]

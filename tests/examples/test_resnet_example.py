@@ -22,7 +22,7 @@ import pytest
 import tomllib
 from flwr.app import Context, RecordDict
 
-from flwr_importance.strategies.replies import ClientSideFailedError
+from flwr_importance.strategies import ClientSideFailedError
 from flwr_importance.tooling.testing import InProcessGrid
 from tests.examples.example_runs import checked_run
 
@@ -77,21 +77,20 @@ def test_the_groupnorm_resnet_trains_with_isfedavg(tmp_path: Path) -> None:
 def test_the_batchnorm_resnet_is_refused_at_round_one_with_the_fix(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # Every node sampled in round 1 refuses: nothing can train, so the run
-    # stops there, quoting the first node's error (the layers and the fix).
-    config = run_config(tmp_path, norm="batch", **{"num-server-rounds": 1})
+    # Every node fails ISFedAvg's train and none ever succeeded: the run stops
+    # in round 1 (ClientSideFailedError), quoting the first node's refusal.
     with (
         caplog.at_level(logging.WARNING, logger="flwr"),
-        pytest.raises(ClientSideFailedError) as stopped,
+        pytest.raises(ClientSideFailedError, match="SampleMixingLayerError") as stop,
     ):
-        run_in_process(config)
-    assert "layer1.0.bn1 (BatchNorm2d)" in str(stopped.value)
-    assert "replace_batchnorm(model)" in str(stopped.value)
+        run_in_process(run_config(tmp_path, norm="batch", **{"num-server-rounds": 1}))
+    assert "replace_batchnorm(model)" in str(stop.value)
     refusals = [
         record.getMessage()
         for record in caplog.records
         if "SampleMixingLayerError" in record.getMessage()
     ]
+    # Every node sampled in round 1 refused, naming the layers and the fix.
     assert len(refusals) == run_config(tmp_path)["clients-per-round"]
     for refusal in refusals:
         assert "layer1.0.bn1 (BatchNorm2d)" in refusal

@@ -51,7 +51,8 @@ from flwr_importance.strategies import OptimalClientSampling
 
 # --8<-- [end:ocs-server,aocs-server]
 # --8<-- [start:mmfl-server]
-from flwr_importance.strategies import MultiModelSampling, pack_models, unpack_models
+from flwr_importance.strategies import MultiModelSampling, pack_models
+from flwr_importance.strategies import evaluate_every_model, per_model_files
 
 # --8<-- [end:mmfl-server]
 # --8<-- [start:isfedavg-server]
@@ -87,6 +88,23 @@ def main(grid: Grid, context: Context) -> None:
         output_dir = str(context.run_config["output-dir"])
         if output_dir:
             save_history(result, Path(output_dir) / f"{method}.json")
+            save_final_model(
+                method, result, Path(output_dir) / method / "final_model.pt"
+            )
+
+
+def save_final_model(method: str, result: Result, final_model: Path) -> None:
+    """Flower's final save of the model to ``final_model``; MMFL's, of each model."""
+    final_model.parent.mkdir(parents=True, exist_ok=True)
+    if method == "mmfl":
+        # --8<-- [start:mmfl-server]
+        # replaces: state_dict = ...; torch.save(state_dict, "final_model.pt")
+        for arrays, path in per_model_files(result.arrays, final_model):
+            torch.save(arrays.to_torch_state_dict(), path)  # loads into Net
+        # --8<-- [end:mmfl-server]
+        return
+    state_dict = result.arrays.to_torch_state_dict()
+    torch.save(state_dict, final_model)
 
 
 def run_method(
@@ -108,7 +126,7 @@ def run_method(
             num_rounds=num_rounds,
             # --8<-- [start:mmfl-server]
             # replaces: evaluate_fn=global_evaluate,
-            evaluate_fn=evaluate_every_model,
+            evaluate_fn=evaluate_every_model(global_evaluate),
             # --8<-- [end:mmfl-server]
         )
     return strategy.start(
@@ -181,8 +199,15 @@ def make_strategy(method: str, context: Context) -> Strategy:
         case "isfedavg":
             # --8<-- [start:isfedavg-server]
             # replaces: strategy = FedAvg(fraction_evaluate=fraction_evaluate)
+            # The app's learning rate and batch size, and about one epoch of
+            # local steps (len(trainloader): here ~144 images / 32 = 5 batches).
+            batch_size = int(context.run_config["batch-size"])
             strategy = ISFedAvg(
-                clients_per_round=5, fraction_evaluate=fraction_evaluate
+                clients_per_round=5,
+                fraction_evaluate=fraction_evaluate,
+                keep_app_step_size=True,
+                batch_size_range=(batch_size, batch_size),
+                local_steps_range=(5, 5),
             )
             # --8<-- [end:isfedavg-server]
         case "folb":
@@ -195,13 +220,14 @@ def make_strategy(method: str, context: Context) -> Strategy:
             )
             # --8<-- [end:folb-server]
         case "fedsampling":
-            # A size bound above the largest partition (about 144 images) and an
-            # epsilon at which 10 nodes' randomized sizes still estimate the total;
-            # no federated evaluation (its replies would reveal the sizes).
+            # An epsilon at which 10 nodes' randomized sizes still estimate the
+            # total; no federated evaluation (its replies would reveal the sizes).
             # --8<-- [start:fedsampling-server]
             # replaces: strategy = FedAvg(fraction_evaluate=fraction_evaluate)
             strategy = FedSampling(
                 samples_per_round=160,
+                # above your largest len(trainloader.dataset) (here about 144),
+                # else round 1 warns "set max_size (...) above the largest partition"
                 max_size=200,
                 epsilon=8.0,
                 server_lr=0.5,
@@ -237,24 +263,6 @@ def global_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
     return MetricRecord({"accuracy": test_acc, "loss": test_loss})
 
 
-# --8<-- [start:mmfl-server]
-def evaluate_every_model(server_round: int, packed: ArrayRecord) -> MetricRecord:
-    """MMFL: :func:`global_evaluate` of each model, and their means."""
-    per_model = [
-        global_evaluate(server_round, arrays) for arrays in unpack_models(packed)
-    ]
-    accuracies = [float(metrics["accuracy"]) for metrics in per_model]  # type: ignore[arg-type]
-    losses = [float(metrics["loss"]) for metrics in per_model]  # type: ignore[arg-type]
-    return MetricRecord(
-        {
-            "accuracy": sum(accuracies) / len(accuracies),
-            "loss": sum(losses) / len(losses),
-            "accuracy-per-model": accuracies,
-        }
-    )
-
-
-# --8<-- [end:mmfl-server]
 def start_method(grid: Grid, method: str) -> None:
     """Tell every node which method runs next (a run of several methods).
 
