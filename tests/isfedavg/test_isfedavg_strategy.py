@@ -204,7 +204,7 @@ def test_a_first_round_without_usable_replies_stops_and_keeps_the_probabilities(
     assert strategy.client_probs == before
 
 
-def test_a_later_round_without_usable_replies_keeps_the_model_and_the_probabilities() -> (
+def test_a_later_round_without_usable_replies_keeps_the_model_and_probabilities() -> (
     None
 ):
     grid = InProcessGrid(echo_app, num_nodes=6)
