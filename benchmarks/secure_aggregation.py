@@ -176,8 +176,14 @@ class Setting:
     @property
     def run_config(self) -> dict[str, bool | int | float | str]:
         """The simulation app's run config of this setting's nodes."""
+        # The nodes' epsilon cap is the app's epsilon: the strategy's.
         return resolve_run_config(
-            {**COMMON, "model": self.model, "num-supernodes": self.num_nodes}
+            {
+                **COMMON,
+                "model": self.model,
+                "num-supernodes": self.num_nodes,
+                "fedsampling-epsilon": FEDSAMPLING_EPSILON,
+            }
         )
 
     @property

@@ -108,8 +108,9 @@ batches by its per-sample probabilities ``p_n`` and scales its own steps.
   * ``isfedavg-local-steps`` (:data:`ISFEDAVG_LOCAL_STEPS`, int): ``E_k``,
     the number of local SGD steps (replaces your epochs);
   * ``isfedavg-batch-size`` (:data:`ISFEDAVG_BATCH_SIZE`, int): ``B_k``, the
-    number of distinct samples per batch (a node with fewer samples uses
-    all of them);
+    distinct samples per batch (a node with fewer samples uses them all);
+  * ``isfedavg-divide-by-local-steps`` (:data:`ISFEDAVG_DIVIDE_BY_LOCAL_STEPS`,
+    bool): eq. 8's ``1/E_k`` in each step (False: the app's own step size);
   * ``isfedavg-adapt-sample-probs`` (:data:`ISFEDAVG_ADAPT_SAMPLE_PROBS`,
     bool): update ``p_n`` by eq. 29 (False in the strategy's uniform mode:
     keep ``p_n = 1/N_k``);
@@ -119,9 +120,8 @@ batches by its per-sample probabilities ``p_n`` and scales its own steps.
 
   The node draws each batch of distinct samples with ``P(n in B) = pi_n``,
   ``B_k p_n`` capped at 1 with the excess spread over the others, and steps
-  with the eq. 8 gradient
-  ``sum_{b in B} grad Q_b / (K p_k E_k N_k pi_b)``: the importance weights
-  are applied on the client.
+  with the eq. 8 gradient ``sum_{b in B} grad Q_b / (K p_k E_k N_k pi_b)``
+  (without ``E_k`` when not dividing): the weights are applied on the client.
 - ``train`` reply: one ArrayRecord, the trained local model (not an update);
   one MetricRecord with ``isfedavg-sigma2`` (:data:`ISFEDAVG_SIGMA2`,
   ``sigma2_k`` of eq. 22 from the per-sample gradient norms seen this round,
@@ -186,7 +186,13 @@ The node's true size and the number of samples it keeps never leave it.
   (:data:`FEDSAMPLING_SIZE_RESPONSE`): the randomized response of eq. 1, an
   integer in ``{1..M-1}``: the true size clipped to ``M - 1`` with
   probability ``alpha = (e^eps - 1) / (e^eps + M - 2)``, else uniform on
-  ``{1..M-1}``. Never ``num-examples``.
+  ``{1..M-1}``. Never ``num-examples``. The helpers add the node's ledger,
+  ``node-size-answers``, ``node-epsilon-spent``, ``node-reproducible-coins``
+  (:data:`FEDSAMPLING_NODE_ANSWERS`, :data:`FEDSAMPLING_NODE_EPSILON`,
+  :data:`FEDSAMPLING_NODE_REPRODUCIBLE_COINS`), and refuse a query above the
+  node config's ``fedsampling-max-epsilon`` or ``fedsampling-epsilon-budget``
+  (:data:`FEDSAMPLING_MAX_EPSILON_NODE_KEY`,
+  :data:`FEDSAMPLING_EPSILON_BUDGET_NODE_KEY`).
 - ``train`` to the nodes whose size reply was usable: the model under
   ``arrayrecord_key``; config ``server-round``, the ``train_config``,
   ``samples-per-round`` (:data:`FEDSAMPLING_SAMPLES_PER_ROUND`, int ``K``),
@@ -344,10 +350,13 @@ model, never scaled by ``d_i`` or ``1/p_i``.
   ``C (n_i / p_i) U_i / b_u``, ``b_u`` in ``update-bound``
   (:data:`UPDATE_BOUND`). ``aocs-participation``
   (:data:`AOCS_PARTICIPATION_STEP`, a ``get_properties`` of type
-  ``query.participation``, :data:`PARTICIPATION_QUERY`) with the start factor,
-  the scales and the node's public draw ``participation-draw``
-  (:data:`PARTICIPATION_DRAW`, ``r_i``): reply ``participates``
-  (:data:`PARTICIPATES`, 1 iff ``r_i < p_i``, else 0).
+  ``query.participation``, :data:`PARTICIPATION_QUERY`) with the start factor
+  and the scales: reply ``participates`` (:data:`PARTICIPATES`, 1 iff
+  ``r_i < p_i``, else 0), ``r_i`` the node's own uniform coin (only with the
+  run config's ``secure-aocs-unsafe-public-draws``,
+  :data:`SECURE_AOCS_UNSAFE_PUBLIC_DRAWS`, the server's ``participation-draw``,
+  :data:`PARTICIPATION_DRAW`). A node answers each step of a round once and
+  refuses public values that change within a round.
 
 Power-of-Choice, pow-d and rpow-d (``power-of-choice``)
 -------------------------------------------------------
@@ -444,9 +453,10 @@ ISFEDAVG_NUM_CLIENTS = "isfedavg-num-clients"
 ISFEDAVG_LOCAL_STEPS = "isfedavg-local-steps"
 #: ``B_k``: mini-batch size.
 ISFEDAVG_BATCH_SIZE = "isfedavg-batch-size"
-#: Whether to apply eq. 29 to the sample probabilities; False leaves them as
-#: they are (uniform, as stored on a node's first round, in uniform mode).
+#: Whether to apply eq. 29 to the ``p_n``; False keeps them (uniform mode).
 ISFEDAVG_ADAPT_SAMPLE_PROBS = "isfedavg-adapt-sample-probs"
+#: Whether each local step divides eq. 8's loss by ``E_k`` (absent: True).
+ISFEDAVG_DIVIDE_BY_LOCAL_STEPS = "isfedavg-divide-by-local-steps"
 #: Floor on every ``p_n`` as a fraction of ``1/N_k``, in ``(0, 1]``.
 ISFEDAVG_MIN_RELATIVE_SAMPLE_PROB = "isfedavg-min-relative-sample-prob"
 #: ``sigma2_k`` of eq. 22 (train reply).
@@ -475,6 +485,14 @@ FEDSAMPLING_SIZE_RESPONSE = "size-response"
 FEDSAMPLING_MAX_SIZE = "max-size"
 #: ``epsilon`` of the local differential privacy (``query.sizes`` config).
 FEDSAMPLING_EPSILON = "epsilon"
+#: The node's own ledger in its size reply: its replies so far, their epsilon
+#: (basic composition), and 1 if its coins were the unsafe seeded ones.
+FEDSAMPLING_NODE_ANSWERS = "node-size-answers"
+FEDSAMPLING_NODE_EPSILON = "node-epsilon-spent"
+FEDSAMPLING_NODE_REPRODUCIBLE_COINS = "node-reproducible-coins"
+#: Node config: the node's epsilon cap per size reply, and for the whole run.
+FEDSAMPLING_MAX_EPSILON_NODE_KEY = "fedsampling-max-epsilon"
+FEDSAMPLING_EPSILON_BUDGET_NODE_KEY = "fedsampling-epsilon-budget"
 #: ``K``: the number of samples the round aims for (train config).
 FEDSAMPLING_SAMPLES_PER_ROUND = "samples-per-round"
 #: ``N_tilde``: the server's estimate of the total number of samples.
@@ -521,9 +539,8 @@ AOCS_UPDATE_STEP = "aocs-update"
 PARTICIPATION_QUERY = "participation"
 #: SecAgg+'s ``clipping_range``: a secure vector's entries lie within it.
 CLIPPING_RANGE = "clipping-range"
-#: Public bound on ``v_i = n_i ||U_i||`` in the totals step.
+#: Public bounds on ``v_i = n_i ||U_i||`` and on ``n_i`` in the totals step.
 SCORE_BOUND = "score-bound"
-#: Public bound on ``n_i`` in the totals step.
 SIZE_BOUND = "size-bound"
 #: ``m / sum_j v_j``: a client's ``p_i`` starts at ``min(1, factor v_i)``.
 AOCS_START_FACTOR = "aocs-start-factor"
@@ -531,8 +548,9 @@ AOCS_START_FACTOR = "aocs-start-factor"
 AOCS_SCALES = "aocs-scales"
 #: Public bound on the norm of ``(n_i / p_i) U_i`` in the update step.
 UPDATE_BOUND = "update-bound"
-#: The node's public uniform draw ``r_i``.
+#: The server's uniform draw ``r_i``, taken only with (run config, unsafe):
 PARTICIPATION_DRAW = "participation-draw"
+SECURE_AOCS_UNSAFE_PUBLIC_DRAWS = "secure-aocs-unsafe-public-draws"
 #: Reply: 1 if the node participates (``r_i < p_i``), else 0.
 PARTICIPATES = "participates"
 

@@ -8,13 +8,21 @@ app with whole-line comments::
     # --8<-- [end:ocs-client]
 
 A region name is ``<method>-server`` or ``<method>-client``; one name may mark
-several places of an app (its parts are shown joined by ``...``), and lines
+several places of an app (its parts are shown joined by ``...``; parts with
+nothing but blank and marker lines between them read as one), and lines
 several methods need carry all their names, comma-separated
 (``[start:md-client,clustered-client]``). In the docs,
 a marker line names an example and a region, and the fenced block under it is
 that region's code::
 
     <!-- snippet: quickstart-pytorch#ocs-client -->
+
+The examples in :data:`DIFF_SHAPES` keep Flower's own app's files and names,
+and their regions are shown as a diff against Flower's app: every line of a
+region is added (``+``), except a comment ``# replaces: <line>``, which is
+Flower's line the region removes (``-``) at that place, and a comment
+``# after: <line>``, Flower's line the part follows (context). A part that
+only removes lines is followed by the file's next line, as context.
 
 Between ``<!-- lines-table:start -->`` and ``<!-- lines-table:end -->`` the
 docs hold the table of lines each method adds, per app shape, counted from the
@@ -36,6 +44,7 @@ import argparse
 import re
 import sys
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,12 +54,22 @@ README = ROOT / "README.md"
 
 #: The app shapes of the lines table: example folder and column title.
 SHAPES = {
-    "quickstart-pytorch": "PyTorch, Message API (`examples/quickstart-pytorch`)",
+    "quickstart-pytorch": (
+        "Flower's `quickstart-pytorch`, Message API (`examples/quickstart-pytorch`)"
+    ),
     "quickstart-pytorch-legacy": (
         "PyTorch `NumPyClient`, legacy API (`examples/quickstart-pytorch-legacy`)"
     ),
     "quickstart-sklearn": "scikit-learn, Message API (`examples/quickstart-sklearn`)",
 }
+
+#: The examples whose regions the docs show as a diff against Flower's own app
+#: of the same files and names, and that app's name.
+DIFF_SHAPES = {"quickstart-pytorch": "quickstart-pytorch"}
+#: The comment that names, in a region, the line of Flower's app it removes.
+REPLACES = "# replaces: "
+#: The comment that names, in a region, the line of Flower's app it follows.
+AFTER = "# after: "
 
 #: A marker line may end in ruff's line-length exemption (E501) when its
 #: names make it long.
@@ -59,7 +78,7 @@ REGION_MARKER = re.compile(
 )
 SNIPPET_MARKER = re.compile(
     r"^<!-- snippet: (?P<example>[\w-]+)#(?P<region>[\w-]+) -->\n"
-    r"(?:```python\n.*?```\n)?",
+    r"(?:```(?:python|diff)\n.*?```\n)?",
     re.M | re.S,
 )
 TABLE = re.compile(r"(<!-- lines-table:start -->\n).*?(<!-- lines-table:end -->)", re.S)
@@ -70,8 +89,22 @@ METHODS_TABLE = re.compile(
 PART_SEPARATOR = "..."
 
 
-def file_regions(path: Path) -> dict[str, list[str]]:
-    """The regions marked in one file: each name's parts, in order, as written.
+@dataclass
+class Part:
+    """One part of a region: its code, and the file's next line of code."""
+
+    code: str
+    #: The first line after the part that is neither blank nor a marker.
+    next_line: str | None
+    #: The file's line number of the part's end marker.
+    end: int
+
+
+def region_parts(path: Path) -> dict[str, list[Part]]:
+    """The regions marked in one file: each name's parts, in order.
+
+    A part that follows the name's previous part with only blank and marker
+    lines between them extends it.
 
     Raises
     ------
@@ -79,10 +112,12 @@ def file_regions(path: Path) -> dict[str, list[str]]:
         On a region that is not closed, closed without being opened, or opened
         inside another.
     """
-    parts: dict[str, list[str]] = defaultdict(list)
+    file_lines = path.read_text().splitlines()
+    parts: dict[str, list[Part]] = defaultdict(list)
     open_names: str | None = None
+    opened = 0
     lines: list[str] = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    for number, line in enumerate(file_lines, start=1):
         marker = REGION_MARKER.match(line)
         if marker is None:
             if open_names is not None:
@@ -94,49 +129,131 @@ def file_regions(path: Path) -> dict[str, list[str]]:
                 raise ValueError(
                     f"{path}:{number}: '{names}' opens inside '{open_names}'"
                 )
-            open_names, lines = names, []
-        else:
-            if names != open_names:
-                raise ValueError(f"{path}:{number}: '{names}' closes but is not open")
-            code = "\n".join(lines).strip("\n")
-            for name in names.split(","):
-                parts[name].append(code)
-            open_names = None
+            open_names, opened, lines = names, number, []
+            continue
+        if names != open_names:
+            raise ValueError(f"{path}:{number}: '{names}' closes but is not open")
+        code = "\n".join(lines).strip("\n")
+        following = (
+            rest
+            for rest in file_lines[number:]
+            if rest.strip() and not REGION_MARKER.match(rest)
+        )
+        next_line = next(following, None)
+        for name in names.split(","):
+            previous = parts[name][-1] if parts[name] else None
+            if previous is not None and all(
+                not between.strip() or REGION_MARKER.match(between)
+                for between in file_lines[previous.end : opened - 1]
+            ):
+                previous.code += "\n" + code
+                previous.next_line, previous.end = next_line, number
+            else:
+                parts[name].append(Part(code, next_line, number))
+        open_names = None
     if open_names is not None:
         raise ValueError(f"{path}: region '{open_names}' is never closed")
     return dict(parts)
 
 
-def example_regions(example: str) -> dict[str, dict[Path, list[str]]]:
+def file_regions(path: Path) -> dict[str, list[str]]:
+    """The regions marked in one file: each name's parts' code, in order.
+
+    Raises
+    ------
+    ValueError
+        As :func:`region_parts`.
+    """
+    return {
+        name: [part.code for part in parts]
+        for name, parts in region_parts(path).items()
+    }
+
+
+def example_regions(example: str) -> dict[str, dict[Path, list[Part]]]:
     """Every region of an example app: name -> file (relative) -> parts."""
     folder = EXAMPLES / example
     if not folder.is_dir():
         raise ValueError(f"no example app '{example}' under {EXAMPLES}")
-    regions: dict[str, dict[Path, list[str]]] = defaultdict(dict)
+    regions: dict[str, dict[Path, list[Part]]] = defaultdict(dict)
     for path in sorted(folder.rglob("*.py")):
-        for name, parts in file_regions(path).items():
+        for name, parts in region_parts(path).items():
             regions[name][path.relative_to(folder)] = parts
     return dict(regions)
+
+
+def indentation(line: str) -> int:
+    """The number of leading spaces of ``line``."""
+    return len(line) - len(line.lstrip())
 
 
 def region_code(example: str, region: str) -> str:
     """A region as the docs show it: each file's parts under its path.
 
-    A file's parts lose the indentation they share, and keep the rest, so the
-    lines of one function read at their depths.
+    Each part loses its own indentation and keeps the rest, so the lines of
+    one function read at their depths. An example of :data:`DIFF_SHAPES` gives
+    :func:`region_diff` instead.
+    """
+    if example in DIFF_SHAPES:
+        return region_diff(example, region)
+    blocks = []
+    for path, parts in region_files(example, region).items():
+        dedented = ["\n".join(dedent(part.code.splitlines())) for part in parts]
+        blocks.append(f"# {path.as_posix()}\n" + f"\n{PART_SEPARATOR}\n".join(dedented))
+    return "\n\n".join(blocks) + "\n"
+
+
+def dedent(lines: list[str]) -> list[str]:
+    """``lines`` less the indentation their non-blank lines share."""
+    shared = min(indentation(line) for line in lines if line.strip())
+    return [line[shared:] for line in lines]
+
+
+def region_files(example: str, region: str) -> dict[Path, list[Part]]:
+    """The files of ``example`` that mark ``region``, with their parts.
+
+    Raises
+    ------
+    ValueError
+        If no file of the example marks ``region``.
     """
     files = example_regions(example).get(region)
     if not files:
         raise ValueError(f"examples/{example} marks no region '{region}'")
+    return files
+
+
+def region_diff(example: str, region: str) -> str:
+    """A region as a diff against Flower's app: each file's parts under its path.
+
+    Each part loses its own indentation; a region's line is added (``+``),
+    a ``# replaces: <line>`` comment is Flower's ``<line>`` removed (``-``),
+    and a part that only removes lines shows the file's next line as context.
+    """
     blocks = []
-    for path, parts in files.items():
-        lines = [line for part in parts for line in part.splitlines() if line.strip()]
-        shared = min(len(line) - len(line.lstrip()) for line in lines)
-        dedented = [
-            "\n".join(line[shared:] for line in part.splitlines()) for part in parts
-        ]
-        blocks.append(f"# {path.as_posix()}\n" + f"\n{PART_SEPARATOR}\n".join(dedented))
+    for path, parts in region_files(example, region).items():
+        rendered = []
+        for part in parts:
+            lines = part.code.splitlines()
+            shared = indentation(lines[0]) - indentation(dedent(lines)[0])
+            diff = [diff_line(line) for line in dedent(lines)]
+            if all(line.startswith("-") for line in diff) and part.next_line:
+                diff.append(" " + part.next_line[shared:])
+            rendered.append("\n".join(diff))
+        blocks.append(
+            f" # {path.as_posix()}\n" + f"\n {PART_SEPARATOR}\n".join(rendered)
+        )
     return "\n\n".join(blocks) + "\n"
+
+
+def diff_line(line: str) -> str:
+    """A dedented region line as a diff line: Flower's line removed, or one added."""
+    depth = " " * indentation(line)
+    if line.lstrip().startswith(REPLACES):
+        return "-" + depth + line.lstrip().removeprefix(REPLACES)
+    if line.lstrip().startswith(AFTER):
+        return " " + depth + line.lstrip().removeprefix(AFTER)
+    return "+" + line if line.strip() else "+"
 
 
 def added_lines(code: str) -> int:
@@ -147,6 +264,21 @@ def added_lines(code: str) -> int:
         if line.strip() and not line.strip().startswith("#")
         if line.strip() != PART_SEPARATOR
     )
+
+
+def diff_counts(diff: str) -> tuple[int, int]:
+    r"""Lines of code a diff adds and removes: not blank, not a comment.
+
+    >>> diff_counts(" # app.py\n+import x\n+# why\n-y = 1\n+y = x.f()\n ...\n")
+    (2, 1)
+    """
+    added = added_lines(
+        "\n".join(line[1:] for line in diff.splitlines() if line[:1] == "+")
+    )
+    removed = added_lines(
+        "\n".join(line[1:] for line in diff.splitlines() if line[:1] == "-")
+    )
+    return added, removed
 
 
 def lines_table(methods: list[str]) -> str:
@@ -166,6 +298,21 @@ def lines_table(methods: list[str]) -> str:
             if server is None:
                 cells.append("n/a")
                 continue
+            if example in DIFF_SHAPES:
+                cells.append(
+                    ", ".join(
+                        "{} +{}/-{}".format(
+                            side,
+                            *(
+                                diff_counts(region_code(example, f"{method}-{side}"))
+                                if found
+                                else (0, 0)
+                            ),
+                        )
+                        for side, found in (("server", server), ("client", client))
+                    )
+                )
+                continue
             counts = [
                 added_lines(region_code(example, f"{method}-{side}")) if found else 0
                 for side, found in (("server", server), ("client", client))
@@ -177,13 +324,7 @@ def lines_table(methods: list[str]) -> str:
 
 def render(text: str, methods: list[str]) -> str:
     """``text`` with every snippet block and the lines table regenerated."""
-
-    def snippet(match: re.Match[str]) -> str:
-        code = region_code(match["example"], match["region"])
-        marker = match.group(0).split("\n", 1)[0]
-        return f"{marker}\n```python\n{code}```\n"
-
-    text = SNIPPET_MARKER.sub(snippet, text)
+    text = render_snippets(text)
     return TABLE.sub(lambda m: m.group(1) + lines_table(methods) + m.group(2), text)
 
 
@@ -213,11 +354,24 @@ def methods_table() -> str:
     return "\n".join(rows) + "\n\n"
 
 
+def render_snippets(text: str) -> str:
+    """``text`` with the block under every snippet marker regenerated."""
+
+    def snippet(match: re.Match[str]) -> str:
+        code = region_code(match["example"], match["region"])
+        marker = match.group(0).split("\n", 1)[0]
+        language = "diff" if match["example"] in DIFF_SHAPES else "python"
+        return f"{marker}\n```{language}\n{code}```\n"
+
+    return SNIPPET_MARKER.sub(snippet, text)
+
+
 def render_readme(text: str) -> str:
-    """``text`` (the README) with its table of methods regenerated."""
+    """``text`` (the README) with its snippets and table of methods regenerated."""
     if not METHODS_TABLE.search(text):
         raise ValueError("the README has no <!-- methods-table:start --> marker")
     table = methods_table()
+    text = render_snippets(text)
     return METHODS_TABLE.sub(lambda m: m.group(1) + table + m.group(2), text)
 
 

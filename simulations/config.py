@@ -171,6 +171,9 @@ class CentralDPSettings:
     clipping_norm: float
     target_delta: float
     amplification: Amplification
+    #: DP-AOCS's report sums (``central-dp-report-*``); None where 0 or absent.
+    report_noise_multiplier: float | None = None
+    report_clipping_norm: float | None = None
 
 
 def central_dp_of(settings: RunConfig) -> CentralDPSettings | None:
@@ -209,10 +212,15 @@ def central_dp_of(settings: RunConfig) -> CentralDPSettings | None:
     if not 0 < target_delta < 1:
         raise ValueError(f"central-dp-delta must lie in (0, 1), got {target_delta}")
     amplification = str(value("amplification"))
+    # CentralDP says which mode needs them (DP-AOCS) and refuses them elsewhere.
+    reports = [
+        float(settings.get(f"central-dp-report-{key}", 0.0)) or None
+        for key in ("noise-multiplier", "clipping-norm")
+    ]
     for choice in get_args(Amplification):
         if choice == amplification:
             return CentralDPSettings(
-                noise_multiplier, clipping_norm, target_delta, choice
+                noise_multiplier, clipping_norm, target_delta, choice, *reports
             )
     raise ValueError(
         f"central-dp-amplification must be one of {get_args(Amplification)}, "

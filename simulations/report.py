@@ -18,7 +18,7 @@ from flwr_importance.sampling import PrivacyLedger
 
 #: A history row's privacy ledger (:func:`privacy_entry`): numbers, and
 #: per-node columns (node ids as exact integers).
-PrivacyEntry = dict[str, float | list[int] | list[float]]
+PrivacyEntry = dict[str, float | str | list[int] | list[float]]
 #: One round of ``history.json``: numbers by name, and a PrivacyEntry under
 #: :data:`PRIVACY_LEDGER` (``Any``: readers index the numbers they know).
 HistoryRow = dict[str, Any]
@@ -66,7 +66,8 @@ def privacy_entry(
     budget), ``delta-prime``, and per node that has answered a size query
     (ascending ids) ``node-ids``, ``size-queries`` (``k``),
     ``basic-epsilon`` (``k eps``) and ``advanced-epsilon`` (the advanced
-    composition bound at ``delta-prime``, or ``k eps`` where smaller). From
+    composition bound at ``delta-prime``, or ``k eps`` where smaller), and
+    the nodes' own ledgers (:func:`node_ledger_columns`). From
     the round's metrics, when central DP reports them: ``dp-epsilon`` and
     ``dp-delta``. Empty when there is neither.
     """
@@ -83,11 +84,41 @@ def privacy_entry(
                 "advanced-epsilon": list(spend.advanced_epsilon),
             }
         )
+        entry.update(node_ledger_columns(privacy_ledger, server_round))
     for key in CENTRAL_DP_METRICS:
         value = train_metrics.get(key)
         if isinstance(value, (int, float)):
             entry[key] = float(value)
     return entry
+
+
+#: What a row says when any node drew its coins from replayable seeded streams.
+REPRODUCIBLE_COINS_NOTE = (
+    "nodes drew their coins from seeded streams the server can replay "
+    "(fedsampling-unsafe-reproducible-coins): this ledger is not a privacy "
+    "guarantee"
+)
+
+
+def node_ledger_columns(ledger: PrivacyLedger, server_round: int) -> PrivacyEntry:
+    """The nodes' own ledgers, as their latest size replies up to the round said.
+
+    ``node-ledger-ids`` (ascending), ``node-ledger-answers`` and
+    ``node-ledger-epsilon`` (each node's own count of its replies and their
+    epsilon, basic composition), and ``reproducible-coins`` (1 when any node
+    said its coins were seeded) with :data:`REPRODUCIBLE_COINS_NOTE`.
+    """
+    reports = sorted(ledger.latest_node_reports(server_round).items())
+    columns: PrivacyEntry = {
+        "node-ledger-ids": [node_id for node_id, _ in reports],
+        "node-ledger-answers": [report.answers for _, report in reports],
+        "node-ledger-epsilon": [report.epsilon_spent for _, report in reports],
+    }
+    reproducible = any(report.reproducible_coins for _, report in reports)
+    columns["reproducible-coins"] = float(reproducible)
+    if reproducible:
+        columns["note"] = REPRODUCIBLE_COINS_NOTE
+    return columns
 
 
 def privacy_ledger_of(strategy: object) -> PrivacyLedger | None:

@@ -49,8 +49,8 @@ def build_strategy(config: ExperimentConfig, num_clients: int) -> Strategy:
     """The method's strategy for ``config``, in CentralDP where the keys ask.
 
     With ``central-dp-noise-multiplier`` above 0 the strategy is wrapped in
-    :class:`~flwr_importance.strategies.wrappers.CentralDP`, its population
-    the ``num_clients`` nodes under Poisson amplification.
+    :class:`~flwr_importance.strategies.wrappers.CentralDP`, its public
+    population the ``num_clients`` nodes.
 
     Raises
     ------
@@ -63,7 +63,6 @@ def build_strategy(config: ExperimentConfig, num_clients: int) -> Strategy:
     settings = config.central_dp()
     if settings is None:
         return strategy
-    poisson = settings.amplification == "poisson"
     try:
         return CentralDP(
             strategy=strategy,
@@ -71,7 +70,9 @@ def build_strategy(config: ExperimentConfig, num_clients: int) -> Strategy:
             clipping_norm=settings.clipping_norm,
             target_delta=settings.target_delta,
             amplification=settings.amplification,
-            population_size=num_clients if poisson else None,
+            population_size=num_clients,
+            report_noise_multiplier=settings.report_noise_multiplier,
+            report_clipping_norm=settings.report_clipping_norm,
         )
     except (TypeError, ValueError) as error:
         raise ValueError(

@@ -73,7 +73,7 @@ def quickstart_module(name: str) -> ModuleType:
     """A module of the quickstart's package, imported from its folder."""
     sys.path.insert(0, str(QUICKSTART_DIR))
     try:
-        return importlib.import_module(f"quickstart_pytorch.{name}")
+        return importlib.import_module(f"pytorchexample.{name}")
     finally:
         sys.path.remove(str(QUICKSTART_DIR))
 
@@ -128,7 +128,6 @@ def test_quickstart_example_runs_every_method_in_one_run(tmp_path: Path) -> None
         run_config={
             "num-server-rounds": ROUNDS,
             "num-supernodes": QUICKSTART_NODES,
-            "fraction-train": QUICKSTART_CLIENTS_PER_ROUND / QUICKSTART_NODES,
         },
     )
 
@@ -212,10 +211,10 @@ def test_quickstart_methods_in_one_run_do_not_share_node_state(
         **quickstart_defaults(),
         "strategy": "isfedavg,ocs,isfedavg",
         "num-server-rounds": 1,
-        "num-supernodes": 4,
+        "num-supernodes": 6,
         "output-dir": str(tmp_path),
     }
-    grid = InProcessGrid(spy, 4, run_config, seed=0)
+    grid = InProcessGrid(spy, 6, run_config, seed=0)
     context = Context(
         run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config
     )
@@ -246,7 +245,10 @@ def test_quickstart_example_knows_every_method() -> None:
     assert {spec.name for spec in methods()} <= set(server_app.METHODS)
     assert set(client_app.METHOD_APPS) == set(server_app.METHODS)
     assert set(EXAMPLE_TRAIN_METRIC) | {"fedsampling"} == set(server_app.METHODS)
-    run_config = {"fraction-train": 0.5, "num-supernodes": QUICKSTART_NODES}
+    run_config: dict[str, bool | float | int | str] = {
+        "fraction-evaluate": 0.5,
+        "batch-size": 32,
+    }
     context = Context(
         run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config
     )

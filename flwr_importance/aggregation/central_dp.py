@@ -84,6 +84,25 @@ def clipped_sum(
     return total, clipped
 
 
+def clipped_rows_sum(
+    rows: NDArray[np.float64], row_bound: float
+) -> NDArray[np.float64]:
+    """The sum of ``rows`` (one per client), each scaled down to L2 norm ``row_bound``.
+
+    One client moves the sum by at most ``row_bound`` (its L2 sensitivity
+    under adding or removing the client). ``row_bound`` may be ``inf``.
+
+    Examples
+    --------
+    >>> clipped_rows_sum(np.array([[3.0, 4.0], [0.3, 0.4]]), 1.0).round(6).tolist()
+    [0.9, 1.2]
+    """
+    values = np.asarray(rows, dtype=np.float64)
+    norms = np.linalg.norm(values, axis=1, keepdims=True)
+    scale = np.minimum(1.0, row_bound / np.maximum(norms, np.finfo(np.float64).tiny))
+    return (values * scale).sum(axis=0)
+
+
 def noise_std(noise_multiplier: float, clipping_norm: float) -> float:
     """The noise's standard deviation: ``noise_multiplier * clipping_norm``.
 

@@ -158,3 +158,45 @@ def max_secure_participants(quantization_range: int, modulus_range: int) -> int:
     if quantization_range < 1:
         raise ValueError(f"quantization_range must be >= 1, got {quantization_range}")
     return (modulus_range - 1) // quantization_range
+
+
+def check_no_wraparound(
+    num_participants: int, quantization_range: int, modulus_range: int, *, what: str
+) -> None:
+    """Refuse a SecAgg+ sum of more replies than it adds without wrapping around.
+
+    Above :func:`max_secure_participants` replies the masked sum is taken
+    modulo ``modulus_range`` and unmasks to garbage, silently: check before
+    the first message of the sum.
+
+    Parameters
+    ----------
+    num_participants : int
+        The replies the sum would add.
+    quantization_range, modulus_range : int
+        The workflow's ``Q`` and modulus.
+    what : str
+        What would take part, for the message (``"12 nodes would train in
+        round 3"``).
+
+    Raises
+    ------
+    ValueError
+        Too many participants, with the limit and the fix.
+
+    Examples
+    --------
+    >>> check_no_wraparound(1023, 2**22, 2**32, what="1023 nodes")
+    >>> check_no_wraparound(1024, 2**22, 2**32, what="1024 nodes")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: 1024 nodes: SecAgg+'s sum wraps around above 1023 replies ...
+    """
+    largest = max_secure_participants(quantization_range, modulus_range)
+    if num_participants > largest:
+        raise ValueError(
+            f"{what}: SecAgg+'s sum wraps around above {largest} replies "
+            f"(quantization_range={quantization_range}, "
+            f"modulus_range={modulus_range}); lower quantization_range to "
+            "modulus_range // nodes or below"
+        )

@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from flwr_importance.tasks._per_sample import model_device
+from flwr_importance.per_sample import model_device
 from flwr_importance.tasks.training import BatchLoss, mean_gradient
 
 #: Splits one batch of the user's DataLoader into ``(inputs, targets)``.

@@ -60,6 +60,7 @@ from flwr_importance.clientapps._device import (
     unpacked,
 )
 from flwr_importance.clientapps.common import (
+    LocalTask,
     TaskFactory,
     received_task,
     task_batches,
@@ -78,9 +79,11 @@ from flwr_importance.sampling import bernoulli_keep, keep_probability
 from flwr_importance.tasks.training import BatchLoss, mean_gradient
 
 __all__ = [
+    "APP_EPSILON_KEY",
     "KEEP_STREAM",
     "REPLY_STREAM",
     "STREAM_BLOCK",
+    "UNSAFE_REPRODUCIBLE_COINS_KEY",
     "FedSamplingRound",
     "add_private_size_query",
     "fedsampling_gradient",
@@ -92,6 +95,8 @@ __all__ = [
     "node_bit_generator",
     "node_round_streams",
     "private_size_reply",
+    "reproducible_coins",
+    "round_coins",
     "seek_round_stream",
 ]
 
@@ -356,7 +361,10 @@ def seek_round_stream(
 def node_round_streams(
     node_seed: int, server_round: int
 ) -> tuple[np.random.Generator, np.random.Generator]:
-    """The ready-made handlers' draws of a node in a round: keep, then size reply.
+    """A node's seeded draws in a round, keep then size reply: unsafe for privacy.
+
+    Anyone who knows ``node_seed`` replays them; the ready-made handlers use
+    them only when the run config sets :data:`UNSAFE_REPRODUCIBLE_COINS_KEY`.
 
     Both are blocks of the node's one stream (:func:`node_bit_generator`,
     :func:`seek_round_stream`); the FedSampling benchmark draws from the same
@@ -392,20 +400,60 @@ def node_round_streams(
     return keep, reply
 
 
+#: Run config: ``true`` makes the ready-made handlers draw their coins from
+#: the seeded streams of :func:`node_round_streams`, which anyone who knows
+#: the run config and the partition ids (the server) can replay: unsafe for
+#: privacy, for benchmarks and tests that need the same draws in every run.
+UNSAFE_REPRODUCIBLE_COINS_KEY = "fedsampling-unsafe-reproducible-coins"
+#: Run config: the app's epsilon, the ready-made size handler's default cap.
+APP_EPSILON_KEY = "fedsampling-epsilon"
+
+
+def reproducible_coins(context: Context) -> bool:
+    """Whether the run config turns on :data:`UNSAFE_REPRODUCIBLE_COINS_KEY`."""
+    return bool(context.run_config.get(UNSAFE_REPRODUCIBLE_COINS_KEY, False))
+
+
+def round_coins(
+    task: LocalTask, message: Message, context: Context
+) -> tuple[np.random.Generator, np.random.Generator]:
+    """The ready-made handlers' coins this round: keep decisions, then size reply.
+
+    Fresh OS entropy for each, unless the run config turns on
+    :data:`UNSAFE_REPRODUCIBLE_COINS_KEY` (then :func:`node_round_streams`).
+    """
+    if reproducible_coins(context):
+        return node_round_streams(task.seed, server_round_of(message))
+    return np.random.default_rng(), np.random.default_rng()
+
+
 def make_size_query_handler(
     task_factory: TaskFactory, max_epsilon: float | None = None
 ) -> ClientHandler:
     """The ready-made ``query.sizes``: :func:`private_size_reply` of the task's size.
 
-    The randomized response draws from the node's size-reply stream
-    (:func:`node_round_streams`).
+    The cap per reply: ``max_epsilon``, else the node config's
+    ``fedsampling-max-epsilon``, else the app's epsilon (run config
+    ``fedsampling-epsilon``). Coins: :func:`round_coins`.
     """
 
     def size_query(message: Message, context: Context) -> Message:
         task = task_factory(context)
-        _, reply_rng = node_round_streams(task.seed, server_round_of(message))
+        _, reply_rng = round_coins(task, message, context)
+        cap = max_epsilon
+        if cap is None and APP_EPSILON_KEY in context.run_config:
+            node_cap = context.node_config.get(
+                protocol.FEDSAMPLING_MAX_EPSILON_NODE_KEY,
+                context.run_config[APP_EPSILON_KEY],
+            )
+            cap = float(node_cap)
         return private_size_reply(
-            message, num_examples=len(task.x), max_epsilon=max_epsilon, rng=reply_rng
+            message,
+            context,
+            num_examples=len(task.x),
+            max_epsilon=cap,
+            rng=reply_rng,
+            reproducible_coins=reproducible_coins(context),
         )
 
     return size_query
@@ -414,15 +462,14 @@ def make_size_query_handler(
 def make_fedsampling_train_handler(task_factory: TaskFactory) -> ClientHandler:
     """The ready-made train handler: :func:`fedsampling_round` and friends on the task.
 
-    The keep decisions are the first draws of the node's keep stream
-    (:func:`node_round_streams`); the loss is the task's objective
-    (regularizer included) and the local steps (when ``E > 1``) use the
-    task's ``lr``.
+    The keep decisions come from :func:`round_coins`; the loss is the task's
+    objective (regularizer included) and the local steps (when ``E > 1``)
+    use the task's ``lr``.
     """
 
     def train(message: Message, context: Context) -> Message:
         task = received_task(task_factory, message, context)
-        keep_rng, _ = node_round_streams(task.seed, server_round_of(message))
+        keep_rng, _ = round_coins(task, message, context)
         plan = fedsampling_round(message, num_examples=len(task.x), rng=keep_rng)
         kept = _Counted(task_batches(task, plan.indices), inputs_and_targets)
         gradient = _fedsampling_gradient(

@@ -12,7 +12,10 @@ eq. 28: ``sigma2_k`` (eq. 22) and ``||grad P_k||^2`` (eq. 14).
 ``B_k`` on the server**, per node: with this method they replace your epochs
 and batch size. :class:`ImportanceSampler` is the batch sampler that draws
 exactly ``E_k`` batches of ``B_k``; its ``local_steps`` and ``batch_size`` say
-what they are this round. Your learning rate, optimizer, loss and device stay.
+what they are this round (the server's ``local_steps_range`` and
+``batch_size_range`` can fix them to yours). Your optimizer, loss and device
+stay; eq. 8 divides each step by ``E_k`` unless the server's
+``ISFedAvg(keep_app_step_size=True)`` keeps your learning rate's own step.
 
 Your own train function (Flower's quickstart-pytorch shape: ``load_data``'s
 DataLoaders of ``{"img", "label"}`` batches), lines added or changed marked
@@ -69,7 +72,7 @@ import torch
 from flwr.app import Context, Message
 from torch import Tensor, nn
 
-from flwr_importance import protocol
+from flwr_importance import per_sample, protocol
 from flwr_importance.clientapps._device import model_device
 from flwr_importance.clientapps.common import (
     ClientHandler,
@@ -88,19 +91,24 @@ from flwr_importance.clientapps.isfedavg_sampler import (
     importance_loss_weights,
 )
 from flwr_importance.clientapps.messages import server_round_of
-from flwr_importance.tasks import _per_sample
-from flwr_importance.tasks._per_sample import SampleLoss
+from flwr_importance.per_sample import (
+    SampleLoss,
+    SampleMixingLayerError,
+    replace_batchnorm,
+)
 
 __all__ = [
     "SAMPLE_STATE_KEY",
     "ImportanceSampler",
     "RoundSettings",
+    "SampleMixingLayerError",
     "SampleState",
     "importance_loss_weights",
     "importance_sampled_sgd",
     "make_isfedavg_handlers",
     "make_isfedavg_train_handler",
     "per_sample_grad_norms",
+    "replace_batchnorm",
 ]
 
 
@@ -109,11 +117,11 @@ def per_sample_grad_norms(
 ) -> Tensor:
     """``||grad_w loss(model(x_n), y_n)||`` for every sample, on the model's device.
 
-    Exact per-sample gradient norms of your model (torch.func's
-    ``vmap(grad(...))``, or layer by layer for models made of plain
-    ``nn.Linear``/``nn.Conv2d`` layers), at its current weights and in its
-    current train/eval mode. Samples must not interact (no BatchNorm in train
-    mode).
+    Exact per-sample gradient norms of your model, layer by layer for the
+    layers :mod:`flwr_importance.per_sample` serves (torch.func's
+    ``vmap(grad(...))`` for others), at its current weights and in its
+    current train/eval mode. Samples must not interact: BatchNorm in train
+    mode raises :class:`SampleMixingLayerError` (fix: :func:`replace_batchnorm`).
 
     Parameters
     ----------
@@ -130,7 +138,7 @@ def per_sample_grad_norms(
     torch.Tensor
         Shape ``(B,)``.
     """
-    return _per_sample.per_sample_grad_norms(model, inputs, targets, sample_loss, 0.0)
+    return per_sample.per_sample_grad_norms(model, inputs, targets, sample_loss, 0.0)
 
 
 def importance_sampled_sgd(
@@ -196,7 +204,7 @@ def make_isfedavg_train_handler(task_factory: TaskFactory) -> ClientHandler:
         task = received_task(task_factory, message, context)
         numpy_rng, _ = round_generators(task, server_round_of(message))
         sampler = ImportanceSampler.from_message(
-            message, context, num_samples=len(task.x), rng=numpy_rng
+            message, context, num_samples=len(task.x), rng=numpy_rng, model=task.model
         )
         train_metrics = importance_sampled_sgd(task, sampler)
         return model_reply(

@@ -35,9 +35,13 @@ from flwr_importance.clientapps.messages import (
     config_number,
     server_round_of,
 )
+from flwr_importance.per_sample import (
+    SampleLoss,
+    check_samples_independent,
+    weighted_gradient_and_norms,
+)
 from flwr_importance.sampling import systematic_sample, update_sample_probs
-from flwr_importance.tasks import WeightedStep, _per_sample
-from flwr_importance.tasks._per_sample import SampleLoss
+from flwr_importance.tasks import WeightedStep
 
 #: Where the node keeps its per-sample state in ``context.state``: an
 #: ArrayRecord with ``probs`` (``p_n``) and ``grad-norms`` (the last
@@ -63,6 +67,10 @@ class RoundSettings:
         Whether ``p_n`` follow eq. 29 (False in the server's uniform mode).
     min_relative_sample_prob : float
         Floor on ``p_n`` as a fraction of ``1/N_k``.
+    divide_by_local_steps : bool
+        Whether each step divides eq. 8's loss by ``E_k`` (the server's
+        ``keep_app_step_size=False``, the paper's step); False keeps your
+        optimizer's own step size.
     """
 
     client_prob: float
@@ -71,6 +79,12 @@ class RoundSettings:
     batch_size: int
     adapt_sample_probs: bool
     min_relative_sample_prob: float
+    divide_by_local_steps: bool = True
+
+    @property
+    def step_divisor(self) -> int:
+        """What each step's loss is divided by: ``E_k``, or 1 for your own step."""
+        return self.local_steps if self.divide_by_local_steps else 1
 
     @classmethod
     def from_message(cls, message: Message) -> RoundSettings:
@@ -85,6 +99,9 @@ class RoundSettings:
             ),
             min_relative_sample_prob=config_number(
                 message, protocol.ISFEDAVG_MIN_RELATIVE_SAMPLE_PROB
+            ),
+            divide_by_local_steps=config_flag(
+                message, protocol.ISFEDAVG_DIVIDE_BY_LOCAL_STEPS, default=True
             ),
         )
         if not 0 < settings.client_prob <= 1:
@@ -215,6 +232,17 @@ class ImportanceSampler(Sampler[list[int]]):
         ``p_n`` and the last norms; updated in place.
     rng : numpy.random.Generator
         Source of the batch draws.
+    model : torch.nn.Module or None
+        The model :meth:`observe` will see. When given, a model whose layers
+        mix the samples of a batch (BatchNorm in training mode) is refused
+        here, at the round's start, rather than at the first
+        :meth:`observe`.
+
+    Raises
+    ------
+    SampleMixingLayerError
+        Naming each such layer and the fix
+        (:func:`~flwr_importance.per_sample.replace_batchnorm`).
 
     Attributes
     ----------
@@ -234,7 +262,10 @@ class ImportanceSampler(Sampler[list[int]]):
         sample_state: SampleState,
         *,
         rng: np.random.Generator,
+        model: nn.Module | None = None,
     ) -> None:
+        if model is not None:
+            check_samples_independent(model)
         self.settings = settings
         self.sample_state = sample_state
         self._rng = rng
@@ -265,6 +296,7 @@ class ImportanceSampler(Sampler[list[int]]):
         *,
         num_samples: int,
         rng: np.random.Generator | None = None,
+        model: nn.Module | None = None,
     ) -> ImportanceSampler:
         """The sampler for this train message, from the node's stored ``p_n``.
 
@@ -280,11 +312,19 @@ class ImportanceSampler(Sampler[list[int]]):
         rng : numpy.random.Generator or None
             Source of the batch draws; by default seeded by the node id and
             the server round.
+        model : torch.nn.Module or None
+            Your model, checked now for layers that mix a batch's samples
+            (see the class).
         """
         settings = RoundSettings.from_message(message)
         if rng is None:
             rng = np.random.default_rng([context.node_id, server_round_of(message)])
-        return cls(settings, SampleState.load(context.state, num_samples), rng=rng)
+        return cls(
+            settings,
+            SampleState.load(context.state, num_samples),
+            rng=rng,
+            model=model,
+        )
 
     def __len__(self) -> int:
         """``E_k``, the number of batches a DataLoader gets."""
@@ -310,7 +350,7 @@ class ImportanceSampler(Sampler[list[int]]):
                 inclusion[batch],
                 client_prob=self.settings.client_prob,
                 num_clients=self.settings.num_clients,
-                local_steps=self.local_steps,
+                local_steps=self.settings.step_divisor,
                 num_samples=inclusion.size,
             )
             self._observed = False
@@ -380,10 +420,17 @@ class ImportanceSampler(Sampler[list[int]]):
         """
         if self._observed or self._batch is None:
             raise RuntimeError("ISFedAvg: observe() once per drawn batch")
-        gradient, norms = _per_sample.weighted_gradient_and_norms(
+        gradient, norms = weighted_gradient_and_norms(
             model, inputs, targets, sample_loss, l2, self.loss_weights()
         )
-        client_scale = self.settings.num_clients * self.settings.client_prob
+        # Eq. 14's estimate is the mean of the steps' unbiased gradients: the
+        # weights divide by step_divisor, the mean by E_k.
+        client_scale = (
+            self.settings.num_clients
+            * self.settings.client_prob
+            * self.settings.step_divisor
+            / self.local_steps
+        )
         if self._round_gradient is None:
             self._round_gradient = [torch.zeros_like(g) for g in gradient]
         for accumulated, step_gradient in zip(

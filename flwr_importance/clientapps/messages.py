@@ -82,9 +82,9 @@ def config_number(message: Message, key: str, default: float | None = None) -> f
     return float(value)
 
 
-def config_flag(message: Message, key: str) -> bool:
-    """A boolean from the message's config; absent or not a bool raises."""
-    value = message_config(message).get(key)
+def config_flag(message: Message, key: str, default: bool | None = None) -> bool:
+    """A boolean from the message's config; absent (no default) or not a bool raises."""
+    value = message_config(message).get(key, default)
     if not isinstance(value, bool):
         raise ValueError(f"config '{key}' must be a boolean, got {value!r}")
     return value

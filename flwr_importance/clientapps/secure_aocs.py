@@ -60,6 +60,7 @@ from numpy.typing import NDArray
 from flwr_importance import protocol
 from flwr_importance.clientapps.variance_reduced import kept_update
 from flwr_importance.sampling.variance_reduced import (
+    AOCS_MAX_TOTALS_SUMS,
     aocs_client_probs,
     aocs_mass_terms,
 )
@@ -68,6 +69,8 @@ __all__ = ["secure_aocs_mod"]
 
 #: ``context.state`` key of the node's ``v_i``, ``n_i`` and their round.
 KEPT_SCORE_KEY = "secure-aocs-kept"
+#: ``context.state`` key of the round's answered steps and public values.
+ANSWERED_KEY = "secure-aocs-answered"
 
 _OK = Status(code=Code.OK, message="Success")
 
@@ -102,11 +105,96 @@ def _kept_score(context: Context, server_round: int) -> tuple[float, float]:
     return _number(kept, protocol.UPDATE_NORM), _number(kept, protocol.NUM_EXAMPLES)
 
 
+def _public_factors(config: ConfigRecord) -> tuple[float, list[float]]:
+    """The broadcast start factor and rescalings, checked as AOCS makes them.
+
+    Raises
+    ------
+    ValueError
+        A start factor that is not finite and >= 0, or a rescaling that is
+        not finite and > 1 (:func:`aocs_next_scale` makes no other).
+    """
+    start = _number(config, protocol.AOCS_START_FACTOR)
+    scales = [float(scale) for scale in json.loads(str(config[protocol.AOCS_SCALES]))]
+    if not (np.isfinite(start) and start >= 0):
+        raise ValueError(f"AOCS start factor {start!r} is not finite and >= 0")
+    if not all(np.isfinite(scale) and scale > 1 for scale in scales):
+        raise ValueError(f"AOCS rescalings {scales!r} are not all finite and > 1")
+    return start, scales
+
+
 def _probability(config: ConfigRecord, score: float) -> float:
     """``p_i`` from the broadcast start factor and rescalings."""
-    scales = json.loads(str(config[protocol.AOCS_SCALES]))
-    start = _number(config, protocol.AOCS_START_FACTOR)
+    start, scales = _public_factors(config)
     return float(aocs_client_probs(score, start, scales))
+
+
+def _positive_bound(config: ConfigRecord, key: str) -> float:
+    """A public bound from the config, checked finite and > 0."""
+    bound = _number(config, key)
+    if not (np.isfinite(bound) and bound > 0):
+        raise ValueError(f"public bound {key}={bound!r} is not finite and > 0")
+    return bound
+
+
+def _answer_once(context: Context, config: ConfigRecord, server_round: int) -> None:
+    """Record this step of the round as answered; refuse a repeat or a change.
+
+    A server that could ask for the same sum twice, over two sets of nodes,
+    would learn one node's value from the difference; one that changed the
+    round's public values between messages could single a node out. So a
+    node answers each step of a round once (``aocs-mass`` once per
+    iteration, ``aocs-totals`` at most
+    :data:`~flwr_importance.sampling.variance_reduced.AOCS_MAX_TOTALS_SUMS` times,
+    each over other bounds), and every message of the round must carry the
+    start factor it first saw and extend the rescalings it saw before.
+
+    Raises
+    ------
+    ValueError
+        A repeated step, too many totals, or changed public values.
+    """
+    record = context.state.get(ANSWERED_KEY)
+    fresh = (
+        not isinstance(record, ConfigRecord)
+        or record[protocol.SERVER_ROUND] != server_round
+    )
+    answered: list[str] = [] if fresh else list(record["steps"])  # type: ignore[index, arg-type]
+    seen = {} if fresh else json.loads(str(record["public"]))  # type: ignore[index]
+    step = str(config[protocol.SECURE_AOCS_STEP])
+    if step == protocol.AOCS_TOTALS_STEP:
+        bounds = [
+            _positive_bound(config, protocol.SCORE_BOUND),
+            _positive_bound(config, protocol.SIZE_BOUND),
+        ]
+        key = f"{step}:{json.dumps(bounds)}"
+        if sum(a.startswith(step) for a in answered) >= (AOCS_MAX_TOTALS_SUMS):
+            raise ValueError(f"round {server_round}'s totals were asked too often")
+    else:
+        start, scales = _public_factors(config)
+        if (
+            seen.get("start", start) != start
+            or seen.get("scales", [])[: len(scales)]
+            != scales[: len(seen.get("scales", []))]
+        ):
+            raise ValueError(
+                f"round {server_round}'s public AOCS factors changed between "
+                f"messages: {seen} then start {start}, scales {scales}"
+            )
+        seen = {"start": start, "scales": max(seen.get("scales", []), scales, key=len)}
+        key = f"{step}:{len(scales)}" if step == protocol.AOCS_MASS_STEP else step
+    if key in answered:
+        raise ValueError(
+            f"step {key} of round {server_round} was already answered: a second "
+            "answer would let the server difference two sums"
+        )
+    context.state[ANSWERED_KEY] = ConfigRecord(
+        {
+            protocol.SERVER_ROUND: server_round,
+            "steps": [*answered, key],
+            "public": json.dumps(seen),
+        }
+    )
 
 
 def _secure_vector(
@@ -121,8 +209,8 @@ def _secure_vector(
         values = np.array([score, size])
         bounds = np.array(
             [
-                _number(config, protocol.SCORE_BOUND),
-                _number(config, protocol.SIZE_BOUND),
+                _positive_bound(config, protocol.SCORE_BOUND),
+                _positive_bound(config, protocol.SIZE_BOUND),
             ]
         )
         # A value above its bound is sent clipped and flagged: the server
@@ -137,7 +225,8 @@ def _secure_vector(
         return [reach * np.concatenate([mass, below_one])]
     if step == protocol.AOCS_UPDATE_STEP:
         update, _ = kept_update(context, server_round, 0)
-        weight = size / probability * reach / _number(config, protocol.UPDATE_BOUND)
+        bound = _positive_bound(config, protocol.UPDATE_BOUND)
+        weight = size / probability * reach / bound
         return [weight * array.numpy() for array in update.values()]
     raise ValueError(f"unknown {protocol.SECURE_AOCS_STEP} {step!r}")
 
@@ -163,6 +252,19 @@ def _stripped_training_reply(
     }
     stripped = FitRes(_OK, fit_res.parameters, num_examples=0, metrics=layout)
     return fitres_to_recorddict(stripped, keep_input=False)
+
+
+def _participation_coin(config: ConfigRecord, context: Context) -> float:
+    """The node's own uniform coin ``r_i``: OS entropy, nobody else's draw.
+
+    A server that chose ``r_i`` would read ``v_i > r_i / g`` exactly from the
+    answer. Only a run config that sets
+    :data:`~flwr_importance.protocol.SECURE_AOCS_UNSAFE_PUBLIC_DRAWS` (tests
+    that compare a secure run with a plain one) takes the server's draw.
+    """
+    if context.run_config.get(protocol.SECURE_AOCS_UNSAFE_PUBLIC_DRAWS, False):
+        return _number(config, protocol.PARTICIPATION_DRAW)
+    return float(np.random.default_rng().random())
 
 
 def secure_aocs_mod(
@@ -197,10 +299,12 @@ def secure_aocs_mod(
         return Message(
             _stripped_training_reply(reply, ctxt, server_round), reply_to=msg
         )
+    _answer_once(ctxt, config, server_round)
     if step == protocol.AOCS_PARTICIPATION_STEP:
         score, _ = _kept_score(ctxt, server_round)
-        draw = _number(config, protocol.PARTICIPATION_DRAW)
-        participates = int(draw < _probability(config, score))
+        participates = int(
+            _participation_coin(config, ctxt) < _probability(config, score)
+        )
         properties = GetPropertiesRes(_OK, {protocol.PARTICIPATES: participates})
         return Message(getpropertiesres_to_recorddict(properties), reply_to=msg)
     vector = _secure_vector(msg, config, ctxt)

@@ -130,6 +130,12 @@ def model_update(global_model: ArrayRecord, local_model: ArrayRecord) -> ArrayRe
     >>> trained = ArrayRecord([np.array([1.5, 1.0], dtype=np.float32)])
     >>> model_update(start, trained).to_numpy_ndarrays()[0]
     array([ 0.5, -1. ])
+
+    A 0-d array (a BatchNorm's ``num_batches_tracked``) stays an array:
+
+    >>> counts = ArrayRecord([np.array(3)]), ArrayRecord([np.array(5)])
+    >>> model_update(*counts).to_numpy_ndarrays()[0]
+    array(2.)
     """
     if list(global_model) != list(local_model):
         raise ValueError(
@@ -144,7 +150,9 @@ def model_update(global_model: ArrayRecord, local_model: ArrayRecord) -> ArrayRe
                 f"'{key}': trained shape {local_values.shape}, received "
                 f"{start_values.shape}"
             )
-        update[key] = Array((local_values - start_values).astype(np.float64))
+        # asarray: a 0-d difference (BatchNorm's num_batches_tracked) is a
+        # NumPy scalar, which Array refuses.
+        update[key] = Array(np.asarray(local_values - start_values, dtype=np.float64))
     return ArrayRecord(update)
 
 

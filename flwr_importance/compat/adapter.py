@@ -386,7 +386,8 @@ def legacy_client_hint() -> Iterator[None]:
 
     A :class:`~flwr_importance.strategies.ClientSideMissingError` raised by
     the Message-API strategy inside names Message-API client lines; a legacy
-    project's ClientApp is a ``client_fn``, so the error gains its lines.
+    project's ClientApp is a ``client_fn``, so the error gains its lines. A
+    :class:`~flwr_importance.strategies.ClientSideFailedError` stays one.
     """
     try:
         yield
@@ -398,7 +399,7 @@ def legacy_client_hint() -> Iterator[None]:
             ),
             docs=error.client_side.docs,
         )
-        raise ClientSideMissingError(
+        raise type(error)(
             error.method, error.message_type, error.missing, client_side
         ) from error
 

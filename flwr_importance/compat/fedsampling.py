@@ -14,6 +14,7 @@ from flwr.server.workflow import SecAggPlusWorkflow
 
 from flwr_importance import protocol
 from flwr_importance.aggregation.secure_sum import (
+    check_no_wraparound,
     max_secure_participants,
     quantization_step,
 )
@@ -157,17 +158,12 @@ class FedSampling(LegacyStrategyAdapter):
                 server_round,
             )
             return []
-        largest = max_secure_participants(
-            workflow.quantization_range, workflow.modulus_range
+        check_no_wraparound(
+            len(instructions),
+            workflow.quantization_range,
+            workflow.modulus_range,
+            what=f"{len(instructions)} nodes would train in round {server_round}",
         )
-        if len(instructions) > largest:
-            raise ValueError(
-                f"{len(instructions)} nodes would train in round {server_round}: "
-                f"SecAgg+'s sum wraps around above {largest} replies "
-                f"(quantization_range={workflow.quantization_range}, "
-                f"modulus_range={workflow.modulus_range}); lower "
-                "quantization_range to modulus_range // nodes or below"
-            )
         for _, fit_ins in instructions:
             fit_ins.config[protocol.SECURE_SUM_WEIGHT] = _public_weight(workflow)
         return instructions

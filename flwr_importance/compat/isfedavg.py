@@ -26,8 +26,9 @@ class ISFedAvg(LegacyStrategyAdapter):
     **options
         The keyword arguments of the Message-API ``ISFedAvg``
         (``clients_per_round``, ``L``, required; ``local_steps_range``,
-        ``batch_size_range``, ``uniform``, ``min_relative_client_prob``,
-        ``min_relative_sample_prob``, ``seed``, ``min_available_nodes``) and
+        ``batch_size_range``, ``uniform``, ``keep_app_step_size``,
+        ``min_relative_client_prob``, ``min_relative_sample_prob``, ``seed``,
+        ``min_available_nodes``) and
         the legacy ``FedAvg`` arguments, given directly.
 
     Client contract

@@ -16,10 +16,12 @@ from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
 from flwr_importance import protocol
+from flwr_importance.aggregation.secure_sum import check_no_wraparound
 from flwr_importance.compat.ocs import OptimalClientSampling
 from flwr_importance.compat.secure_sum_step import ScalarDict, secure_sum
 from flwr_importance.compat.transport import ProxyGrid
 from flwr_importance.sampling.variance_reduced import (
+    AOCS_MAX_TOTALS_SUMS,
     aocs_next_scale,
     aocs_start_factor,
     available_pool,
@@ -33,8 +35,8 @@ BOUND_GROWTH = 256.0
 #: A total below ``bound / BOUND_SLACK`` is summed again with ``bound = 2 total``
 #: (so every revealed total has a relative error below ``4 N BOUND_SLACK / Q``).
 BOUND_SLACK = 8.0
-#: Tries of the totals' sum before the round is given up (``256**8 = 2**64``).
-MAX_TOTALS_TRIES = 10
+#: Tries of the totals' sum before the round is given up.
+MAX_TOTALS_TRIES = AOCS_MAX_TOTALS_SUMS
 
 
 class SecureAOCSWorkflow:
@@ -61,20 +63,23 @@ class SecureAOCSWorkflow:
 
     1. the strategy's pool (its ``rng``, as in plaintext) gets OCS's norm
        query in the clear; each node trains, keeps ``U_i``, ``v_i`` and
-       ``n_i``, and replies no number; the server then draws the public
-       ``r = rng.random(N)``, the very draws ``poisson_sample`` makes;
+       ``n_i``, and replies no number;
     2. secure sums: ``V = sum v_i`` and ``n = sum n_i`` (over public bounds
        grown when a node flags a value above them), then for each AOCS
        iteration ``P`` and ``I`` (``aocs_mass_terms``), the server
        broadcasting ``m / V`` and the rescalings (``aocs_start_factor``,
        ``aocs_next_scale``) from which each node computes its own ``p_i``;
-    3. each node is told its ``r_i`` and answers whether ``r_i < p_i``;
+    3. each node draws its own coin ``r_i`` (OS entropy) and answers whether
+       ``r_i < p_i``: the server learns one Bernoulli(``p_i``) bit per node;
     4. a secure sum over the participants of ``(n_i / p_i) U_i / (2 V)``
        (scaled into SecAgg+'s clipping range; never clipped, as its norm is
        at most ``V``), and ``w + server_lr (2 V / n) sum``.
 
     So the server learns ``V``, ``n``, every ``P`` and ``I``, how many values
     were above a public bound, who participates, and the estimate's sum.
+    Before the first secure sum of a round the pool is checked against the
+    most replies a SecAgg+ sum adds without wrapping around
+    (:func:`~flwr_importance.aggregation.secure_sum.check_no_wraparound`).
     A round whose pool has fewer than 2 nodes, or with fewer than 2
     participants, keeps the model (SecAgg+ cannot sum one vector), which
     biases the step (docs/privacy.md); so does a sum a node drops out of.
@@ -88,11 +93,19 @@ class SecureAOCSWorkflow:
         whole number (each node sends it as its weight, so every vector
         counts once); its ``clipping_range`` and ``quantization_range`` set
         the precision.
+    unsafe_public_draws : bool (default: False)
+        Send each node the strategy's seeded draw ``r_i`` (``poisson_sample``'s)
+        for its participation coin, so that the secure run samples the plain
+        run's nodes (tests compare the two). Unsafe for privacy: a server
+        that chooses ``r_i`` reads ``v_i > r_i / g`` exactly from the answer.
+        The node uses the draw only if its run config also sets
+        ``secure-aocs-unsafe-public-draws = true``.
 
     Raises
     ------
     ValueError
-        A ``max_weight`` that is not a positive whole number.
+        A ``max_weight`` that is not a positive whole number; before a
+        round's first secure sum, a pool above the wrap-around limit.
     TypeError
         At the first round, a strategy that is not the legacy
         ``OptimalClientSampling(approximate=True)`` without ``report_cap``.
@@ -105,7 +118,12 @@ class SecureAOCSWorkflow:
     ``flwr_importance/protocol.py`` (OCS section, "AOCS under SecAgg+").
     """
 
-    def __init__(self, *, secure_aggregation: SecAggPlusWorkflow) -> None:
+    def __init__(
+        self,
+        *,
+        secure_aggregation: SecAggPlusWorkflow,
+        unsafe_public_draws: bool = False,
+    ) -> None:
         weight = secure_aggregation.max_weight
         if weight < 1 or weight != int(weight):
             raise ValueError(
@@ -113,6 +131,7 @@ class SecureAOCSWorkflow:
                 f"node sends it as its weight), got {weight}"
             )
         self.secure_aggregation = secure_aggregation
+        self.unsafe_public_draws = unsafe_public_draws
         #: The public bounds on ``v_i`` and ``n_i``, adapted round to round.
         self.bounds = np.ones(2)
 
@@ -127,7 +146,12 @@ class SecureAOCSWorkflow:
             legacy.on_fit_config_fn(server_round) if legacy.on_fit_config_fn else {}
         )
         proxy_grid = ProxyGrid(context.client_manager, legacy.max_workers)
+        if method.pool_size is not None:
+            self._check_no_wraparound(method.pool_size, f"pools of {method.pool_size}")
         population = self._train(method, proxy_grid, server_round, config, model)
+        self._check_no_wraparound(
+            len(population), f"{len(population)} nodes answered round {server_round}"
+        )
         draws = method.rng.random(len(population))
         metrics: dict[str, float] = {"num-pool": len(population), "num-sampled": 0}
         public: ScalarDict = {
@@ -146,6 +170,15 @@ class SecureAOCSWorkflow:
             )
         context.history.add_metrics_distributed_fit(
             server_round=server_round, metrics=dict(metrics)
+        )
+
+    def _check_no_wraparound(self, num_nodes: int, what: str) -> None:
+        """Refuse, before any secure sum, a pool whose sums would wrap around."""
+        check_no_wraparound(
+            num_nodes,
+            self.secure_aggregation.quantization_range,
+            self.secure_aggregation.modulus_range,
+            what=what,
         )
 
     def _train(
@@ -313,13 +346,14 @@ class SecureAOCSWorkflow:
     ) -> list[int]:
         """The nodes whose public draw fell below their own ``p_i``."""
         population, draws = pool
+        step = {**public, protocol.SECURE_AOCS_STEP: protocol.AOCS_PARTICIPATION_STEP}
+        # The draws are always made, so the strategy's generator moves as in
+        # the plain run; they leave the server only as the unsafe test option.
         configs = {
             node: ConfigRecord(
-                {
-                    **public,
-                    protocol.SECURE_AOCS_STEP: protocol.AOCS_PARTICIPATION_STEP,
-                    protocol.PARTICIPATION_DRAW: float(draw),
-                }
+                {**step, protocol.PARTICIPATION_DRAW: float(draw)}
+                if self.unsafe_public_draws
+                else dict(step)
             )
             for node, draw in zip(population, draws, strict=True)
         }

@@ -31,6 +31,7 @@ from flwr_importance.sampling.fedsampling import (
 from flwr_importance.sampling.importance import importance_batch, update_sample_probs
 from flwr_importance.sampling.ledger import (
     DEFAULT_DELTA_PRIME,
+    NodeReport,
     PrivacyLedger,
     PrivacySpend,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "USABLE_NOISE_FRACTION",
     "CountSketch",
     "Distance",
+    "NodeReport",
     "PrivacyLedger",
     "PrivacySpend",
     "RepresentativeGradients",

@@ -72,6 +72,26 @@ class PrivacySpend:
     advanced_epsilon: tuple[float, ...]
 
 
+@dataclass(frozen=True)
+class NodeReport:
+    """What a node's own ledger said in its latest size reply.
+
+    Attributes
+    ----------
+    answers : int
+        The size replies the node says it has sent, that one included.
+    epsilon_spent : float
+        Their epsilon added up, as the node counts it.
+    reproducible_coins : bool
+        The node drew its coins from seeded streams the server can replay:
+        its replies are then not private, whatever the epsilons say.
+    """
+
+    answers: int
+    epsilon_spent: float
+    reproducible_coins: bool
+
+
 class PrivacyLedger:
     """Per node id, the size queries it answered and the epsilon they spent.
 
@@ -120,6 +140,8 @@ class PrivacyLedger:
         # answered two queries in it): any round's count is one bisection.
         self._answer_rounds: dict[int, list[int]] = {}
         self._last_round = 0
+        #: Per round, per node, its own ledger as its size reply stated it.
+        self.node_reports: dict[int, dict[int, NodeReport]] = {}
 
     def record(self, server_round: int, node_ids: Collection[int]) -> None:
         """Count one size query answered by each of ``node_ids`` in ``server_round``.
@@ -141,6 +163,22 @@ class PrivacyLedger:
         self._last_round = server_round
         for node_id in nodes:
             self._answer_rounds.setdefault(node_id, []).append(server_round)
+
+    def record_node_reports(
+        self, server_round: int, reports: dict[int, NodeReport]
+    ) -> None:
+        """Keep what each node's own ledger said in ``server_round``'s size reply."""
+        self.node_reports[server_round] = {
+            _node_id(node_id): report for node_id, report in reports.items()
+        }
+
+    def latest_node_reports(self, server_round: int) -> dict[int, NodeReport]:
+        """Per node, the latest report up to the end of ``server_round``."""
+        latest: dict[int, NodeReport] = {}
+        for reported_round in sorted(self.node_reports):
+            if reported_round <= server_round:
+                latest.update(self.node_reports[reported_round])
+        return latest
 
     def answers(self, server_round: int) -> dict[int, int]:
         """Per node, the size queries it answered up to the end of ``server_round``."""

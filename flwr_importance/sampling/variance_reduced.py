@@ -18,7 +18,8 @@ docs/methods.md §5 says to clamp.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Callable, Iterable
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -139,11 +140,17 @@ def available_pool(
     return sorted(nodes[index] for index in rng.choice(len(nodes), size, replace=False))
 
 
-def uniform_client_probs(num_clients: int, m: int) -> NDArray[np.float64]:
+def uniform_client_probs(
+    num_clients: int, m: int, *, population_size: int | None = None
+) -> NDArray[np.float64]:
     """Uniform independent participation: ``p_i = m / N`` for every client.
 
     The control of :func:`optimal_client_probs` at the same expected number
     of participants; ``m`` is clamped to ``N`` as there. It needs no norms.
+    With ``population_size`` the rate is ``min(m, population_size) /
+    population_size`` whatever ``num_clients`` is: McMahan et al.'s
+    fixed-denominator sampling, where no client's probability depends on how
+    many others answered (central DP).
 
     Parameters
     ----------
@@ -168,10 +175,17 @@ def uniform_client_probs(num_clients: int, m: int) -> NDArray[np.float64]:
     [0.5, 0.5, 0.5, 0.5]
     >>> uniform_client_probs(2, 5).tolist()
     [1.0, 1.0]
+    >>> uniform_client_probs(2, 2, population_size=8).tolist()
+    [0.25, 0.25]
     """
-    population = nonnegative_integer("num_clients", num_clients)
+    count = nonnegative_integer("num_clients", num_clients)
+    population = (
+        count
+        if population_size is None
+        else nonnegative_integer("population_size", population_size)
+    )
     budget = min(nonnegative_integer("m", m), population)
-    return np.full(population, budget / population if population else 0.0)
+    return np.full(count, budget / population if population else 0.0)
 
 
 def mmfl_probs(norms: ArrayLike, m: int) -> NDArray[np.float64]:
@@ -332,6 +346,10 @@ def estimator_variance(norms: ArrayLike, probs: ArrayLike) -> float:
     return float(np.sum(squared / probs_array[contributing] - squared))
 
 
+#: Most secure sums of AOCS's totals in a round (each over new bounds).
+AOCS_MAX_TOTALS_SUMS = 10
+
+
 def aocs_start_factor(score_total: float, m: int) -> float:
     """AOCS's first broadcast: ``m / u``, where ``u = sum_i u_i`` (server side).
 
@@ -420,6 +438,25 @@ def aocs_mass_terms(
     return np.where(below_one, probs_array, 0.0), below_one.astype(np.float64)
 
 
+def aocs_saturated_scale(
+    mass_below_one: float, num_saturated: float, m: int
+) -> float | None:
+    """AOCS's server step from the saturated count: ``C = (m - S) / P``, or None.
+
+    ``S = #{i : p_i = 1}``, so ``m - S = m - N + I`` (:func:`aocs_next_scale`)
+    without ``N``: under central DP ``P`` and ``S`` are noisy sums.
+
+    Examples
+    --------
+    >>> aocs_saturated_scale(0.4615384615384615, 1, 2)
+    2.166666666666667
+    """
+    if mass_below_one <= 0:
+        return None
+    scale = (m - num_saturated) / mass_below_one
+    return scale if scale > 1.0 else None
+
+
 def aocs_next_scale(
     mass_below_one: float, num_below_one: int, num_clients: int, m: int
 ) -> float | None:
@@ -439,8 +476,7 @@ def aocs_next_scale(
     Returns
     -------
     float or None
-        ``C`` when it is above 1; None when ``P <= 0`` or ``C <= 1`` (the
-        iteration has converged: no probability would grow).
+        ``C`` above 1; None when ``P <= 0`` or ``C <= 1`` (converged).
 
     Examples
     --------
@@ -449,14 +485,38 @@ def aocs_next_scale(
     >>> aocs_next_scale(1.0, 3, 4, 2) is None
     True
     """
-    if mass_below_one <= 0:
-        return None
-    scale = (m - num_clients + num_below_one) / mass_below_one
-    return scale if scale > 1.0 else None
+    return aocs_saturated_scale(mass_below_one, num_clients - num_below_one, m)
+
+
+#: ``(rows, row_bound) -> sum`` of client rows of L2 norm <= the bound: exact
+#: (:func:`exact_report_sum`) or, under CentralDP, clipped, noised, accounted.
+ReportSum = Callable[[NDArray[np.float64], float], NDArray[np.float64]]
+
+
+def exact_report_sum(
+    rows: NDArray[np.float64], row_bound: float
+) -> NDArray[np.float64]:
+    """The column sums of ``rows`` (one row per client); ``row_bound`` unused.
+
+    Examples
+    --------
+    >>> exact_report_sum(np.array([[1.0, 0.0], [0.5, 1.0]]), 1.0).tolist()
+    [1.5, 1.0]
+    """
+    # Column by column as one contiguous 1-D sum each: the floats of the
+    # plain AOCS sums, which SecureAOCSWorkflow's steps reproduce exactly.
+    columns = np.asarray(rows, dtype=np.float64).T
+    return np.array([np.ascontiguousarray(column).sum() for column in columns])
 
 
 def aocs_probs(
-    norms: ArrayLike, m: int, max_iterations: int = 4
+    norms: ArrayLike,
+    m: int,
+    max_iterations: int = 4,
+    *,
+    report_sum: ReportSum = exact_report_sum,
+    score_bound: float = math.inf,
+    population_size: int | None = None,
 ) -> NDArray[np.float64]:
     """Approximate OCS (AOCS): the privacy-friendly iteration towards OCS.
 
@@ -489,6 +549,16 @@ def aocs_probs(
         Expected number of participants, an integer >= 0 (clamped to ``N``).
     max_iterations : int, default 4
         Number of rescaling rounds ``j_max`` (4 in the authors' script).
+    report_sum : ReportSum, default exact_report_sum
+        How each of the protocol's sums is taken: the total of the norms
+        (rows ``[u_i]``, bound ``score_bound``), then per iteration the pair
+        ``(P, S)`` (rows ``[p_i if p_i < 1 else 0, 1 if p_i = 1 else 0]``, at
+        most one nonzero entry, at most 1: bound 1). CentralDP passes its
+        noisy sums here.
+    score_bound : float, default inf
+        The public bound on each ``u_i`` that ``report_sum`` is told.
+    population_size : int or None, default None
+        Clamp ``m`` to this public count instead of ``N`` (central DP).
 
     Returns
     -------
@@ -511,15 +581,18 @@ def aocs_probs(
     [0.333, 0.333, 0.333, 1.0]
     """
     norms = nonnegative_vector("norms", norms)
-    budget = min(nonnegative_integer("m", m), norms.size)
+    population = norms.size if population_size is None else population_size
+    budget = min(nonnegative_integer("m", m), population)
     rounds = nonnegative_integer("max_iterations", max_iterations)
-    start_factor = aocs_start_factor(float(norms.sum()), budget)
+    (score_total,) = report_sum(norms[:, None], score_bound)
+    start_factor = aocs_start_factor(float(score_total), budget)
     probs = aocs_client_probs(norms, start_factor)
     for _ in range(rounds):
         mass, below_one = aocs_mass_terms(probs)
-        scale = aocs_next_scale(
-            float(mass.sum()), int(below_one.sum()), norms.size, budget
+        mass_total, num_saturated = report_sum(
+            np.column_stack([mass, 1.0 - below_one]), 1.0
         )
+        scale = aocs_saturated_scale(float(mass_total), float(num_saturated), budget)
         if scale is None:
             break
         # The client step with a start factor of 1 is the rescaling alone.

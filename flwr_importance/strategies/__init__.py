@@ -21,15 +21,21 @@ from flwr_importance.strategies.isfedavg import ISFedAvg
 from flwr_importance.strategies.md import MDSampling
 from flwr_importance.strategies.mmfl import (
     MultiModelSampling,
+    evaluate_every_model,
     pack_models,
+    per_model_files,
     unpack_models,
 )
 from flwr_importance.strategies.ocs import OptimalClientSampling
 from flwr_importance.strategies.power_of_choice import PowerOfChoice
-from flwr_importance.strategies.replies import ClientSideMissingError
+from flwr_importance.strategies.replies import (
+    ClientSideFailedError,
+    ClientSideMissingError,
+)
 
 __all__ = [
     "FOLB",
+    "ClientSideFailedError",
     "ClientSideMissingError",
     "ClusteredSampling",
     "FedSampling",
@@ -43,6 +49,8 @@ __all__ = [
     "ServerMomentum",
     "ServerOptimizer",
     "ServerYogi",
+    "evaluate_every_model",
     "pack_models",
+    "per_model_files",
     "unpack_models",
 ]

@@ -60,7 +60,7 @@ from flwr_importance.strategies.replies import (
 from flwr_importance.strategies.summary import log_settings
 
 if TYPE_CHECKING:
-    from typing_extensions import Unpack
+    from typing_extensions import Self, Unpack
 
 #: Flower's signature of ``train_metrics_aggr_fn`` and ``evaluate_metrics_aggr_fn``.
 MetricsAggregation = Callable[[list[RecordDict], str], MetricRecord]
@@ -221,6 +221,19 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
     #: ``train_metrics_aggr_fn`` (the others compute their own round metrics).
     aggregates_train_metrics: ClassVar[bool] = False
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        """Refuse FedAvg's round-size arguments, naming :attr:`round_size`.
+
+        Here, before Python checks the signature: else ``fraction_train=0.5``
+        alone fails on the method's missing ``clients_per_round``.
+        """
+        for argument in ("fraction_train", "min_train_nodes"):
+            if argument in kwargs:
+                raise TypeError(
+                    f"{argument} does not apply to {cls.__name__}: {cls.round_size}"
+                )
+        return super().__new__(cls)
+
     def __init__(
         self,
         *,
@@ -274,19 +287,8 @@ class ImportanceStrategy(FedAvg, Generic[PlanT]):
         unknown: Mapping[str, object],
         train_metrics_aggr_fn: MetricsAggregation | None,
     ) -> None:
-        """Refuse FedAvg's arguments the method replaces, naming the replacement.
-
-        ``fraction_train`` and ``min_train_nodes`` (the method sizes its own
-        rounds, :attr:`round_size`), and ``train_metrics_aggr_fn`` for a
-        class whose round metrics are its own; any other unknown keyword is
-        refused as Python would.
-        """
+        """Refuse unknown keywords, and ``train_metrics_aggr_fn`` if unused."""
         name = type(self).__name__
-        for argument in ("fraction_train", "min_train_nodes"):
-            if argument in unknown:
-                raise TypeError(
-                    f"{argument} does not apply to {name}: {self.round_size}"
-                )
         if unknown:
             raise TypeError(
                 f"{name}.__init__() got an unexpected keyword argument "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from logging import INFO, WARNING
@@ -16,6 +17,7 @@ from flwr_importance import protocol
 from flwr_importance.method_spec import MethodSpec
 from flwr_importance.sampling import (
     DEFAULT_DELTA_PRIME,
+    NodeReport,
     PrivacyLedger,
     binomial_upper_tail,
     epsilon_for_usable_estimate,
@@ -56,6 +58,24 @@ class SizeEstimatePlan(RoundPlan):
     estimated_total_size: float
     raw_estimate: float
     num_size_replies: int
+
+
+def node_report(metrics: Mapping[str, object]) -> NodeReport | None:
+    """The node's own ledger in its size reply, if it sent a well-formed one."""
+    values = [
+        metrics.get(key)
+        for key in (
+            protocol.FEDSAMPLING_NODE_ANSWERS,
+            protocol.FEDSAMPLING_NODE_EPSILON,
+            protocol.FEDSAMPLING_NODE_REPRODUCIBLE_COINS,
+        )
+    ]
+    if not all(
+        isinstance(value, (int, float)) and math.isfinite(value) for value in values
+    ):
+        return None
+    answers, epsilon_spent, reproducible = (float(v) for v in values)  # type: ignore[arg-type]
+    return NodeReport(int(answers), epsilon_spent, reproducible != 0)
 
 
 class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
@@ -353,6 +373,14 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
                 )
                 continue
             responses[reply.node_id] = int(value)
+        self.privacy_ledger.record_node_reports(
+            server_round,
+            {
+                reply.node_id: report
+                for reply in checked
+                if (report := node_report(reply.metrics)) is not None
+            },
+        )
         return responses
 
     def aggregate_round(
@@ -394,4 +422,9 @@ METHOD = MethodSpec(
     client_handlers="flwr_importance.clientapps.fedsampling:make_fedsampling_handlers",
     legacy="flwr_importance.compat.fedsampling:FedSampling",
     clients_per_round=False,
+    central_dp_refusal=(
+        "its sampling ratio K / N_tilde and its aggregate depend on the count "
+        "and the values of every client's size reply: no per-client bound (a "
+        "noisy-sum mode is not built)"
+    ),
 )

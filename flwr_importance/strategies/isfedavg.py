@@ -74,6 +74,15 @@ class ISFedAvg(ImportanceStrategy[RoundPlan]):
         probabilities uniform: the same eq. 8 scaling (a step divided by
         ``E_k``) without importance sampling, the baseline isolating its
         effect.
+    keep_app_step_size : bool (default: False)
+        Tell clients to leave eq. 8's ``1/E_k`` out of each step, so that
+        your app's learning rate keeps its meaning: with uniform
+        probabilities the weighted loss is the batch's mean loss, the loss
+        your optimizer steps on in FedAvg. The importance weights
+        ``1/(K p_k N_k pi_b)`` stay, so each step's gradient is still
+        unbiased for the global one; a node's update then grows with its
+        ``E_k``, as in FedAvg with unequal epochs. False: the paper's step,
+        ``1/E_k`` of it.
     min_relative_client_prob : float (default: 0.1)
         Floor on ``p_k`` as a fraction of ``1/K``, in ``(0, 1]``; it bounds the
         step scaling ``1/(K p_k)`` by its inverse.
@@ -108,6 +117,7 @@ class ISFedAvg(ImportanceStrategy[RoundPlan]):
     * ``isfedavg-local-steps`` (int): ``E_k``;
     * ``isfedavg-batch-size`` (int): ``B_k``;
     * ``isfedavg-adapt-sample-probs`` (bool): False in uniform mode;
+    * ``isfedavg-divide-by-local-steps`` (bool): not ``keep_app_step_size``;
     * ``isfedavg-min-relative-sample-prob`` (float): the sample floor.
 
     Expects back one ArrayRecord shaped like the model and one MetricRecord
@@ -136,6 +146,7 @@ class ISFedAvg(ImportanceStrategy[RoundPlan]):
         local_steps_range: tuple[int, int] = (1, 5),
         batch_size_range: tuple[int, int] = (1, 10),
         uniform: bool = False,
+        keep_app_step_size: bool = False,
         min_relative_client_prob: float = DEFAULT_MIN_RELATIVE_CLIENT_PROB,
         min_relative_sample_prob: float = DEFAULT_MIN_RELATIVE_SAMPLE_PROB,
         train_metrics_aggr_fn: MetricsAggregation | None = None,
@@ -160,6 +171,7 @@ class ISFedAvg(ImportanceStrategy[RoundPlan]):
         self.local_steps_range = local_steps_range
         self.batch_size_range = batch_size_range
         self.uniform = uniform
+        self.keep_app_step_size = keep_app_step_size
         self.min_relative_client_prob = min_relative_client_prob
         self.min_relative_sample_prob = min_relative_sample_prob
         # Per-node state, keyed by node id.
@@ -177,6 +189,11 @@ class ISFedAvg(ImportanceStrategy[RoundPlan]):
                     f"{self.local_steps_range}, {self.batch_size_range}"
                 ),
                 "Uniform probabilities": self.uniform,
+                "Local step": (
+                    "the app's (no 1/E_k)"
+                    if self.keep_app_step_size
+                    else "eq. 8's, divided by E_k"
+                ),
                 "Floors": (
                     f"p_k >= {self.min_relative_client_prob:g}/K, "
                     f"p_n >= {self.min_relative_sample_prob:g}/N_k"
@@ -278,6 +295,9 @@ class ISFedAvg(ImportanceStrategy[RoundPlan]):
         node_config[protocol.ISFEDAVG_LOCAL_STEPS] = self.local_steps[node_id]
         node_config[protocol.ISFEDAVG_BATCH_SIZE] = self.batch_sizes[node_id]
         node_config[protocol.ISFEDAVG_ADAPT_SAMPLE_PROBS] = not self.uniform
+        node_config[
+            protocol.ISFEDAVG_DIVIDE_BY_LOCAL_STEPS
+        ] = not self.keep_app_step_size
         node_config[protocol.ISFEDAVG_MIN_RELATIVE_SAMPLE_PROB] = (
             self.min_relative_sample_prob
         )
@@ -356,4 +376,8 @@ METHOD = MethodSpec(
     section="1-isfedavg-two-level-importance-sampling",
     client_handlers="flwr_importance.clientapps.isfedavg:make_isfedavg_handlers",
     legacy="flwr_importance.compat.isfedavg:ISFedAvg",
+    central_dp_refusal=(
+        "its probabilities are normalised over every client's reported "
+        "statistics: one client moves the others' weights"
+    ),
 )

@@ -7,8 +7,9 @@ docs/methods.md §5.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from logging import INFO
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
@@ -95,6 +96,110 @@ def unpack_models(packed: ArrayRecord) -> list[ArrayRecord]:
     if sorted(grouped) != list(range(len(grouped))):
         raise ValueError(f"packed model indices {sorted(grouped)} are not 0..S-1")
     return [ArrayRecord.from_array_dict(grouped[index]) for index in sorted(grouped)]
+
+
+#: Flower's ``evaluate_fn`` of ``Strategy.start``: one round's central evaluation.
+EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
+
+
+def evaluate_every_model(
+    evaluate_fn: EvaluateFn | Sequence[EvaluateFn],
+) -> EvaluateFn:
+    """Your ``evaluate_fn`` of one model, made the ``evaluate_fn`` of packed models.
+
+    The returned function unpacks the models (:func:`unpack_models`), runs
+    ``evaluate_fn`` on each, and returns each metric's mean over the models
+    under its own name and the models' values under ``<name>-per-model``.
+
+    Parameters
+    ----------
+    evaluate_fn : callable or sequence of callables
+        ``(server_round, arrays) -> MetricRecord | None``, as Flower's
+        ``Strategy.start`` takes: one for every model, or one per model (in
+        model order) when each model has its own test set.
+
+    Returns
+    -------
+    callable
+        ``(server_round, packed) -> MetricRecord | None``; None when every
+        model's evaluation returned None.
+
+    Raises
+    ------
+    ValueError
+        When called, if the models' metrics have different names, or a
+        sequence does not have one function per model.
+    TypeError
+        When called, if a metric is not a number (a list has no mean).
+
+    Examples
+    --------
+    >>> from flwr.app import Array, ArrayRecord, MetricRecord
+    >>> from flwr_importance.strategies import evaluate_every_model, pack_models
+    >>> def first_weight(server_round, arrays):
+    ...     return MetricRecord({"w": float(arrays["w"].numpy()[0])})
+    >>> models = [ArrayRecord({"w": Array(np.array([x]))}) for x in (1.0, 3.0)]
+    >>> metrics = evaluate_every_model(first_weight)(1, pack_models(models))
+    >>> metrics["w"], metrics["w-per-model"]
+    (2.0, [1.0, 3.0])
+    """
+
+    def evaluate_packed(server_round: int, packed: ArrayRecord) -> MetricRecord | None:
+        models = unpack_models(packed)
+        functions = (
+            [evaluate_fn] * len(models) if callable(evaluate_fn) else evaluate_fn
+        )
+        if len(functions) != len(models):
+            raise ValueError(
+                f"{len(functions)} evaluate functions for {len(models)} models"
+            )
+        per_model = [
+            metrics
+            for function, arrays in zip(functions, models, strict=True)
+            if (metrics := function(server_round, arrays)) is not None
+        ]
+        if not per_model:
+            return None
+        names = list(per_model[0])
+        if any(list(metrics) != names for metrics in per_model):
+            raise ValueError("every model's evaluation must return the same metrics")
+        merged = MetricRecord()
+        for name in names:
+            values = [metrics[name] for metrics in per_model]
+            if not all(isinstance(value, int | float) for value in values):
+                raise TypeError(f"metric '{name}' is not a number: it has no mean")
+            numbers = [float(value) for value in values]  # type: ignore[arg-type]
+            merged[name] = sum(numbers) / len(numbers)
+            merged[f"{name}-per-model"] = numbers
+        return merged
+
+    return evaluate_packed
+
+
+def per_model_files(
+    packed: ArrayRecord, path: str | Path
+) -> list[tuple[ArrayRecord, Path]]:
+    """Each packed model, with the file your app's save lines write it to.
+
+    ``path`` is the file your app saves its one model to; model ``s`` goes
+    to ``<stem>-<s><suffix>`` beside it. Each ArrayRecord is one model as
+    your app's own model holds it (``arrays.to_torch_state_dict()`` loads
+    into your ``Net``; ``arrays.to_numpy_ndarrays()`` sets a scikit-learn
+    model's parameters), where the packed record loads into neither.
+
+    Examples
+    --------
+    >>> from flwr.app import Array, ArrayRecord
+    >>> from flwr_importance.strategies import pack_models, per_model_files
+    >>> models = [ArrayRecord({"w": Array(np.zeros(2))})] * 2
+    >>> [str(path) for _, path in per_model_files(pack_models(models), "out/m.pt")]
+    ['out/m-0.pt', 'out/m-1.pt']
+    """
+    path = Path(path)
+    return [
+        (arrays, path.with_name(f"{path.stem}-{index}{path.suffix}"))
+        for index, arrays in enumerate(unpack_models(packed))
+    ]
 
 
 class MultiModelSampling(UnbiasedSampling):
@@ -382,4 +487,9 @@ METHOD = MethodSpec(
     client_handlers="flwr_importance.clientapps.variance_reduced:make_mmfl_handlers",
     # Several models in one round trip: the legacy API carries one Parameters.
     legacy_api=False,
+    central_dp_refusal=(
+        "each client's probabilities p_{s|i} water-fill over every client's "
+        "norms, and its weights d_is are normalised over the replies: one "
+        "client moves the others' terms"
+    ),
 )

@@ -10,9 +10,11 @@ docs/methods.md §5. Its round plumbing, shared with the multi-model strategy
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from logging import INFO
 from typing import TYPE_CHECKING
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
@@ -27,7 +29,9 @@ from flwr_importance.sampling import (
     poisson_sample,
 )
 from flwr_importance.sampling.variance_reduced import (
+    ReportSum,
     available_pool,
+    exact_report_sum,
     uniform_client_probs,
 )
 from flwr_importance.strategies.base import log_settings
@@ -44,6 +48,24 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from flwr_importance.strategies.base import StrategyOptions
+
+
+@dataclass(frozen=True)
+class PublicConstants:
+    """What central DP fixes in advance of any report (set by CentralDP).
+
+    Attributes
+    ----------
+    population_size : int
+        The estimator's fixed denominator: each client's weight is
+        ``1 / population_size`` (McMahan et al. 2018) and the uniform rate is
+        ``m / population_size``; no weight depends on who answered.
+    score_bound : float
+        The public bound each update norm is clipped to in AOCS's sums.
+    """
+
+    population_size: int
+    score_bound: float
 
 
 class OptimalClientSampling(UnbiasedSampling):
@@ -177,6 +199,10 @@ class OptimalClientSampling(UnbiasedSampling):
         self.approximate = approximate
         self.aocs_iterations = check_count("aocs_iterations", aocs_iterations, 0)
         self.uniform = uniform
+        #: How AOCS takes its sums (:data:`ReportSum`); CentralDP's noisy sums.
+        self.report_sum: ReportSum = exact_report_sum
+        #: Set by CentralDP: the public weights and bound (None: the plain method).
+        self.public_constants: PublicConstants | None = None
         super().__init__(
             clients_per_round=clients_per_round,
             server_lr=server_lr,
@@ -224,13 +250,31 @@ class OptimalClientSampling(UnbiasedSampling):
             {protocol.model_record_name(0): arrays},
         )
         norms = self.bounded(norms, answered, protocol.UPDATE_NORM)
-        fractions = size_fractions(self.bounded(sizes, answered, protocol.NUM_EXAMPLES))
+        public = self.public_constants
+        if public is None:
+            fractions = size_fractions(
+                self.bounded(sizes, answered, protocol.NUM_EXAMPLES)
+            )
+            population, score_bound = len(answered), np.inf
+        else:
+            # Central DP: equal public weights, so that no client's weight
+            # depends on another's report or on how many answered.
+            fractions = np.full_like(norms, 1.0 / public.population_size)
+            population = public.population_size
+            score_bound = public.score_bound / public.population_size
         scores = fractions * norms
         if self.uniform:
-            probs = uniform_client_probs(len(answered), self.clients_per_round)
+            probs = uniform_client_probs(
+                len(answered), self.clients_per_round, population_size=population
+            )
         elif self.approximate:
             probs = aocs_probs(
-                scores[:, 0], self.clients_per_round, self.aocs_iterations
+                scores[:, 0],
+                self.clients_per_round,
+                self.aocs_iterations,
+                report_sum=self.report_sum,
+                score_bound=score_bound,
+                population_size=population,
             )
         else:
             probs = optimal_client_probs(scores[:, 0], self.clients_per_round)

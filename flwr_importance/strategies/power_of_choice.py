@@ -108,9 +108,13 @@ class PowerOfChoice(MultisetSampling):
        ``w^{t+1} = (1/m) sum_{k in S} w_k`` (no size weights: the sizes
        entered through the draw).
 
-    ``d = m`` is the paper's unbiased baseline ``rand`` (size-proportional
-    sampling without replacement); ``d = N`` trains the ``m`` highest-loss
-    clients of the whole federation every round.
+    ``d = m`` trains every candidate (no loss ranking), but it is not the
+    paper's unbiased baseline ``rand``: ``rand`` draws ``m`` clients *with*
+    replacement by ``p_k`` and takes the plain mean, which is
+    :class:`~flwr_importance.strategies.MDSampling`; without replacement the
+    plain mean gives the large clients less than their share
+    (docs/methods.md, §6). ``d = N`` trains the ``m`` highest-loss clients of
+    the whole federation every round.
 
     The selection is biased by design. Clients with a high loss are picked
     more often than their share ``p_k``, so the model moves faster at first
@@ -369,4 +373,8 @@ METHOD = MethodSpec(
         "power-of-choice-variant": "variant",
     },
     deprecated_names=("poc",),
+    central_dp_refusal=(
+        "its selection ranks the clients' losses against each other: one "
+        "client's loss changes which others are selected"
+    ),
 )

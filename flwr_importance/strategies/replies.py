@@ -123,6 +123,42 @@ class ClientSideMissingError(RuntimeError):
         )
 
 
+class ClientSideFailedError(ClientSideMissingError):
+    """Every node that answered a message type failed it, and none ever succeeded.
+
+    The client side is there but raises (a helper called with the wrong
+    arguments, an app that does not unpack its batches): without this the run
+    would drop every reply, keep the model round after round and end as if it
+    had trained. The message quotes the first node's error.
+
+    Attributes
+    ----------
+    first_error : str
+        What the first failed reply said (its error reason or the check it
+        failed).
+    """
+
+    def __init__(
+        self,
+        method: str,
+        message_type: str,
+        first_error: str,
+        client_side: ClientSide,
+    ) -> None:
+        self.first_error = first_error
+        RuntimeError.__init__(
+            self,
+            f"{method}: every node that answered '{message_type}' failed it, and no "
+            f"node has ever answered it well: nothing can train. The first "
+            f"node's error: {first_error}. Check the method's client lines: "
+            f"{client_side.lines}; see {client_side.docs}",
+        )
+        self.method = method
+        self.message_type = message_type
+        self.missing = first_error
+        self.client_side = client_side
+
+
 @dataclass(frozen=True)
 class ReplyProblem:
     """Why a reply was dropped.
@@ -184,11 +220,14 @@ class ReplyLedger:
     (:meth:`record`) and, per batch of replies, :meth:`settle` whether the
     client side is missing: when every reply of the batch failed for that
     reason and no node has answered the message type well yet, it raises
-    :class:`ClientSideMissingError`. Any other failure (an exception in the
-    client, a time-out, a bad value), a partial failure, or a message type
-    some node has handled before, leaves the strategy dropping and logging
-    as usual. ``evaluate`` replies are counted but never settle: the method's
-    lines do not add an evaluate handler.
+    :class:`ClientSideMissingError`. When every reply of the batch failed
+    for another reason (the client raised, or sent a bad value) and no node
+    has answered the message type well yet, it raises
+    :class:`ClientSideFailedError`, quoting the first failure: a run whose
+    every node fails cannot train. A partial failure, a time-out, or a
+    message type some node has handled before, leaves the
+    strategy dropping and logging as usual. ``evaluate`` replies are counted
+    but never settle: the method's lines do not add an evaluate handler.
 
     Parameters
     ----------
@@ -219,6 +258,10 @@ class ReplyLedger:
         ClientSideMissingError
             Every reply failed for want of the client side, and no reply of
             ``message_type`` has been usable before.
+        ClientSideFailedError
+            Every reply failed for another reason (the client raised, or sent
+            a bad value), and no reply of ``message_type`` has been usable
+            before: the run cannot train.
         """
         if any(problem is None for problem in problems):
             self._handled.add(message_type)
@@ -230,8 +273,14 @@ class ReplyLedger:
         ):
             return
         missing = {problem.missing for problem in problems if problem is not None}
+        # The run stops here: the dropped-replies summary goes out first, on
+        # either API (the legacy one has no end-of-run hook of its own).
+        self.log_summary()
         if None in missing:
-            return
+            first = next(problem for problem in problems if problem is not None)
+            raise ClientSideFailedError(
+                self.method, message_type, first.detail, self.client_side
+            )
         raise ClientSideMissingError(
             self.method,
             message_type,

@@ -20,7 +20,7 @@ import torch.nn.functional as F  # noqa: N812 (the conventional alias)
 from torch import Tensor, nn
 
 from flwr_importance import protocol
-from flwr_importance.tasks._per_sample import (
+from flwr_importance.per_sample import (
     model_device,
     norms_of,
     per_sample_grad_norms,

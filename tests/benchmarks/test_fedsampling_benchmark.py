@@ -34,7 +34,10 @@ from benchmarks.fedsampling import (
 )
 from flwr_importance.aggregation.server_optimizers import OptimizerState, ServerAdam
 from flwr_importance.clientapps import LocalTask, register_handlers
-from flwr_importance.clientapps.fedsampling import make_fedsampling_handlers
+from flwr_importance.clientapps.fedsampling import (
+    UNSAFE_REPRODUCIBLE_COINS_KEY,
+    make_fedsampling_handlers,
+)
 from flwr_importance.strategies import FedSampling
 from flwr_importance.tasks import Objective, build_model
 from flwr_importance.tooling.testing import InProcessGrid
@@ -80,7 +83,10 @@ def product_models(
         )
 
     app = register_handlers(ClientApp(), make_fedsampling_handlers(task))
-    grid = InProcessGrid(app, setting.num_clients, seed=seed)
+    # The benchmark's pooled path draws the nodes' seeded coins: the run asks
+    # the ClientApps for the same (unsafe for privacy) streams.
+    run_config = {"fedsampling-epsilon": epsilon, UNSAFE_REPRODUCIBLE_COINS_KEY: True}
+    grid = InProcessGrid(app, setting.num_clients, run_config, seed=seed)
     models: dict[int, dict[str, torch.Tensor]] = {}
 
     def keep_model(server_round: int, arrays: ArrayRecord) -> None:

@@ -39,6 +39,7 @@ from flwr_importance.clientapps.fedsampling import (
 from flwr_importance.sampling import bernoulli_keep
 from flwr_importance.strategies.arrays import flatten
 from flwr_importance.strategies.fedsampling import FedSampling
+from flwr_importance.strategies.replies import ClientSideFailedError
 from flwr_importance.tasks import Objective
 from flwr_importance.tooling.testing import InProcessGrid
 from tests.clientapps.quickstart_user import (
@@ -74,7 +75,7 @@ def fedsampling_train(msg: Message, context: Context) -> Message:
     return fedsampling_reply(msg, gradient)
 
 
-def user_app(max_epsilon: float | None = None) -> ClientApp:
+def user_app(max_epsilon: float = 10.0) -> ClientApp:
     app = ClientApp()
     add_private_size_query(
         app,
@@ -126,7 +127,16 @@ def test_fedsampling_runs_on_the_users_code_and_sends_no_count(
         assert list(reply.content.metric_records) == []
         assert list(reply.content.array_records) == ["arrays"]
     for reply in size_replies:
-        assert list(reply.content.metric_records["metrics"]) == ["size-response"]
+        metrics = reply.content.metric_records["metrics"]
+        # The randomized size and the node's own ledger, which counts only
+        # what the server asked: answers, epsilon spent and the coins' kind.
+        assert list(metrics) == [
+            "size-response",
+            "node-size-answers",
+            "node-epsilon-spent",
+            "node-reproducible-coins",
+        ]
+        assert metrics["node-reproducible-coins"] == 0
 
 
 @CUDA
@@ -287,8 +297,9 @@ def test_a_node_refuses_an_epsilon_above_its_cap() -> None:
     strategy = FedSampling(
         samples_per_round=16, max_size=MAX_SIZE, epsilon=3.0, min_available_nodes=1
     )
-    messages = strategy.configure_train(1, initial_arrays(), ConfigRecord(), grid)
-    assert list(messages) == []  # no usable size reply: the round is skipped
+    # Every node refuses: nothing can train, the run stops quoting the node.
+    with pytest.raises(ClientSideFailedError, match="allows at most 2"):
+        strategy.configure_train(1, initial_arrays(), ConfigRecord(), grid)
     errors = wire_messages(grid, "to-server")
     assert len(errors) == 2 and all(reply.has_error() for reply in errors)
     assert "allows at most 2" in str(errors[0].error.reason)
@@ -311,7 +322,10 @@ def ready_made_g_c(device: str) -> np.ndarray:
         )
 
     app = register_handlers(ClientApp(), make_fedsampling_handlers(task))
-    grid = InProcessGrid(app, 1, {}, seed=0)
+    # Both devices keep the same samples: the seeded coins (unsafe for privacy).
+    grid = InProcessGrid(
+        app, 1, {"fedsampling-unsafe-reproducible-coins": True}, seed=0
+    )
     (node_id,) = grid.get_node_ids()
     config = ConfigRecord(
         {

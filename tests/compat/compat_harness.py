@@ -91,7 +91,12 @@ class TwinFederation:
     def __init__(
         self, overrides: Mapping[str, bool | int | float | str], num_nodes: int
     ):
-        self.run_config = resolve_run_config({**overrides, "num-supernodes": num_nodes})
+        # Both APIs' runs are compared on the same draws: FedSampling's nodes
+        # use their seeded coins (unsafe for privacy, docs/privacy.md).
+        same_draws = {"fedsampling-unsafe-reproducible-coins": True}
+        self.run_config = resolve_run_config(
+            {**same_draws, **overrides, "num-supernodes": num_nodes}
+        )
         self.grid = InProcessGrid(client_app, num_nodes, self.run_config, seed=1)
         config = ExperimentConfig.from_run_config(self.run_config)
         model = global_model(config, federated_data(config, num_nodes))

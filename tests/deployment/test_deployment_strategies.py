@@ -30,7 +30,11 @@ from typing import Any
 
 import pytest
 
+from flwr_importance.clientapps.fedsampling import UNSAFE_REPRODUCIBLE_COINS_KEY
 from flwr_importance.protocol import (
+    FEDSAMPLING_NODE_ANSWERS,
+    FEDSAMPLING_NODE_EPSILON,
+    FEDSAMPLING_NODE_REPRODUCIBLE_COINS,
     FEDSAMPLING_SIZE_RESPONSE,
 )
 from flwr_importance.registry import RunConfigValue, methods
@@ -76,6 +80,12 @@ SERVER_OPTIMIZER = {
 }
 RUNS[OPTIMIZED] = (RUNS[OPTIMIZED][0], {**RUNS[OPTIMIZED][1], **SERVER_OPTIMIZER})
 CAPTURED = "fedsampling"
+# The captured run is the privacy check: the nodes' own coins, whatever the
+# benchmark preset says.
+RUNS[CAPTURED] = (
+    RUNS[CAPTURED][0],
+    {**RUNS[CAPTURED][1], UNSAFE_REPRODUCIBLE_COINS_KEY: False},
+)
 
 
 def run_config(strategy: str, output_dir: Path) -> dict[str, bool | int | float | str]:
@@ -194,7 +204,8 @@ def test_deployment_fedsampling_sizes_never_reach_the_server_exactly(
     as ``|D_c|`` with certainty: a ``num-examples``-like metric, any metric in
     a train reply, or size replies that are the true sizes. The server
     received, over the whole run, one ``size-response`` per size reply (in
-    ``1..M-1``, no other key) and train replies with arrays only; and the
+    ``1..M-1``) beside the node's own ledger (answers so far, epsilon spent,
+    coins not reproducible), and train replies with arrays only; and the
     responses of a round are not the nodes' true sizes.
     """
     config = run_config(CAPTURED, Path("unused"))
@@ -214,7 +225,13 @@ def test_deployment_fedsampling_sizes_never_reach_the_server_exactly(
     for reply in size_replies:
         assert reply["configs"] == {} and reply["arrays"] == []
         (metrics,) = reply["metrics"].values()
-        assert set(metrics) == {FEDSAMPLING_SIZE_RESPONSE}
+        assert set(metrics) == {
+            FEDSAMPLING_SIZE_RESPONSE,
+            FEDSAMPLING_NODE_ANSWERS,
+            FEDSAMPLING_NODE_EPSILON,
+            FEDSAMPLING_NODE_REPRODUCIBLE_COINS,
+        }
+        assert metrics[FEDSAMPLING_NODE_REPRODUCIBLE_COINS] == 0
         assert 1 <= metrics[FEDSAMPLING_SIZE_RESPONSE] <= max_size - 1
         responses.append(int(metrics[FEDSAMPLING_SIZE_RESPONSE]))
     for reply in train_replies:

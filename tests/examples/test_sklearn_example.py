@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
+import joblib
+import numpy as np
 import pytest
 from flwr.app import Context, RecordDict, UserConfig, UserConfigValue
 from flwr.common.logger import FLOWER_LOGGER
@@ -165,6 +167,30 @@ def test_method_trains_with_the_example_train_in_process(
     assert trained_partitions <= set(train_log.partitions)
     if method in USER_METRIC_METHODS:
         assert all(EXAMPLE_TRAIN_METRIC in row for row in history["train"].values())
+
+
+def test_mmfl_evaluates_and_saves_each_model_on_its_own(
+    example: dict[str, ModuleType], tmp_path: Path
+) -> None:
+    """Each task's model is evaluated on its task and saved, as the app saves one."""
+    from flwr_importance.tooling.testing import InProcessGrid
+
+    config = example_config(
+        {"strategy": "mmfl", "num-server-rounds": 1, "output-dir": str(tmp_path)}
+    )
+    grid = InProcessGrid(example["client_app"].app, NUM_NODES, run_config=config)
+    example["server_app"].main(grid, Context(0, 0, {}, RecordDict(), config))
+
+    central = json.loads((tmp_path / "mmfl.json").read_text())["central-evaluation"]
+    assert all(len(row["accuracy-per-model"]) == 2 for row in central.values())
+    saved = sorted((tmp_path / "mmfl").glob("logreg_model*.pkl"))
+    assert [path.name for path in saved] == ["logreg_model-0.pkl", "logreg_model-1.pkl"]
+    models = [joblib.load(path) for path in saved]
+    assert not np.array_equal(models[0].coef_, models[1].coef_)
+    for task, model in enumerate(models):
+        x_test, y_test = example["server_app"].load_centralized_data(task)
+        accuracy = central["1"]["accuracy-per-model"][task]
+        assert model.score(x_test, y_test) == pytest.approx(accuracy)
 
 
 @pytest.mark.slow

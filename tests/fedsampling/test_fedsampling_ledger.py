@@ -13,7 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, Metadata, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import Result
 
@@ -22,10 +22,12 @@ from flwr_importance.clientapps.fedsampling import (
     make_fedsampling_train_handler,
     make_size_query_handler,
 )
+from flwr_importance.clientapps.private_sizes import NodeLedger, private_size_reply
 from flwr_importance.protocol import FEDSAMPLING_SIZE_RESPONSE, SERVER_ROUND
 from flwr_importance.sampling import advanced_composition_epsilon
 from flwr_importance.strategies import FedSampling
 from flwr_importance.tooling.testing import InProcessGrid
+from simulations.client_app import app as simulation_client_app
 from simulations.config import ExperimentConfig
 from simulations.inprocess import resolve_run_config
 from simulations.report import PRIVACY_LEDGER, history_rows, privacy_ledger_of
@@ -150,3 +152,102 @@ def test_summary_says_when_the_advanced_column_pays_off(
     with caplog.at_level(logging.INFO):
         FedSampling(samples_per_round=8, epsilon=epsilon).summary()
     assert f"Privacy ledger delta': 1e-06 (advanced composition {said})" in caplog.text
+
+
+def simulation_history(tmp_path: Path, **overrides: object) -> list[dict]:  # type: ignore[type-arg]
+    """history.json of a FedSampling run of the simulation app, in process."""
+    run_config = resolve_run_config(
+        {
+            "strategy": "fedsampling",
+            "dataset": "digits",
+            "partitioning": "lognormal",
+            "model": "logreg",
+            "num-supernodes": NUM_NODES,
+            "num-server-rounds": ROUNDS,
+            "fedsampling-epsilon": EPSILON,
+            "output-dir": str(tmp_path),
+            **overrides,
+        }
+    )
+    grid = InProcessGrid(simulation_client_app, NUM_NODES, run_config)
+    run_experiment(
+        grid, ExperimentConfig.from_run_config(run_config), num_clients=NUM_NODES
+    )
+    history: list[dict] = json.loads((tmp_path / "history.json").read_text())  # type: ignore[type-arg]
+    # The client-side count: each node's ledger in its own state.
+    own = {
+        node_id: NodeLedger.load(
+            Context(0, node_id, {}, grid.node_state(node_id), {})
+        ).answers
+        for node_id in grid.get_node_ids()
+    }
+    assert history[-1][PRIVACY_LEDGER]["node-ledger-answers"] == [
+        own[node_id] for node_id in history[-1][PRIVACY_LEDGER]["node-ledger-ids"]
+    ]
+    return history
+
+
+def test_history_carries_each_nodes_own_ledger(tmp_path: Path) -> None:
+    rows = simulation_history(tmp_path)
+    for row in rows[1:]:
+        ledger = row[PRIVACY_LEDGER]
+        assert ledger["node-ledger-ids"] == ledger["node-ids"]
+        # The nodes' own count equals the server's when every reply arrives.
+        assert ledger["node-ledger-answers"] == ledger["size-queries"]
+        assert ledger["node-ledger-epsilon"] == pytest.approx(ledger["basic-epsilon"])
+        assert ledger["reproducible-coins"] == 0.0 and "note" not in ledger
+
+
+def test_history_says_when_the_coins_were_reproducible(tmp_path: Path) -> None:
+    rows = simulation_history(
+        tmp_path, **{"fedsampling-unsafe-reproducible-coins": True}
+    )
+    for row in rows[1:]:
+        ledger = row[PRIVACY_LEDGER]
+        assert ledger["reproducible-coins"] == 1.0
+        assert "not a privacy guarantee" in ledger["note"]
+
+
+def test_a_node_refuses_a_query_above_its_cap_or_its_budget() -> None:
+    handler = make_size_query_handler(local_task)
+    run_config = resolve_run_config({"strategy": "fedsampling"})
+
+    def ask(epsilon: float, node_config: dict, state: RecordDict) -> MetricRecord:  # type: ignore[type-arg]
+        context = Context(
+            0,
+            1,
+            {"partition-id": 0, "num-partitions": 4, **node_config},
+            state,
+            run_config,
+        )
+        config = ConfigRecord({"max-size": 100, "epsilon": epsilon, SERVER_ROUND: 1})
+        metadata = Metadata(0, "m", 0, 1, "", "1", 0.0, 3600.0, "query.sizes")
+        message = Message(metadata=metadata, content=RecordDict({"config": config}))
+        return handler(message, context).content.metric_records["metrics"]
+
+    app_epsilon = float(run_config["fedsampling-epsilon"])
+    # Default cap: the app's epsilon; a server asking for more is refused.
+    with pytest.raises(ValueError, match="allows at most"):
+        ask(app_epsilon + 1, {}, RecordDict())
+    # The node's own cap wins over the app's.
+    with pytest.raises(ValueError, match="allows at most 1"):
+        ask(2.0, {"fedsampling-max-epsilon": 1.0}, RecordDict())
+    # A budget: two replies at 1.0 fit in 2.5, the third is refused uncounted.
+    state, budget = RecordDict(), {"fedsampling-epsilon-budget": 2.5}
+    assert ask(1.0, budget, state)["node-epsilon-spent"] == 1.0
+    assert ask(1.0, budget, state)["node-size-answers"] == 2
+    with pytest.raises(ValueError, match="above this node's budget"):
+        ask(1.0, budget, state)
+    assert NodeLedger.load(Context(0, 1, {}, state, {})) == NodeLedger(2, 2.0)
+
+
+def test_the_users_helper_needs_a_cap() -> None:
+    state = RecordDict()
+    context = Context(0, 1, {}, state, {})
+    config = ConfigRecord({"max-size": 100, "epsilon": 1.0, SERVER_ROUND: 1})
+    metadata = Metadata(0, "m", 0, 1, "", "1", 0.0, 3600.0, "query.sizes")
+    message = Message(metadata=metadata, content=RecordDict({"config": config}))
+    with pytest.raises(ValueError, match="client side misconfigured: no epsilon cap"):
+        private_size_reply(message, context, num_examples=10)
+    reply = private_size_reply(message, context, num_examples=10, max_epsilon=1.0)
+    assert reply.content.metric_records["metrics"]["node-size-answers"] == 1

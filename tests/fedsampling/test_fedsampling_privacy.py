@@ -24,6 +24,9 @@ from flwr_importance.clientapps.fedsampling import (
     node_round_streams,
 )
 from flwr_importance.protocol import (
+    FEDSAMPLING_NODE_ANSWERS,
+    FEDSAMPLING_NODE_EPSILON,
+    FEDSAMPLING_NODE_REPRODUCIBLE_COINS,
     FEDSAMPLING_SIZE_RESPONSE,
 )
 from flwr_importance.sampling import bernoulli_keep, keep_probability, ldp_alpha
@@ -35,6 +38,13 @@ from simulations.inprocess import resolve_run_config
 from simulations.task import federated_data, global_model, local_task
 
 NUM_NODES, ROUNDS, MAX_SIZE, EPSILON = 40, 4, 100, 3.0
+#: The node's own ledger in its size reply: how many queries it answered, their
+#: epsilon and its coins' kind, all functions of what the server asked.
+NODE_LEDGER_KEYS = (
+    FEDSAMPLING_NODE_ANSWERS,
+    FEDSAMPLING_NODE_EPSILON,
+    FEDSAMPLING_NODE_REPRODUCIBLE_COINS,
+)
 RUN_CONFIG = resolve_run_config(
     {
         "strategy": "fedsampling",
@@ -42,6 +52,10 @@ RUN_CONFIG = resolve_run_config(
         "partitioning": "lognormal",
         "lognormal-sigma": 1.0,
         "model": "logreg",
+        # The check replays each node's keep coins to know |S_c|: the
+        # reproducible streams (test_ldp_coins_attack.py shows the default
+        # coins cannot be replayed).
+        "fedsampling-unsafe-reproducible-coins": True,
     }
 )
 
@@ -117,6 +131,8 @@ def leaks(grid: InProcessGrid) -> list[str]:
         for key, value in scalar_fields(reply):
             if key == FEDSAMPLING_SIZE_RESPONSE:
                 continue  # randomized response: see the statistical test
+            if key in NODE_LEDGER_KEYS:
+                continue  # counts of the server's own queries, no data
             found += [
                 f"node {node_id}: '{key}' = {name} {value:g}"
                 for name, secret in secrets.items()

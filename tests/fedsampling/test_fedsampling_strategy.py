@@ -53,6 +53,8 @@ RUN_CONFIG = resolve_run_config(
         "partitioning": "lognormal",
         "lognormal-sigma": 1.0,
         "model": "logreg",
+        # The nodes' epsilon cap: above every epsilon these tests' servers ask.
+        "fedsampling-epsilon": 1000.0,
     }
 )
 

@@ -28,6 +28,7 @@ from flwr_importance.protocol import (
     ISFEDAVG_ADAPT_SAMPLE_PROBS,
     ISFEDAVG_BATCH_SIZE,
     ISFEDAVG_CLIENT_PROB,
+    ISFEDAVG_DIVIDE_BY_LOCAL_STEPS,
     ISFEDAVG_GRADIENT_SQ_NORM,
     ISFEDAVG_LOCAL_STEPS,
     ISFEDAVG_MIN_RELATIVE_SAMPLE_PROB,
@@ -62,6 +63,7 @@ def settings(
     local_steps: int = 1,
     batch_size: int = 2,
     adapt: bool = False,
+    divide_by_local_steps: bool = True,
 ) -> RoundSettings:
     return RoundSettings(
         client_prob=client_prob,
@@ -70,6 +72,7 @@ def settings(
         batch_size=batch_size,
         adapt_sample_probs=adapt,
         min_relative_sample_prob=0.1,
+        divide_by_local_steps=divide_by_local_steps,
     )
 
 
@@ -163,6 +166,66 @@ def test_uniform_step_is_plain_sgd_scaled_by_one_over_e() -> None:
         generator=torch.Generator().manual_seed(0),
     )
     torch.testing.assert_close(task.model.weight, reference.weight)
+
+
+def test_app_step_size_is_plain_sgd_at_the_app_learning_rate() -> None:
+    """Without eq. 8's 1/E_k (the server's ``keep_app_step_size``), the uniform
+    step is the app's: plain SGD at the learning rate it was given."""
+    task = regression_task()
+    reference = copy.deepcopy(task.model)
+    local_steps, num_samples = 3, len(task.x)
+    importance_sampled_sgd(
+        task,
+        ImportanceSampler(
+            settings(
+                client_prob=0.1,
+                num_clients=10,
+                local_steps=local_steps,
+                batch_size=num_samples,
+                divide_by_local_steps=False,
+            ),
+            SampleState.uniform(num_samples),
+            rng=np.random.default_rng(0),
+        ),
+    )
+    train_local(
+        reference,
+        task.x,
+        task.y,
+        task.objective,
+        lr=task.lr,
+        batch_size=num_samples,
+        local_steps=local_steps,
+        generator=torch.Generator().manual_seed(0),
+    )
+    torch.testing.assert_close(task.model.weight, reference.weight)
+
+
+@pytest.mark.parametrize("divide_by_local_steps", [True, False])
+def test_g2_is_the_mean_step_gradient_whatever_the_step_size(
+    divide_by_local_steps: bool,
+) -> None:
+    """Eq. 14's report does not depend on the step size: with a model that does
+    not move (lr 0) its E_k steps on all the data each see the full gradient."""
+    task = regression_task(1)
+    task.lr = 0.0
+    num_samples = len(task.x)
+    sampler = ImportanceSampler(
+        settings(
+            client_prob=0.25,
+            num_clients=4,
+            local_steps=3,
+            batch_size=num_samples,
+            divide_by_local_steps=divide_by_local_steps,
+        ),
+        SampleState.uniform(num_samples),
+        rng=np.random.default_rng(0),
+    )
+    importance_sampled_sgd(task, sampler)
+    gradient = full_gradient(task.model, task.x, task.y, task.objective)
+    expected_g2 = float(sum(g.double().pow(2).sum() for g in gradient))
+    g2 = sampler.metrics()[ISFEDAVG_GRADIENT_SQ_NORM]
+    assert g2 == pytest.approx(expected_g2, rel=1e-5)
 
 
 def test_reports_sigma2_and_g2_of_eq_22_and_eq_14() -> None:
@@ -269,6 +332,19 @@ def test_handler_keeps_sample_probabilities_in_the_node_state() -> None:
     assert history[0].sum() == pytest.approx(1.0)
     assert not np.allclose(history[0], 1 / 12)  # eq. 29 moved some of them
     assert not np.allclose(history[1], history[0])  # round 2 started from round 1
+
+
+@pytest.mark.parametrize(("sent", "divides"), [(None, True), (False, False)])
+def test_round_settings_divide_by_local_steps_unless_told_not_to(
+    sent: bool | None, divides: bool
+) -> None:
+    """A server that sends no ``isfedavg-divide-by-local-steps`` gets eq. 8."""
+    message = train_message(1, regression_task().model, 1)
+    if sent is not None:
+        message.content["config"][ISFEDAVG_DIVIDE_BY_LOCAL_STEPS] = sent
+    round_settings = RoundSettings.from_message(message)
+    assert round_settings.divide_by_local_steps is divides
+    assert round_settings.step_divisor == (2 if divides else 1)
 
 
 def test_handler_rejects_a_config_without_the_isfedavg_keys() -> None:

@@ -27,12 +27,14 @@ from flwr_importance.protocol import (
     ISFEDAVG_ADAPT_SAMPLE_PROBS,
     ISFEDAVG_BATCH_SIZE,
     ISFEDAVG_CLIENT_PROB,
+    ISFEDAVG_DIVIDE_BY_LOCAL_STEPS,
     ISFEDAVG_GRADIENT_SQ_NORM,
     ISFEDAVG_LOCAL_STEPS,
     ISFEDAVG_NUM_CLIENTS,
     ISFEDAVG_SIGMA2,
 )
 from flwr_importance.strategies.isfedavg import ISFedAvg
+from flwr_importance.strategies.replies import ClientSideFailedError
 from flwr_importance.tooling.testing import InProcessGrid
 from simulations.inprocess import load_preset, run_inprocess
 from tests.isfedavg.test_isfedavg_client import app as isfedavg_app
@@ -188,13 +190,33 @@ def test_bad_and_missing_replies_are_logged_and_left_out(
         assert strategy.client_probs[node] == pytest.approx(prob)
 
 
-def test_a_round_without_usable_replies_keeps_the_model_and_the_probabilities() -> None:
+def test_a_first_round_without_usable_replies_stops_and_keeps_the_probabilities() -> (
+    None
+):
     grid = InProcessGrid(echo_app, num_nodes=6)
     strategy = ISFedAvg(clients_per_round=2, seed=1)
     messages = configured(strategy, grid)
     before = dict(strategy.client_probs)
     replies = [reply_to(message, [5.0, 5.0, 5.0], -1.0, 0.0) for message in messages]
-    assert strategy.aggregate_train(1, replies) == (None, None)
+    # No node has ever trained well: nothing can train, the run stops.
+    with pytest.raises(ClientSideFailedError):
+        strategy.aggregate_train(1, replies)
+    assert strategy.client_probs == before
+
+
+def test_a_later_round_without_usable_replies_keeps_the_model_and_probabilities() -> (
+    None
+):
+    grid = InProcessGrid(echo_app, num_nodes=6)
+    strategy = ISFedAvg(clients_per_round=2, seed=1)
+    # A usable round first: a first round where every reply fails stops the
+    # run instead (the client side cannot train, docs/reliability.md).
+    messages = configured(strategy, grid)
+    strategy.aggregate_train(1, [reply_to(m, [1.0] * 3, 1.0, 1.0) for m in messages])
+    messages = configured(strategy, grid, 2)
+    before = dict(strategy.client_probs)
+    replies = [reply_to(message, [5.0, 5.0, 5.0], -1.0, 0.0) for message in messages]
+    assert strategy.aggregate_train(2, replies) == (None, None)
     assert strategy.client_probs == before
 
 
@@ -233,6 +255,17 @@ def test_joining_nodes_get_a_fair_share_and_leaving_nodes_are_dropped() -> None:
     assert strategy.client_probs[newcomer] == pytest.approx(0.25 / total)
     for node, prob in zip(node_ids[:3], [0.1, 0.2, 0.3], strict=True):
         assert strategy.client_probs[node] == pytest.approx(prob / total)
+
+
+@pytest.mark.parametrize("keep_app_step_size", [False, True])
+def test_keep_app_step_size_tells_clients_not_to_divide_by_local_steps(
+    keep_app_step_size: bool,
+) -> None:
+    grid = InProcessGrid(echo_app, num_nodes=4)
+    strategy = ISFedAvg(clients_per_round=2, keep_app_step_size=keep_app_step_size)
+    for message in configured(strategy, grid):
+        divides = config_of(message)[ISFEDAVG_DIVIDE_BY_LOCAL_STEPS]
+        assert divides is not keep_app_step_size
 
 
 def test_uniform_mode_keeps_probabilities_at_one_over_k() -> None:

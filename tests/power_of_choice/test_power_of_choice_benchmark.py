@@ -25,4 +25,6 @@ def test_quick_and_full_comparisons_share_seeds_and_claim_every_variant() -> Non
                 comparison.methods[name]["strategy"] == "power-of-choice"
                 for name in claimed
             )
-    assert "rand (d = m)" in [c.baseline for c in description(True).comparisons]
+    assert "d = m, no ranking (biased)" in [
+        c.baseline for c in description(True).comparisons
+    ]

@@ -54,6 +54,24 @@ def test_candidate_draw_matches_successive_sampling_probabilities() -> None:
     assert included[-1] == 0  # a client without samples is never a candidate
 
 
+def test_d_equal_to_m_with_a_plain_mean_is_not_the_papers_rand() -> None:
+    """``d = m`` is not ``rand``: without repeats the plain mean is biased.
+
+    The paper's ``rand`` (the authors' code) draws ``m`` clients with
+    replacement by ``p_k`` and takes the plain mean, whose expected weight
+    of client ``k`` is its share ``p_k`` (MD sampling). With ``d = m`` every candidate
+    trains, so the weight is ``P(k in A) / m`` (the draw matches
+    :func:`exact_inclusion`, tested above): the largest client gets 0.29
+    against its share 0.40, the smaller ones more than theirs.
+    """
+    m = 3
+    share = SIZES / SIZES.sum()
+    weight = exact_inclusion(SIZES, m) / m
+    assert weight[0] == pytest.approx(0.293, abs=5e-4)
+    assert share[0] == pytest.approx(0.40)
+    assert np.all(weight[1:5] > share[1:5])
+
+
 def test_candidate_draw_is_reproducible_and_takes_every_positive_size() -> None:
     one = draw_candidates(SIZES, 4, np.random.default_rng(7))
     two = draw_candidates(SIZES, 4, np.random.default_rng(7))

@@ -10,12 +10,13 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import pytest
 from dp_accounting import dp_event, rdp
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message
-from flwr.serverapp.strategy import FedAvg
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy import FedAvg, Strategy
 from flwr.supercore.privacy_accounting import GaussianPrivacyEvent
 from numpy.typing import NDArray
 
@@ -58,13 +59,18 @@ FLEET = Fleet.skewed(
 
 
 class SpoilingGrid(CannedReplyGrid):
-    """Canned replies; the lowest train node's reply spoiled (-1e6 times) or dropped."""
+    """Canned replies; the lowest train node's reply spoiled (-1e6 times) or dropped.
+
+    ``change = "lose"``: no reply to any message comes back.
+    """
 
     change: str = "none"
 
     def send_and_receive(
         self, messages: Iterable[Message], *, timeout: float | None = None
     ) -> Iterable[Message]:
+        if self.change == "lose":
+            return []
         replies = list(super().send_and_receive(messages, timeout=timeout))
         train = [reply for reply in replies if reply.metadata.message_type == "train"]
         if self.change == "none" or not train:
@@ -82,10 +88,17 @@ class SpoilingGrid(CannedReplyGrid):
         return replies
 
 
+#: DP-AOCS's report settings.
+REPORTS: dict[str, Any] = {"report_noise_multiplier": 2.0, "report_clipping_norm": 5.0}
+
+
 def build(method: str) -> ImportanceStrategy:
-    if method == "ocs-uniform":
+    if method in ("ocs-uniform", "aocs"):
         return OptimalClientSampling(
-            clients_per_round=CLIENTS_PER_ROUND, uniform=True, fraction_evaluate=0.0
+            clients_per_round=CLIENTS_PER_ROUND,
+            uniform=method == "ocs-uniform",
+            approximate=method == "aocs",
+            fraction_evaluate=0.0,
         )
     strategy = canned_strategy(
         method, clients_per_round=CLIENTS_PER_ROUND, fleet=FLEET, projection_dim=4
@@ -96,29 +109,27 @@ def build(method: str) -> ImportanceStrategy:
 
 def released(method: str, *, change: str, private: bool) -> NDArray[np.floating]:
     """Round 1's released model; the same sampling and noise draws every call."""
-    responders = canned_responders(
-        "ocs" if method == "ocs-uniform" else method,
-        fleet=FLEET,
-        node_index=lambda node: node - 2,
-    )
+    responders = canned_responders("ocs", fleet=FLEET, node_index=lambda node: node - 2)
     grid = SpoilingGrid(NUM_NODES, responders)
     grid.change = change
     strategy = build(method)
-    outer = strategy
+    outer: Strategy = strategy
     if private:
-        outer = CentralDP(
+        outer = wrapper = CentralDP(
             strategy=strategy,
             noise_multiplier=NOISE_MULTIPLIER,
             clipping_norm=CLIPPING_NORM,
+            population_size=NUM_NODES,
+            **(REPORTS if method == "aocs" else {}),
         )
-        outer.noise_rng = np.random.default_rng(7)
+        wrapper.noise_rng = np.random.default_rng(7)
     messages = list(outer.configure_train(1, MODEL, ConfigRecord(), grid))
     arrays, _ = outer.aggregate_train(1, grid.send_and_receive(messages))
     assert arrays is not None
     return flatten(arrays).astype(np.float64)
 
 
-@pytest.mark.parametrize("method", ["ocs", "ocs-uniform", "md", "fedsampling"])
+@pytest.mark.parametrize("method", ["ocs-uniform", "aocs"])
 def test_one_client_moves_the_release_by_at_most_the_sensitivity(method: str) -> None:
     # The same noise draws in every run: the releases differ by exactly what
     # their pre-noise aggregates differ by.
@@ -140,7 +151,10 @@ def test_one_client_moves_the_release_by_at_most_the_sensitivity(method: str) ->
 
 def test_the_noise_has_the_calibrated_std() -> None:
     wrapper = CentralDP(
-        strategy=build("ocs"), noise_multiplier=NOISE_MULTIPLIER, clipping_norm=2.0
+        strategy=build("ocs-uniform"),
+        noise_multiplier=NOISE_MULTIPLIER,
+        clipping_norm=2.0,
+        population_size=NUM_NODES,
     )
     wrapper.noise_rng = np.random.default_rng(3)
     size = 20_000
@@ -155,38 +169,60 @@ def test_the_noise_has_the_calibrated_std() -> None:
     assert abs(noise.std() - sigma) < Z * sigma / np.sqrt(2 * size)
 
 
-def direct_epsilons(rounds: int, rate: float | None) -> list[float]:
-    """Epsilon after each round, from dp-accounting called directly."""
+def direct_epsilons(report_sums: list[int], rate: float | None) -> list[float]:
+    """Epsilon after each round, from dp-accounting called directly.
+
+    Each round composes the model's Gaussian event (Poisson-subsampled at
+    ``rate`` if any) and, per report sum it took, a Gaussian event of the
+    report noise multiplier.
+    """
     accountant = rdp.RdpAccountant()
     epsilons = []
-    for _ in range(rounds):
+    for count in report_sums:
         event: dp_event.DpEvent = dp_event.GaussianDpEvent(NOISE_MULTIPLIER)
         if rate is not None:
             event = dp_event.PoissonSampledDpEvent(rate, event)
         accountant.compose(event)
+        report = dp_event.GaussianDpEvent(REPORTS["report_noise_multiplier"])
+        for _ in range(count):
+            accountant.compose(report)
         epsilons.append(accountant.get_epsilon(DELTA))
     return epsilons
 
 
-@pytest.mark.parametrize(
-    ("method", "rate"), [("ocs", None), ("ocs-uniform", CLIENTS_PER_ROUND / NUM_NODES)]
-)
-def test_the_reported_epsilons_match_dp_accounting(
-    method: str, rate: float | None
-) -> None:
-    grid = CannedReplyGrid(
-        NUM_NODES, canned_responders("ocs", fleet=FLEET, node_index=lambda n: n - 2)
-    )
-    poisson = rate is not None
-    wrapper = CentralDP(
+def wrapper_for(method: str, **settings: Any) -> CentralDP:
+    return CentralDP(
         strategy=build(method),
         noise_multiplier=NOISE_MULTIPLIER,
         clipping_norm=CLIPPING_NORM,
         target_delta=DELTA,
-        amplification="poisson" if poisson else "none",
-        population_size=NUM_NODES if poisson else None,
+        population_size=NUM_NODES,
+        **(REPORTS if method == "aocs" else {}),
+        **settings,
     )
-    reported = []
+
+
+def ocs_grid() -> CannedReplyGrid:
+    return CannedReplyGrid(
+        NUM_NODES, canned_responders("ocs", fleet=FLEET, node_index=lambda n: n - 2)
+    )
+
+
+@pytest.mark.parametrize(
+    ("method", "rate"),
+    [
+        ("aocs", None),
+        ("ocs-uniform", None),
+        ("ocs-uniform", CLIENTS_PER_ROUND / NUM_NODES),
+    ],
+)
+def test_the_reported_epsilons_match_dp_accounting(
+    method: str, rate: float | None
+) -> None:
+    grid = ocs_grid()
+    wrapper = wrapper_for(method, amplification="none" if rate is None else "poisson")
+    reported: list[float] = []
+    report_sums: list[int] = []
     arrays = MODEL
     for server_round in (1, 2, 3):
         messages = list(
@@ -196,11 +232,43 @@ def test_the_reported_epsilons_match_dp_accounting(
             server_round, grid.send_and_receive(messages)
         )
         assert metrics is not None and new_arrays is not None
+        assert set(metrics) == {DP_EPSILON_METRIC, DP_DELTA_METRIC}
         assert metrics[DP_DELTA_METRIC] == DELTA
-        reported.append(metrics[DP_EPSILON_METRIC])
+        reported.append(float(metrics[DP_EPSILON_METRIC]))  # type: ignore[arg-type]
+        report_sums.append(wrapper.round_report_sums)
         arrays = new_arrays
-    assert reported == pytest.approx(direct_epsilons(3, rate), rel=1e-9)
+    # DP-AOCS: the norms' total and at least one (P, S) pair each round.
+    assert all(count >= 2 for count in report_sums) == (method == "aocs")
+    assert reported == pytest.approx(direct_epsilons(report_sums, rate), rel=1e-9)
     assert reported[0] < reported[1] < reported[2]
+
+
+def test_the_budget_stop_ends_the_run_before_exceeding_max_epsilon() -> None:
+    epsilons = direct_epsilons([0, 0, 0, 0], None)
+    grid = ocs_grid()
+    # Room for two rounds, not three.
+    wrapper = wrapper_for("ocs-uniform", max_epsilon=(epsilons[1] + epsilons[2]) / 2)
+    arrays = MODEL
+    released = []
+    for server_round in (1, 2, 3, 4):
+        messages = list(
+            wrapper.configure_train(server_round, arrays, ConfigRecord(), grid)
+        )
+        if server_round > 2:
+            assert messages == []
+        new_arrays, metrics = wrapper.aggregate_train(
+            server_round, grid.send_and_receive(messages)
+        )
+        if new_arrays is None:
+            assert metrics is None
+            continue
+        assert metrics is not None
+        released.append(metrics[DP_EPSILON_METRIC])
+        arrays = new_arrays
+    assert len(released) == 2
+    assert released[-1] <= wrapper.max_epsilon  # type: ignore[operator]
+    # Nothing more was composed after the stop.
+    assert wrapper.accountant.get_epsilon(DELTA) == released[-1]
 
 
 def test_the_accountant_agrees_with_abadi_et_al() -> None:
@@ -225,25 +293,53 @@ def test_the_accountant_agrees_with_abadi_et_al() -> None:
 
 
 def test_misuse_fails_at_construction() -> None:
-    settings = {"noise_multiplier": 1.0, "clipping_norm": 1.0}
+    settings: dict[str, Any] = {
+        "noise_multiplier": 1.0,
+        "clipping_norm": 1.0,
+        "population_size": 20,
+    }
     with pytest.raises(ValueError, match="FOLB"):
         CentralDP(strategy=FOLB(clients_per_round=2), **settings)
     with pytest.raises(TypeError, match="Flower's FedAvg"):
-        CentralDP(strategy=FedAvg(), **settings)  # type: ignore[arg-type]
+        CentralDP(strategy=FedAvg(), **settings)
     with pytest.raises(ValueError, match="noise_multiplier"):
-        CentralDP(strategy=build("ocs"), noise_multiplier=-1.0, clipping_norm=1.0)
-    with pytest.raises(ValueError, match="depend on what the clients report"):
         CentralDP(
-            strategy=build("ocs"),
-            amplification="poisson",
-            population_size=NUM_NODES,
-            **settings,
+            strategy=build("ocs-uniform"),
+            noise_multiplier=-1.0,
+            clipping_norm=1.0,
+            population_size=20,
         )
     with pytest.raises(ValueError, match="population_size"):
-        CentralDP(strategy=build("ocs-uniform"), amplification="poisson", **settings)
-    with pytest.raises(ValueError, match="population_size applies only"):
-        CentralDP(strategy=build("ocs"), population_size=NUM_NODES, **settings)
-    strategy = build("md")
+        CentralDP(strategy=build("ocs-uniform"), **{**settings, "population_size": 0})
+    # Exact OCS water-fills over individual norms: DP-AOCS is the fix.
+    with pytest.raises(ValueError, match=r"exact OCS.*approximate=True"):
+        CentralDP(strategy=build("ocs"), **settings)
+    with pytest.raises(ValueError, match="depend on what the clients report"):
+        CentralDP(
+            strategy=build("aocs"), amplification="poisson", **REPORTS, **settings
+        )
+    with pytest.raises(ValueError, match="needs report_noise_multiplier"):
+        CentralDP(strategy=build("aocs"), **settings)
+    with pytest.raises(ValueError, match="apply to DP-AOCS only"):
+        CentralDP(strategy=build("ocs-uniform"), **REPORTS, **settings)
+    pooled = OptimalClientSampling(clients_per_round=2, uniform=True, pool_size=4)
+    with pytest.raises(ValueError, match=r"pool_size.*not Poisson"):
+        CentralDP(strategy=pooled, amplification="poisson", **settings)
+    capped = OptimalClientSampling(clients_per_round=2, uniform=True, report_cap=3.0)
+    with pytest.raises(ValueError, match=r"report_cap.*median"):
+        CentralDP(strategy=capped, **settings)
+    refusals = {
+        "mmfl": "water-fill",
+        "md": "n_k / sum_j n_j",
+        "clustered-size": "clusters",
+        "isfedavg": "normalised",
+        "power-of-choice": "ranks",
+        "fedsampling": "N_tilde",
+    }
+    for method, reason in refusals.items():
+        with pytest.raises(ValueError, match=reason):
+            CentralDP(strategy=build(method), **settings)
+    strategy = build("ocs-uniform")
     CentralDP(strategy=strategy, **settings)
     with pytest.raises(ValueError, match="already wrapped"):
         CentralDP(strategy=strategy, **settings)
@@ -260,33 +356,47 @@ def test_dp_accounting_is_imported_only_when_used() -> None:
     assert result.stdout.strip() == "False"
 
 
-def test_a_poisson_round_that_samples_nobody_still_releases_noise() -> None:
-    """Poisson amplification covers the mechanism that always releases.
+@pytest.mark.parametrize(
+    ("method", "amplification"),
+    [("ocs-uniform", "poisson"), ("ocs-uniform", "none"), ("aocs", "none")],
+)
+@pytest.mark.parametrize("lost", ["every reply", "the train replies"])
+def test_a_round_with_nothing_usable_still_releases_noise(
+    method: str, amplification: str, lost: str
+) -> None:
+    """Every round releases model + noise and is accounted, in both modes.
 
-    A round whose sample is empty releases the model plus noise and spends its
-    epsilon; keeping the model would show that nobody was sampled. Without
-    amplification the selection is taken as given, and such a round releases
-    nothing.
+    With every query reply lost (nobody answered: the Poisson case that
+    crashed on an empty maximum) or every train reply lost.
     """
     responders = canned_responders("ocs", fleet=FLEET, node_index=lambda n: n - 2)
-    for amplification, population in (("poisson", NUM_NODES), ("none", None)):
-        strategy = CentralDP(
-            strategy=build("ocs-uniform"),
+    strategy = wrapper_for(method, amplification=amplification)
+    grid = SpoilingGrid(NUM_NODES, responders)
+    grid.change = "lose" if lost == "every reply" else "none"
+    list(strategy.configure_train(1, MODEL, ConfigRecord(), grid))
+    arrays, metrics = strategy.aggregate_train(1, [])
+    assert arrays is not None and metrics is not None
+    noise = flatten(arrays).astype(np.float64) - flatten(MODEL)
+    # Every coordinate moved: noise of std z C was added (P[|N| < 1e-9] ~ 0).
+    assert np.all(np.abs(noise) > 1e-9)
+    assert set(metrics) == {DP_EPSILON_METRIC, DP_DELTA_METRIC}
+    epsilon = metrics[DP_EPSILON_METRIC]
+    assert isinstance(epsilon, float) and epsilon > 0
+
+
+def test_federated_evaluate_metrics_are_published_only_on_request() -> None:
+    reply = Message(
+        RecordDict({"metrics": MetricRecord({"num-examples": 5, "accuracy": 0.5})}),
+        dst_node_id=2,
+        message_type="evaluate",
+    )
+    for opt_in in (False, True):
+        wrapper = CentralDP(
+            strategy=OptimalClientSampling(clients_per_round=2, uniform=True),
             noise_multiplier=NOISE_MULTIPLIER,
             clipping_norm=CLIPPING_NORM,
-            amplification=amplification,
-            population_size=population,
+            population_size=NUM_NODES,
+            federated_evaluate_metrics=opt_in,
         )
-        grid = SpoilingGrid(NUM_NODES, responders)
-        list(strategy.configure_train(1, MODEL, ConfigRecord(), grid))
-        arrays, metrics = strategy.aggregate_train(1, [])
-        if amplification == "none":
-            assert metrics is None or DP_EPSILON_METRIC not in metrics
-            assert arrays is None or np.array_equal(flatten(arrays), flatten(MODEL))
-            continue
-        assert arrays is not None and metrics is not None
-        noise = flatten(arrays).astype(np.float64) - flatten(MODEL)
-        # Every coordinate moved: noise of std z C was added (P[|N| < 1e-9] ~ 0).
-        assert np.all(np.abs(noise) > 1e-9)
-        assert metrics[DP_EPSILON_METRIC] > 0
-        assert metrics["dp-clipped"] == 0
+        metrics = wrapper.aggregate_evaluate(1, [reply])
+        assert (metrics is not None) == opt_in

@@ -33,7 +33,12 @@ from flwr_importance.strategies import (
     PowerOfChoice,
     pack_models,
 )
-from flwr_importance.strategies.replies import NO_HANDLER, ReplyLedger, error_problem
+from flwr_importance.strategies.replies import (
+    NO_HANDLER,
+    ClientSideFailedError,
+    ReplyLedger,
+    error_problem,
+)
 from flwr_importance.tooling.declarations import CannedSetup, declaration
 from flwr_importance.tooling.testing import InProcessGrid
 from tests.compat.compat_harness import InProcessClientProxy, run_legacy
@@ -237,11 +242,10 @@ def test_empty_replies_from_every_node_are_a_failure_not_a_missing_client_side(
 ) -> None:
     strategy = MDSampling(clients_per_round=3, fraction_evaluate=0.0)
     grid = InProcessGrid(empty_app, 2)
-    with caplog.at_level(logging.INFO):
-        result = strategy.start(grid=grid, initial_arrays=MODEL, num_rounds=2)
+    # Nothing can train: the run stops in round 1, quoting what the nodes sent.
+    with pytest.raises(ClientSideFailedError, match="first node's error: empty reply"):
+        strategy.start(grid=grid, initial_arrays=MODEL, num_rounds=2)
     assert strategy.sizes == {}
-    assert not result.arrays  # no round had a client to train
-    assert "query.sizes: 4 x empty reply" in caplog.text
 
 
 #: The quickstart's app with Power-of-Choice's loss query, wired without

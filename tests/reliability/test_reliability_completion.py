@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from flwr_importance.strategies.replies import ClientSideFailedError
 from flwr_importance.tooling.testing.fault_injection import FaultPlan
 from simulations.inprocess import run_inprocess
 from simulations.methods import LIBRARY_METHODS
@@ -114,21 +115,23 @@ def test_fault_plan_rejects_bad_settings(field: str, value: object) -> None:
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_a_round_where_every_node_fails_leaves_the_model_unchanged(
+def test_a_run_where_every_node_fails_stops_quoting_the_nodes_error(
     strategy: str, tmp_path: Path
 ) -> None:
-    rows, _ = run_inprocess(
-        {
-            "strategy": strategy,
-            "partitioning": "iid",
-            "num-server-rounds": 2,
-            "clients-per-round": 4,
-            "local-steps": 2,
-            "fault-rate": 1.0,
-            "fault-kinds": "raise,timeout",
-            "fault-delay": 0.0,
-            "output-dir": str(tmp_path),
-        },
-        num_clients=6,
-    )
-    assert [row["loss"] for row in rows] == [rows[0]["loss"]] * 3
+    """Nothing can train: the run stops in round 1 instead of keeping the model."""
+    with pytest.raises(ClientSideFailedError, match="injected fault") as stopped:
+        run_inprocess(
+            {
+                "strategy": strategy,
+                "partitioning": "iid",
+                "num-server-rounds": 2,
+                "clients-per-round": 4,
+                "local-steps": 2,
+                "fault-rate": 1.0,
+                "fault-kinds": "raise,timeout",
+                "fault-delay": 0.0,
+                "output-dir": str(tmp_path),
+            },
+            num_clients=6,
+        )
+    assert "nothing can train" in str(stopped.value)

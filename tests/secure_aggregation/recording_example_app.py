@@ -4,8 +4,11 @@ Test-only, for ``test_wire_capture``: the example's ``client_fn`` (FedSampling
 or AOCS, by the run config's ``strategy``) under the example's two mods, with
 :func:`~tests.secure_aggregation.reply_recorder.record_replies` inside
 ``secure_aocs_mod`` (the client side's own replies: FedSampling's ``G_c``,
-AOCS's update, norm and size, before that mod removes them under SecAgg+) and
-outside it (each AOCS secure-sum vector), all before SecAgg+ masks them.
+AOCS's update, norm and size, before that mod removes them under SecAgg+; and
+their whole-number metrics, the sizes) and outside it (each AOCS secure-sum
+vector, and the ``v_i`` and ``n_i`` the mod keeps), all before SecAgg+ masks
+them. The capture's run config turns on ``secure-aocs-unsafe-public-draws``
+(not private), so that AOCS's secure run samples as the plain run does.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ app = ClientApp(
     client_fn=client_fn,
     mods=[
         importance_secaggplus_mod,
-        record_replies("outside-aocs-mod"),
+        record_replies("outside-aocs-mod", kept=True),
         secure_aocs_mod,
-        record_replies("inside-aocs-mod"),
+        record_replies("inside-aocs-mod", sizes=True),
     ],
 )

@@ -45,7 +45,13 @@ def run_config(**overrides: Any) -> dict[str, Any]:
     """The example's default run config for ``NUM_NODES`` nodes, with ``overrides``."""
     pyproject = tomllib.loads((EXAMPLE_DIR / "pyproject.toml").read_text())
     config = dict(pyproject["tool"]["flwr"]["app"]["config"])
-    return {**config, "num-supernodes": NUM_NODES, **overrides}
+    # Secure and plain runs are compared on the same seeded coins (unsafe for
+    # privacy, docs/privacy.md).
+    reproducible = {
+        "fedsampling-unsafe-reproducible-coins": True,
+        "secure-aocs-unsafe-public-draws": True,
+    }
+    return {**config, "num-supernodes": NUM_NODES, **reproducible, **overrides}
 
 
 def run_workflow(

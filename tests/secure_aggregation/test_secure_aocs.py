@@ -36,6 +36,8 @@ RUN_CONFIG = {
     "clients-per-round": 3,
     "aocs-iterations": 4,
     "seed": 5,
+    # The secure run takes the plain run's participation draws (unsafe).
+    "secure-aocs-unsafe-public-draws": True,
 }
 #: The per-node keys of OCS's plaintext norm reply, none of which may reach
 #: the server under SecAgg+.

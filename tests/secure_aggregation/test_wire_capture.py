@@ -9,8 +9,9 @@ before any masking (``recording_example_app``, ``reply_recorder``), for each
 of its methods:
 
 - FedSampling: each node's ``G_c``;
-- AOCS: each node's update, norm and size replies, and, under SecAgg+, each
-  vector it puts into a secure sum.
+- AOCS: each node's update, norm and size replies (the sizes also as
+  integers), and, under SecAgg+, each vector it puts into a secure sum and the
+  ``v_i`` and ``n_i`` it keeps.
 
 Each method runs under SecAgg+, then in the clear, one run at a time, and each
 run's records are searched in the bytes captured while it ran (runs side by
@@ -18,8 +19,10 @@ side would need different seeds, and the forking SuperExec of these tests once
 left one of two ServerApps it forked at once hanging). The capture point is
 the nodes' side of the SuperLink's gRPC port: in an insecure deployment that
 is plaintext HTTP/2, where an array's bytes appear as they are, cut only at
-HTTP/2 frame boundaries, so the test looks for short windows of float32 arrays
-and for each float64 value's own 8 bytes (``reply_recorder.searchable``).
+HTTP/2 frame boundaries, so the test looks for short windows of float32 arrays,
+for each value of a short float64 vector (metrics, AOCS's secure-sum vectors,
+``v_i``) by its own 8 bytes, and for each size by value in every encoding a
+reply may give it (``reply_recorder.searchable``, ``integer_encodings``).
 Without SecAgg+ most of them must be found (so the search works); under
 SecAgg+ none may be. The same runs show FedSampling's models under SecAgg+
 within the documented bound of the plain run's, round by round, and AOCS's
@@ -51,7 +54,7 @@ from tests.secure_aggregation.model_bounds import (
     drift_beyond_bounds,
     fedsampling_step_bound,
 )
-from tests.secure_aggregation.reply_recorder import searchable
+from tests.secure_aggregation.reply_recorder import integer_encodings, searchable
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -62,9 +65,24 @@ EXAMPLE_DIR = REPO_ROOT / "examples" / "secaggplus"
 # one round and one iteration (every kind of secure sum, fewer of them: a
 # SecAgg+ sum is four message round trips, each a ClientApp process per node).
 APPS: dict[str, dict[str, Any]] = {
-    "fedsampling": {"num-server-rounds": 1},
-    "aocs": {"num-server-rounds": 1, "aocs-iterations": 1, "local-steps": 5},
+    # The secure and plain runs are compared on the same (seeded, unsafe for
+    # privacy) coins.
+    "fedsampling": {
+        "num-server-rounds": 1,
+        "fedsampling-unsafe-reproducible-coins": True,
+    },
+    "aocs": {
+        "num-server-rounds": 1,
+        "aocs-iterations": 1,
+        "local-steps": 5,
+        "secure-aocs-unsafe-public-draws": True,
+    },
 }
+# The apps whose sizes are searched: FedSampling's leave the node in the
+# clear in both phases by design (its eps-LDP size reply, often the true
+# size at the example's epsilon), and under SecAgg+ its num-examples is the
+# public weight.
+SIZES_SEARCHED = ("aocs",)
 PHASES = ("secure", "plain")
 # Seconds a run may take (AOCS under SecAgg+ takes about 2.5 minutes here).
 RUN_TIMEOUT = 360
@@ -98,14 +116,36 @@ def run_config(app: str, phase: str, output: Path) -> dict[str, Any]:
     }
 
 
-def found_share(records: Path, capture: bytes) -> dict[str, Any]:
-    """How many of the recorded replies' searchable strings ``capture`` holds."""
+def found_share(records: Path, capture: bytes, *, sizes: bool) -> dict[str, Any]:
+    """How many of the recorded replies' searchable strings ``capture`` holds.
+
+    Sizes (the ``int64`` records, only when ``sizes``) count by value: one is
+    found when any of its encodings is.
+    """
     files = sorted(records.glob("*.npy"))
-    strings = [string for path in files for string in searchable(np.load(path))]
+    arrays = [np.load(path) for path in files]
+    strings = [
+        string
+        for array in arrays
+        if array.dtype != np.int64
+        for string in searchable(array)
+    ]
+    whole_numbers = [
+        int(value)
+        for array in arrays
+        if sizes and array.dtype == np.int64
+        for value in array.ravel()
+        if value >= 2
+    ]
     return {
         "replies": len({path.name.split("-")[1] for path in files}),
         "searched": len(strings),
         "found": sum(string in capture for string in strings),
+        "sizes-searched": len(whole_numbers),
+        "sizes-found": sum(
+            any(encoding in capture for encoding in integer_encodings(value))
+            for value in whole_numbers
+        ),
     }
 
 
@@ -164,7 +204,9 @@ def run_captured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                 outcome.setdefault(phase, {})[app] = {
                     "status": status,
                     "output": str(output),
-                    **found_share(output / "records", capture),
+                    **found_share(
+                        output / "records", capture, sizes=app in SIZES_SEARCHED
+                    ),
                 }
     outcome["leftover"] = running.leftover_processes()
     return outcome
@@ -191,6 +233,8 @@ def test_without_secagg_the_replies_are_on_the_wire(
     """The search can fail: plain replies are found (frame cuts miss a few)."""
     run = captured["plain"][app]
     assert run["found"] >= 0.5 * run["searched"], run
+    if app in SIZES_SEARCHED:
+        assert run["sizes-found"] >= 0.5 * run["sizes-searched"] > 0, run
 
 
 @pytest.mark.parametrize("app", APPS)
@@ -199,6 +243,8 @@ def test_with_secagg_no_private_value_is_on_the_wire(
 ) -> None:
     run = captured["secure"][app]
     assert run["found"] == 0, run
+    assert run["sizes-found"] == 0, run
+    assert run["sizes-searched"] > 0 or app not in SIZES_SEARCHED, run
 
 
 def test_the_deployment_leaves_no_process(captured: dict[str, Any]) -> None:

@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message
 
+from flwr_importance.method_spec import MethodSpec
 from flwr_importance.protocol import NUM_EXAMPLES
+from flwr_importance.registry import methods
 from flwr_importance.strategies import (
     FOLB,
     ClusteredSampling,
@@ -239,6 +241,20 @@ def test_fedavg_round_size_arguments_are_refused_naming_the_replacement(
         BUILDERS[name](**{argument: value})
     message = str(raised.value)
     assert message.startswith(f"{argument} does not apply to ")
+    assert f"pass {replacement}=..." in message
+
+
+@pytest.mark.parametrize("spec", methods(), ids=lambda spec: spec.name)
+def test_fedavg_round_size_argument_alone_is_refused_naming_the_replacement(
+    spec: MethodSpec,
+) -> None:
+    """``FedAvg(fraction_train=0.5)`` swapped for a method, nothing else changed:
+    the refusal names the replacement, not Python's missing argument."""
+    replacement = ROUND_SIZE.get(spec.name, "clients_per_round")
+    with pytest.raises(TypeError) as raised:
+        spec.strategy(fraction_train=0.5)
+    message = str(raised.value)
+    assert message.startswith("fraction_train does not apply to ")
     assert f"pass {replacement}=..." in message
 
 

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
+from flwr_importance.per_sample import layerwise_gradient_and_norms
 from flwr_importance.tasks import (
     MODEL_NAMES,
     Objective,
@@ -23,7 +24,6 @@ from flwr_importance.tasks import (
     training,
     weighted_sgd_step,
 )
-from flwr_importance.tasks._per_sample import layerwise_gradient_and_norms
 
 BATCH = 6
 # float32 sums in different orders.
@@ -79,7 +79,7 @@ def reference_norms(per_sample: list[list[Tensor]]) -> Tensor:
 
 
 class SharedLayer(nn.Module):
-    """Applies one linear layer twice: outside the layer-wise identities."""
+    """Applies one linear layer twice: its calls are joined along the positions."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -103,7 +103,19 @@ class SequenceLinear(nn.Module):
         return self.layer(x.reshape(x.shape[0], 4, 4)).sum(dim=1)
 
 
-def fallback_models() -> dict[str, nn.Module]:
+class LooseParameter(nn.Module):
+    """A parameter outside any layer: only torch.func can serve it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(16))
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(x.flatten(start_dim=1) * self.scale)
+
+
+def layerwise_models() -> dict[str, nn.Module]:
     torch.manual_seed(0)
     return {
         "layernorm": nn.Sequential(
@@ -111,6 +123,16 @@ def fallback_models() -> dict[str, nn.Module]:
         ),
         "shared": SharedLayer(),
         "sequence": SequenceLinear(),
+    }
+
+
+def fallback_models() -> dict[str, nn.Module]:
+    torch.manual_seed(0)
+    return {
+        "prelu": nn.Sequential(
+            nn.Flatten(), nn.Linear(16, 6), nn.PReLU(), nn.Linear(6, 3)
+        ),
+        "loose": LooseParameter(),
     }
 
 
@@ -154,15 +176,8 @@ def test_weighted_gradient_matches_a_loop(name: str, l2: float) -> None:
     torch.testing.assert_close(norms, reference_norms(expected), rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.parametrize("name", ["layernorm", "shared", "sequence"])
-def test_models_outside_the_layerwise_path_fall_back_to_torch_func(name: str) -> None:
-    model = fallback_models()[name]
-    x, y = batch_for((1, 4, 4), 3, "classification")
+def check_against_a_loop(model: nn.Module, x: Tensor, y: Tensor) -> None:
     objective = Objective("classification", l2=0.01)
-    assert (
-        layerwise_gradient_and_norms(model, x, y, objective.sample_losses, 0.01, None)
-        is None
-    )
     expected = reference_grads(model, x, y, objective)
     torch.testing.assert_close(
         objective.per_sample_grad_norms(model, x, y),
@@ -175,6 +190,31 @@ def test_models_outside_the_layerwise_path_fall_back_to_torch_func(name: str) ->
     for position, got in enumerate(gradient):
         want = 0.5 * sum(grads[position] for grads in expected)
         torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("name", ["layernorm", "shared", "sequence"])
+def test_norm_shared_and_sequence_layers_take_the_layerwise_path(name: str) -> None:
+    model = layerwise_models()[name]
+    x, y = batch_for((1, 4, 4), 3, "classification")
+    assert (
+        layerwise_gradient_and_norms(
+            model, x, y, Objective("classification").sample_losses, 0.01, None
+        )
+        is not None
+    )
+    check_against_a_loop(model, x, y)
+
+
+@pytest.mark.parametrize("name", ["prelu", "loose"])
+def test_models_outside_the_layerwise_path_fall_back_to_torch_func(name: str) -> None:
+    model = fallback_models()[name]
+    x, y = batch_for((1, 4, 4), 3, "classification")
+    objective = Objective("classification", l2=0.01)
+    assert (
+        layerwise_gradient_and_norms(model, x, y, objective.sample_losses, 0.01, None)
+        is None
+    )
+    check_against_a_loop(model, x, y)
 
 
 def test_weighted_sgd_step_applies_the_weighted_gradient() -> None:

@@ -19,7 +19,12 @@ from flwr.common.logger import log
 from torch import nn
 from torch.utils.data import DataLoader
 
+# isort: off
+# --8<-- [start:md-client,clustered-client,ocs-client,aocs-client,power-of-choice-client]  # noqa: E501
 from flwr_importance import compat
+
+# --8<-- [end:md-client,clustered-client,ocs-client,aocs-client,power-of-choice-client]
+# isort: on
 from quickstart_legacy.task import Net, get_weights, load_data, set_weights, test, train
 
 

@@ -24,7 +24,12 @@ from flwr.server import Grid, ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.compat import start_grid
 from flwr.server.strategy import FedAvg, Strategy
 
+# isort: off
+# --8<-- [start:md-server,clustered-server,ocs-server,aocs-server,power-of-choice-server]  # noqa: E501
 from flwr_importance import compat
+
+# --8<-- [end:md-server,clustered-server,ocs-server,aocs-server,power-of-choice-server]
+# isort: on
 from quickstart_legacy.task import Net, get_weights
 
 

@@ -24,12 +24,6 @@ from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 from sklearn.metrics import log_loss
 
-from flwr_importance.clientapps.loss import add_loss_query
-from flwr_importance.clientapps.sizes import add_size_query
-from flwr_importance.clientapps.variance_reduced import (
-    KeptUpdateMod,
-    add_norm_query,
-)
 from sklearnexample.task import (
     UNIQUE_LABELS,
     get_model,
@@ -37,6 +31,21 @@ from sklearnexample.task import (
     load_data,
     set_model_params,
 )
+
+# Each method's imports: the lines its "Use it" block adds.
+# isort: off
+# --8<-- [start:md-client,clustered-client,power-of-choice-client]
+from flwr_importance.clientapps.sizes import add_size_query
+
+# --8<-- [end:md-client,clustered-client,power-of-choice-client]
+# --8<-- [start:power-of-choice-client]
+from flwr_importance.clientapps.loss import add_loss_query
+
+# --8<-- [end:power-of-choice-client]
+# --8<-- [start:ocs-client,aocs-client,mmfl-client]
+from flwr_importance.clientapps.variance_reduced import KeptUpdateMod, add_norm_query
+# --8<-- [end:ocs-client,aocs-client,mmfl-client]
+# isort: on
 
 # Flower ClientApp
 app = ClientApp()

@@ -18,20 +18,13 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import joblib
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, Result, Strategy
+from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import log_loss
 
-from flwr_importance.strategies import (
-    ClusteredSampling,
-    MDSampling,
-    MultiModelSampling,
-    OptimalClientSampling,
-    PowerOfChoice,
-    pack_models,
-    unpack_models,
-)
 from sklearnexample.task import (
     NUM_TASKS,
     UNIQUE_LABELS,
@@ -42,11 +35,35 @@ from sklearnexample.task import (
     set_model_params,
 )
 
+# Each method's imports: the lines its "Use it" block adds.
+# isort: off
+# --8<-- [start:md-server]
+from flwr_importance.strategies import MDSampling
+
+# --8<-- [end:md-server]
+# --8<-- [start:clustered-server]
+from flwr_importance.strategies import ClusteredSampling
+
+# --8<-- [end:clustered-server]
+# --8<-- [start:ocs-server,aocs-server]
+from flwr_importance.strategies import OptimalClientSampling
+
+# --8<-- [end:ocs-server,aocs-server]
+# --8<-- [start:power-of-choice-server]
+from flwr_importance.strategies import PowerOfChoice
+
+# --8<-- [end:power-of-choice-server]
+# --8<-- [start:mmfl-server]
+from flwr_importance.strategies import MultiModelSampling, pack_models
+from flwr_importance.strategies import evaluate_every_model, per_model_files
+# --8<-- [end:mmfl-server]
+# isort: on
+
 # Flower ServerApp
 app = ServerApp()
 
 #: ``(server_round, arrays) -> metrics``: the central evaluation of a run.
-EvaluateFn = Callable[[int, ArrayRecord], MetricRecord]
+EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 
 
 def make_strategy(method: str, context: Context) -> Strategy:
@@ -119,7 +136,9 @@ def main(grid: Grid, context: Context) -> None:
         if method == "mmfl":
             # --8<-- [start:mmfl-server]
             arrays = pack_models([arrays] * NUM_TASKS)
-            evaluate_fn = evaluate_every_model
+            evaluate_fn = evaluate_every_model(
+                [evaluate_task(task) for task in range(NUM_TASKS)]
+            )
             # --8<-- [end:mmfl-server]
 
         # Start strategy, run for `num_rounds`
@@ -132,6 +151,24 @@ def main(grid: Grid, context: Context) -> None:
         output_dir = str(context.run_config["output-dir"])
         if output_dir:
             write_history(Path(output_dir) / f"{method}.json", result)
+            save_final_model(
+                method, model, result, Path(output_dir) / method / "logreg_model.pkl"
+            )
+
+
+def save_final_model(
+    method: str, model: LogisticRegression, result: Result, final_model: Path
+) -> None:
+    """The final model saved with joblib to ``final_model``; MMFL's, each model."""
+    final_model.parent.mkdir(parents=True, exist_ok=True)
+    if method == "mmfl":
+        # --8<-- [start:mmfl-server]
+        # replaces: set_model_params(model, ...); joblib.dump(model, ...)
+        for arrays, path in per_model_files(result.arrays, final_model):
+            joblib.dump(set_model_params(model, arrays.to_numpy_ndarrays()), path)
+        # --8<-- [end:mmfl-server]
+        return
+    joblib.dump(set_model_params(model, result.arrays.to_numpy_ndarrays()), final_model)
 
 
 def central_metrics(arrays: ArrayRecord, task: int) -> tuple[float, float]:
@@ -148,24 +185,18 @@ def global_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
     return MetricRecord({"accuracy": accuracy, "loss": loss})
 
 
-def evaluate_every_model(server_round: int, packed: ArrayRecord) -> MetricRecord:
-    """Each model of the multi-model run on its task, and their mean."""
-    accuracies, losses = zip(
-        *(
-            central_metrics(arrays, task)
-            for task, arrays in enumerate(unpack_models(packed))
-        ),
-        strict=True,
-    )
-    return MetricRecord(
-        {
-            "accuracy": sum(accuracies) / len(accuracies),
-            "loss": sum(losses) / len(losses),
-            "accuracy-per-model": list(accuracies),
-        }
-    )
+# --8<-- [start:mmfl-server]
+def evaluate_task(task: int) -> EvaluateFn:
+    """MMFL: the central evaluation of the model of ``task``, on its test set."""
+
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        accuracy, loss = central_metrics(arrays, task)
+        return MetricRecord({"accuracy": accuracy, "loss": loss})
+
+    return evaluate
 
 
+# --8<-- [end:mmfl-server]
 def write_history(path: Path, result: Result) -> None:
     """The run's central evaluation and the nodes' train metrics, by round."""
     history = {

@@ -146,9 +146,20 @@ def aocs(
     )
 
 
-def secure_aocs_fit(secure_aggregation: SecAggPlusWorkflow) -> FitWorkflow:
-    """AOCS's fit under SecAgg+: each of its sums one run of ``secure_aggregation``."""
-    return compat.SecureAOCSWorkflow(secure_aggregation=secure_aggregation)
+def secure_aocs_fit(
+    secure_aggregation: SecAggPlusWorkflow, run_config: UserConfig
+) -> FitWorkflow:
+    """AOCS's fit under SecAgg+: each of its sums one run of ``secure_aggregation``.
+
+    The run config's ``secure-aocs-unsafe-public-draws`` (false by default)
+    sends the nodes the plain run's participation draws: tests only.
+    """
+    return compat.SecureAOCSWorkflow(
+        secure_aggregation=secure_aggregation,
+        unsafe_public_draws=bool(
+            run_config.get("secure-aocs-unsafe-public-draws", False)
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -160,7 +171,7 @@ class Method:
     """
 
     strategy: StrategyFactory
-    secure_fit: Callable[[SecAggPlusWorkflow], FitWorkflow] | None = None
+    secure_fit: Callable[[SecAggPlusWorkflow, UserConfig], FitWorkflow] | None = None
 
 
 #: The methods this app runs, by the run config's ``strategy``; each has its
@@ -172,12 +183,14 @@ STRATEGIES: dict[str, Method] = {
 
 
 def fit_workflow(
-    method: Method, secure_aggregation: SecAggPlusWorkflow | None
+    method: Method,
+    secure_aggregation: SecAggPlusWorkflow | None,
+    run_config: UserConfig,
 ) -> FitWorkflow | None:
     """The run's fit: Flower's plain one (None), SecAgg+, or the method's around it."""
     if secure_aggregation is None or method.secure_fit is None:
         return secure_aggregation
-    return method.secure_fit(secure_aggregation)
+    return method.secure_fit(secure_aggregation, run_config)
 
 
 def central_evaluation(run_config: UserConfig, num_nodes: int) -> EvaluateFn:
@@ -222,7 +235,7 @@ def main(grid: Grid, context: Context) -> None:
     strategy = method.strategy(
         run_config, num_nodes, workflow, central_evaluation(run_config, num_nodes)
     )
-    fit = fit_workflow(method, workflow)
+    fit = fit_workflow(method, workflow, run_config)
     log(INFO, "secaggplus-example: %s, secure aggregation %s", name, secure)
     legacy_context = LegacyContext(
         context=context,

@@ -49,7 +49,12 @@ def run_aocs(grid: Grid, context: Context, *, secure: bool) -> dict[str, object]
         num_shares=1.0, reconstruction_threshold=0.6, max_weight=1
     )
     fit_workflow = (
-        SecureAOCSWorkflow(secure_aggregation=secure_aggregation) if secure else None
+        # The secure run is compared with the plain one on the same draws.
+        SecureAOCSWorkflow(
+            secure_aggregation=secure_aggregation, unsafe_public_draws=True
+        )
+        if secure
+        else None
     )
     DefaultWorkflow(fit_workflow=fit_workflow)(grid, legacy_context)
     return {

@@ -1,10 +1,11 @@
 """The ClientApp: Flower's quickstart-pytorch client, and each method's version of it.
 
 ``train`` and ``evaluate`` are Flower's. Each method of flwr-importance needs
-a few lines more on the client: its ``<method>_app()`` below is Flower's app
-with those lines (marked as the method's snippet region), and its train
-function, where the method changes training, is Flower's with the changed
-lines marked. A project using one method writes only that method's lines.
+a few lines more on the client, marked as the method's snippet region:
+docs/methods.md shows them as a diff against Flower's app (its imports, the
+functions it adds, and the registrations that ``<method>_app()`` below makes
+on its own ``ClientApp``, where Flower's app has one module-level ``app``). A
+project using one method writes only that method's lines.
 
 One ``flwr run`` of this example may run several methods one after another
 (the run config's ``strategy``, comma-separated): the ``app`` Flower runs
@@ -19,6 +20,7 @@ hands each message to the ClientApp of the method the server is running.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import wraps
 from logging import INFO
 
 import torch
@@ -32,32 +34,58 @@ from flwr.app import (
 )
 from flwr.clientapp import ClientApp
 from flwr.common.logger import log
-from torch.utils.data import DataLoader, Subset
 
 from flwr_importance import protocol
+from pytorchexample.task import Net, load_data
+from pytorchexample.task import test as test_fn
+from pytorchexample.task import train as train_fn
+
+# Each method's imports: the lines its "Use it" diff adds.
+# isort: off
+# --8<-- [start:md-client,clustered-client,power-of-choice-client]
+from flwr_importance.clientapps.sizes import add_size_query
+
+# --8<-- [end:md-client,clustered-client,power-of-choice-client]
+# --8<-- [start:power-of-choice-client]
+from flwr_importance.clientapps.loss import add_loss_query
+
+# --8<-- [end:power-of-choice-client]
+# --8<-- [start:ocs-client,aocs-client,mmfl-client]
+from flwr_importance.clientapps.variance_reduced import KeptUpdateMod, add_norm_query
+
+# --8<-- [end:ocs-client,aocs-client,mmfl-client]
+# --8<-- [start:isfedavg-client]
+from flwr_importance.clientapps.isfedavg import ImportanceSampler
+from pytorchexample.task import train_isfedavg as train_isfedavg_fn
+
+# --8<-- [end:isfedavg-client]
+# --8<-- [start:isfedavg-client,fedsampling-client]
+from torch.utils.data import DataLoader
+
+# --8<-- [end:isfedavg-client,fedsampling-client]
+# --8<-- [start:fedsampling-client]
+from torch.utils.data import Subset
 from flwr_importance.clientapps.fedsampling import (
     add_private_size_query,
     fedsampling_gradient,
     fedsampling_reply,
     fedsampling_round,
 )
+
+# --8<-- [end:fedsampling-client]
+# --8<-- [start:fedsampling-client,folb-client]
+from pytorchexample.task import unpack
+
+# --8<-- [end:fedsampling-client,folb-client]
+# --8<-- [start:folb-client]
 from flwr_importance.clientapps.folb import (
     ProximalTerm,
     folb_reply,
     inexactness,
     local_gradient,
 )
-from flwr_importance.clientapps.isfedavg import ImportanceSampler
-from flwr_importance.clientapps.loss import add_loss_query
-from flwr_importance.clientapps.sizes import add_size_query
-from flwr_importance.clientapps.variance_reduced import (
-    KeptUpdateMod,
-    add_norm_query,
-)
-from quickstart_pytorch.task import Net, load_data, unpack
-from quickstart_pytorch.task import test as test_fn
-from quickstart_pytorch.task import train as train_fn
-from quickstart_pytorch.task import train_isfedavg as train_isfedavg_fn
+# --8<-- [end:folb-client]
+# isort: on
 
 #: The message the server sends every node before it starts a method, when
 #: the run has several (config ``method``); a message type of its own, so
@@ -66,45 +94,40 @@ METHOD_QUERY = "method"
 #: ``context.state`` record naming the method this node serves now.
 METHOD_STATE_KEY = "quickstart-method"
 
+#: A ClientApp message handler.
+Handler = Callable[[Message, Context], Message]
+
+
+def logged(handler: Handler) -> Handler:
+    """``handler``, logging each call: the tests read the log to see it ran."""
+
+    @wraps(handler)
+    def logged_handler(msg: Message, context: Context) -> Message:
+        log(INFO, "quickstart-pytorch %s: called", handler.__name__)
+        return handler(msg, context)
+
+    return logged_handler
+
 
 # -- Flower's ClientApp (FedAvg) ------------------------------------------------
-def received_model(msg: Message) -> tuple[Net, torch.device]:
-    """Load the model and initialize it with the received weights."""
+# --8<-- [start:ocs-client,aocs-client,mmfl-client,isfedavg-client,folb-client,fedsampling-client]  # noqa: E501
+# replaces: @app.train()
+# --8<-- [end:ocs-client,aocs-client,mmfl-client,isfedavg-client,folb-client,fedsampling-client]  # noqa: E501
+def train(msg: Message, context: Context) -> Message:
+    """Train the model on local data."""
+    # Load the model and initialize it with the received weights
     model = Net()
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
     model.to(device)
-    return model, device
 
-
-def node_data(context: Context, task: int = 0) -> tuple[DataLoader, DataLoader]:
-    """Load this node's data (of ``task``, for MMFL's second model)."""
+    # Load the data
     partition_id = context.node_config["partition-id"]
     num_partitions = context.node_config["num-partitions"]
     batch_size = context.run_config["batch-size"]
-    return load_data(partition_id, num_partitions, batch_size, task=task)
+    trainloader, _ = load_data(partition_id, num_partitions, batch_size)
 
-
-def num_train_examples(context: Context) -> int:
-    """The size of this node's training set."""
-    trainloader, _ = node_data(context)
-    return len(trainloader.dataset)
-
-
-def trained_reply(
-    msg: Message, model: torch.nn.Module, metrics: dict[str, float]
-) -> Message:
-    """Construct and return the reply Message: the trained model and its metrics."""
-    model_record = ArrayRecord(model.state_dict())
-    metric_record = MetricRecord(metrics)
-    content = RecordDict({"arrays": model_record, "metrics": metric_record})
-    return Message(content=content, reply_to=msg)
-
-
-def train(msg: Message, context: Context) -> Message:
-    """Train the model on local data."""
-    model, device = received_model(msg)
-    trainloader, _ = node_data(context)
+    # Call the training function
     train_loss = train_fn(
         model,
         trainloader,
@@ -112,22 +135,42 @@ def train(msg: Message, context: Context) -> Message:
         msg.content["config"]["lr"],
         device,
     )
-    metrics = {"train_loss": train_loss, "num-examples": len(trainloader.dataset)}
-    return trained_reply(msg, model, metrics)
+
+    # Construct and return reply Message
+    model_record = ArrayRecord(model.state_dict())
+    metrics = {
+        "train_loss": train_loss,
+        "num-examples": len(trainloader.dataset),
+    }
+    metric_record = MetricRecord(metrics)
+    content = RecordDict({"arrays": model_record, "metrics": metric_record})
+    return Message(content=content, reply_to=msg)
 
 
 def evaluate(msg: Message, context: Context) -> Message:
     """Evaluate the model on local data."""
-    model, device = received_model(msg)
-    _, valloader = node_data(context)
+    # Load the model and initialize it with the received weights
+    model = Net()
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    model.to(device)
+
+    # Load the data
+    partition_id = context.node_config["partition-id"]
+    num_partitions = context.node_config["num-partitions"]
+    batch_size = context.run_config["batch-size"]
+    _, valloader = load_data(partition_id, num_partitions, batch_size)
+
+    # Call the evaluation function
     eval_loss, eval_acc = test_fn(model, valloader, device)
-    metric_record = MetricRecord(
-        {
-            "eval_loss": eval_loss,
-            "eval_acc": eval_acc,
-            "num-examples": len(valloader.dataset),
-        }
-    )
+
+    # Construct and return reply Message
+    metrics = {
+        "eval_loss": eval_loss,
+        "eval_acc": eval_acc,
+        "num-examples": len(valloader.dataset),
+    }
+    metric_record = MetricRecord(metrics)
     content = RecordDict({"metrics": metric_record})
     return Message(content=content, reply_to=msg)
 
@@ -141,6 +184,17 @@ def fedavg_app() -> ClientApp:
 
 
 # -- the methods that keep Flower's train function ------------------------------
+# --8<-- [start:md-client,clustered-client,power-of-choice-client,fedsampling-client]
+def num_train_examples(context: Context) -> int:
+    """The size of this node's training set."""
+    partition_id = context.node_config["partition-id"]
+    num_partitions = context.node_config["num-partitions"]
+    batch_size = context.run_config["batch-size"]
+    trainloader, _ = load_data(partition_id, num_partitions, batch_size)
+    return len(trainloader.dataset)
+
+
+# --8<-- [end:md-client,clustered-client,power-of-choice-client,fedsampling-client]
 def sizes_app() -> ClientApp:
     """MD and clustered sampling (both algorithms): Flower's app and the size query."""
     app = fedavg_app()
@@ -173,13 +227,18 @@ def ocs_app() -> ClientApp:
     return app
 
 
+# --8<-- [start:mmfl-client]
 def train_mmfl(msg: Message, context: Context) -> Message:
     """Flower's ``train`` on the data of the model the server sent (MMFL)."""
-    model, device = received_model(msg)
-    # --8<-- [start:mmfl-client]
+    model = Net()
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    model.to(device)
+    partition_id = context.node_config["partition-id"]
+    num_partitions = context.node_config["num-partitions"]
+    batch_size = context.run_config["batch-size"]
     task = msg.content["config"]["model-index"]  # which model, so which task
-    trainloader, _ = node_data(context, task)
-    # --8<-- [end:mmfl-client]
+    trainloader, _ = load_data(partition_id, num_partitions, batch_size, task=task)
     train_loss = train_fn(
         model,
         trainloader,
@@ -187,10 +246,13 @@ def train_mmfl(msg: Message, context: Context) -> Message:
         msg.content["config"]["lr"],
         device,
     )
+    model_record = ArrayRecord(model.state_dict())
     metrics = {"train_loss": train_loss, "num-examples": len(trainloader.dataset)}
-    return trained_reply(msg, model, metrics)
+    content = RecordDict({"arrays": model_record, "metrics": MetricRecord(metrics)})
+    return Message(content=content, reply_to=msg)
 
 
+# --8<-- [end:mmfl-client]
 def mmfl_app() -> ClientApp:
     """MMFL: ``train_mmfl`` behind the kept-update mod, and the norm query.
 
@@ -205,25 +267,34 @@ def mmfl_app() -> ClientApp:
 
 
 # -- the methods that change training --------------------------------------------
+@logged
+# --8<-- [start:isfedavg-client]
 def train_isfedavg(msg: Message, context: Context) -> Message:
     """Flower's ``train`` on the batches ISFedAvg draws (``task.train_isfedavg``)."""
-    model, device = received_model(msg)
-    trainloader, _ = node_data(context)
-    # --8<-- [start:isfedavg-client]
+    model = Net()
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    model.to(device)
+    partition_id = context.node_config["partition-id"]
+    num_partitions = context.node_config["num-partitions"]
+    batch_size = context.run_config["batch-size"]
+    trainloader, _ = load_data(partition_id, num_partitions, batch_size)
     trainset = trainloader.dataset
     sampler = ImportanceSampler.from_message(msg, context, num_samples=len(trainset))
     trainloader = DataLoader(trainset, batch_sampler=sampler)
     lr = msg.content["config"]["lr"]
     train_loss = train_isfedavg_fn(model, trainloader, sampler, lr, device)
+    model_record = ArrayRecord(model.state_dict())
     metrics = {
         "train_loss": train_loss,
         **sampler.finish(context),
         "num-examples": len(trainset),
     }
-    # --8<-- [end:isfedavg-client]
-    return trained_reply(msg, model, metrics)
+    content = RecordDict({"arrays": model_record, "metrics": MetricRecord(metrics)})
+    return Message(content=content, reply_to=msg)
 
 
+# --8<-- [end:isfedavg-client]
 def isfedavg_app() -> ClientApp:
     """ISFedAvg: ``train_isfedavg`` in place of Flower's ``train``."""
     app = ClientApp()
@@ -234,27 +305,29 @@ def isfedavg_app() -> ClientApp:
     return app
 
 
+# --8<-- [start:folb-client]
 def train_folb(msg: Message, context: Context) -> Message:
     """Flower's ``train`` with FOLB's gradient, proximal term and inexactness."""
-    model, device = received_model(msg)
-    trainloader, _ = node_data(context)
-    # --8<-- [start:folb-client]
+    model = Net()
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    model.to(device)
+    partition_id = context.node_config["partition-id"]
+    num_partitions = context.node_config["num-partitions"]
+    batch_size = context.run_config["batch-size"]
+    trainloader, _ = load_data(partition_id, num_partitions, batch_size)
     criterion = torch.nn.CrossEntropyLoss()
     gradient = local_gradient(model, trainloader, criterion, unpack=unpack)
     proximal = ProximalTerm(model, msg)  # mu from the server
-    # --8<-- [end:folb-client]
     train_loss = train_fn(
         model,
         trainloader,
         context.run_config["local-epochs"],
         msg.content["config"]["lr"],
         device,
-        # --8<-- [start:folb-client]
         proximal=proximal,
-        # --8<-- [end:folb-client]
     )
     metrics = {"train_loss": train_loss, "num-examples": len(trainloader.dataset)}
-    # --8<-- [start:folb-client]
     gamma = inexactness(
         model,
         trainloader,
@@ -264,9 +337,9 @@ def train_folb(msg: Message, context: Context) -> Message:
         unpack=unpack,
     )
     return folb_reply(msg, model, gradient=gradient, gamma=gamma, metrics=metrics)
-    # --8<-- [end:folb-client]
 
 
+# --8<-- [end:folb-client]
 def folb_app() -> ClientApp:
     """FOLB: ``train_folb`` in place of Flower's ``train``."""
     app = ClientApp()
@@ -277,30 +350,35 @@ def folb_app() -> ClientApp:
     return app
 
 
+@logged
+# --8<-- [start:fedsampling-client]
 def train_fedsampling(msg: Message, context: Context) -> Message:
     """FedSampling: the gradient over this round's kept samples; the server steps."""
-    model, _ = received_model(msg)
-    trainloader, _ = node_data(context)
-    log(INFO, "quickstart-pytorch train_fedsampling: gradient of the kept samples")
-    # --8<-- [start:fedsampling-client]
+    model = Net()
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    partition_id = context.node_config["partition-id"]
+    num_partitions = context.node_config["num-partitions"]
+    batch_size = context.run_config["batch-size"]
+    trainloader, _ = load_data(partition_id, num_partitions, batch_size)
     trainset = trainloader.dataset
     plan = fedsampling_round(msg, num_examples=len(trainset))
-    kept = DataLoader(Subset(trainset, plan.indices), batch_size=trainloader.batch_size)
+    kept = DataLoader(Subset(trainset, plan.indices), batch_size=batch_size)
     criterion = torch.nn.CrossEntropyLoss()
     gradient = fedsampling_gradient(model, kept, criterion, plan=plan, unpack=unpack)
     return fedsampling_reply(msg, gradient)  # G_c alone: no num-examples
-    # --8<-- [end:fedsampling-client]
 
 
+# --8<-- [end:fedsampling-client]
 def fedsampling_app() -> ClientApp:
     """FedSampling: the private size query and ``train_fedsampling``.
 
-    No ``@app.evaluate()``: evaluation replies carry ``num-examples``, the size
-    this method keeps private; the server evaluates centrally.
+    No ``@app.evaluate()`` here: the strategy sends no evaluation (its
+    replies' ``num-examples`` would reveal the sizes this method keeps
+    private); the server evaluates centrally.
     """
     app = ClientApp()
     # --8<-- [start:fedsampling-client]
-    add_private_size_query(app, num_examples=num_train_examples)
+    add_private_size_query(app, num_examples=num_train_examples, max_epsilon=8.0)
     app.train()(train_fedsampling)
     # --8<-- [end:fedsampling-client]
     return app

@@ -23,8 +23,15 @@ from flwr.common.logger import log
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
+# isort: off
+# --8<-- [start:folb-client]
 from flwr_importance.clientapps.folb import ProximalTerm
+
+# --8<-- [end:folb-client]
+# --8<-- [start:isfedavg-client]
 from flwr_importance.clientapps.isfedavg import ImportanceSampler
+# --8<-- [end:isfedavg-client]
+# isort: on
 
 #: Each partition keeps this share of its images for local evaluation.
 TEST_FRACTION = 0.2
@@ -72,9 +79,13 @@ class DigitImages(Dataset[dict[str, Tensor]]):
         return {"img": self.images[index], "label": self.labels[index]}
 
 
-def unpack(batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+# --8<-- [start:folb-client,fedsampling-client]
+def unpack(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """A batch as ``(images, labels)``: the ``unpack=`` of the library helpers."""
     return batch["img"], batch["label"]
+
+
+# --8<-- [end:folb-client,fedsampling-client]
 
 
 @cache
@@ -118,16 +129,17 @@ def load_centralized_dataset() -> DataLoader:
     return DataLoader(DigitImages(*_images()), batch_size=CENTRAL_BATCH_SIZE)
 
 
+# --8<-- [start:folb-client]
+# replaces: def train(net, trainloader, epochs, lr, device):
 def train(
     net: nn.Module,
     trainloader: DataLoader,
     epochs: int,
     lr: float,
     device: torch.device,
-    # --8<-- [start:folb-client]
     proximal: ProximalTerm | None = None,
-    # --8<-- [end:folb-client]
 ) -> float:
+    # --8<-- [end:folb-client]
     """Train the model on the training set; the mean training loss.
 
     FOLB's local solve is FedProx's: ``proximal`` adds ``(mu/2) ||w - w^t||^2``
@@ -146,6 +158,7 @@ def train(
             optimizer.zero_grad()
             loss = criterion(net(images), labels)
             # --8<-- [start:folb-client]
+            # after: loss = criterion(net(images), labels)
             if proximal is not None:
                 loss = loss + proximal(net)
             # --8<-- [end:folb-client]
@@ -168,32 +181,25 @@ def train_isfedavg(
     ``trainloader`` iterates ``batch_sampler=sampler``: its ``E_k`` batches
     of ``B_k`` samples, both the server's, replace the epochs and the batch size.
     """
-    # --8<-- [end:isfedavg-client]
-    log(INFO, "quickstart-pytorch train_isfedavg: %d batches", len(trainloader))
     net.to(device)
-    # --8<-- [start:isfedavg-client]
     criterion = torch.nn.CrossEntropyLoss(reduction="none").to(device)
-    # --8<-- [end:isfedavg-client]
     optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
     net.train()
     running_loss = 0.0
-    # --8<-- [start:isfedavg-client]
     for batch in trainloader:
-        # --8<-- [end:isfedavg-client]
         images = batch["img"].to(device)
         labels = batch["label"].to(device)
-        # --8<-- [start:isfedavg-client]
         sampler.observe(net, images, labels, criterion)  # before the step
         optimizer.zero_grad()
         sample_losses = criterion(net(images), labels)
         loss = sampler.weighted_loss(sample_losses)
-        # --8<-- [end:isfedavg-client]
         loss.backward()
         optimizer.step()
-        # --8<-- [start:isfedavg-client]
         running_loss += sample_losses.mean().item()
     return running_loss / len(trainloader)
-    # --8<-- [end:isfedavg-client]
+
+
+# --8<-- [end:isfedavg-client]
 
 
 def test(

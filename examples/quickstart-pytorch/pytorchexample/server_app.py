@@ -13,7 +13,6 @@ run one after another, each from the same initial model, and with
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -29,29 +28,52 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, Result, Strategy
 
 from flwr_importance.protocol import query_message_type
-from flwr_importance.strategies import (
-    FOLB,
-    ClusteredSampling,
-    FedSampling,
-    ISFedAvg,
-    MDSampling,
-    MultiModelSampling,
-    OptimalClientSampling,
-    PowerOfChoice,
-    pack_models,
-    unpack_models,
-)
-from quickstart_pytorch.client_app import METHOD_QUERY
-from quickstart_pytorch.task import Net, load_centralized_dataset
-from quickstart_pytorch.task import test as test_fn
+from pytorchexample.client_app import METHOD_QUERY
+from pytorchexample.task import Net, load_centralized_dataset
+from pytorchexample.task import test as test_fn
+
+# Each method's import, one a line: the lines its "Use it" diff adds.
+# isort: off
+# --8<-- [start:md-server]
+from flwr_importance.strategies import MDSampling
+
+# --8<-- [end:md-server]
+# --8<-- [start:clustered-server]
+from flwr_importance.strategies import ClusteredSampling
+
+# --8<-- [end:clustered-server]
+# --8<-- [start:power-of-choice-server]
+from flwr_importance.strategies import PowerOfChoice
+
+# --8<-- [end:power-of-choice-server]
+# --8<-- [start:ocs-server,aocs-server]
+from flwr_importance.strategies import OptimalClientSampling
+
+# --8<-- [end:ocs-server,aocs-server]
+# --8<-- [start:mmfl-server]
+from flwr_importance.strategies import MultiModelSampling, pack_models
+from flwr_importance.strategies import evaluate_every_model, per_model_files
+
+# --8<-- [end:mmfl-server]
+# --8<-- [start:isfedavg-server]
+from flwr_importance.strategies import ISFedAvg
+
+# --8<-- [end:isfedavg-server]
+# --8<-- [start:folb-server]
+from flwr_importance.strategies import FOLB
+
+# --8<-- [end:folb-server]
+# --8<-- [start:fedsampling-server]
+from flwr_importance.strategies import FedSampling
+# --8<-- [end:fedsampling-server]
+# isort: on
 
 app = ServerApp()
 
+# --8<-- [start:mmfl-server]
 #: Models MMFL trains at once (one per task of ``task.load_data``).
 NUM_MODELS = 2
-
-#: ``(server_round, arrays) -> metrics``: the central evaluation of a round.
-EvaluateFn = Callable[[int, ArrayRecord], MetricRecord]
+# --8<-- [end:mmfl-server]
 
 
 @app.main()
@@ -66,6 +88,23 @@ def main(grid: Grid, context: Context) -> None:
         output_dir = str(context.run_config["output-dir"])
         if output_dir:
             save_history(result, Path(output_dir) / f"{method}.json")
+            save_final_model(
+                method, result, Path(output_dir) / method / "final_model.pt"
+            )
+
+
+def save_final_model(method: str, result: Result, final_model: Path) -> None:
+    """Flower's final save of the model to ``final_model``; MMFL's, of each model."""
+    final_model.parent.mkdir(parents=True, exist_ok=True)
+    if method == "mmfl":
+        # --8<-- [start:mmfl-server]
+        # replaces: state_dict = ...; torch.save(state_dict, "final_model.pt")
+        for arrays, path in per_model_files(result.arrays, final_model):
+            torch.save(arrays.to_torch_state_dict(), path)  # loads into Net
+        # --8<-- [end:mmfl-server]
+        return
+    state_dict = result.arrays.to_torch_state_dict()
+    torch.save(state_dict, final_model)
 
 
 def run_method(
@@ -73,83 +112,122 @@ def run_method(
 ) -> Result:
     """Flower's ``main`` with the method's strategy, from ``arrays``."""
     num_rounds = int(context.run_config["num-server-rounds"])
-    lr = float(context.run_config["lr"])
+    lr = float(context.run_config["learning-rate"])
     strategy = make_strategy(method, context)
-    evaluate_fn: EvaluateFn = global_evaluate
     if method == "mmfl":
         # --8<-- [start:mmfl-server]
-        arrays = pack_models([arrays] * NUM_MODELS)
-        evaluate_fn = evaluate_every_model
+        # after: arrays = ArrayRecord(global_model.state_dict())
+        arrays = pack_models([arrays] * NUM_MODELS)  # the models, packed in one
         # --8<-- [end:mmfl-server]
+        return strategy.start(
+            grid=grid,
+            initial_arrays=arrays,
+            train_config=ConfigRecord({"lr": lr}),
+            num_rounds=num_rounds,
+            # --8<-- [start:mmfl-server]
+            # replaces: evaluate_fn=global_evaluate,
+            evaluate_fn=evaluate_every_model(global_evaluate),
+            # --8<-- [end:mmfl-server]
+        )
     return strategy.start(
         grid=grid,
         initial_arrays=arrays,
         train_config=ConfigRecord({"lr": lr}),
         num_rounds=num_rounds,
-        evaluate_fn=evaluate_fn,
+        evaluate_fn=global_evaluate,
     )
 
 
 def make_strategy(method: str, context: Context) -> Strategy:
     """Flower's ``FedAvg``, or the method's strategy in its place.
 
-    The library's strategies sample a number of nodes per round: as many as
-    FedAvg's ``fraction-train`` of the ``num-supernodes`` nodes.
+    Each library strategy samples 5 nodes a round: run the app on 10
+    (``num-supernodes``; Flower's own default of 2 cannot give 5).
     """
-    fraction_train = float(context.run_config["fraction-train"])
-    num_nodes = int(context.run_config["num-supernodes"])
-    clients_per_round = round(fraction_train * num_nodes)
+    fraction_evaluate = float(context.run_config["fraction-evaluate"])
+    strategy: Strategy
     match method:
         case "fedavg":
-            strategy: Strategy = FedAvg(fraction_train=fraction_train)
+            strategy = FedAvg(fraction_evaluate=fraction_evaluate)
         case "md":
             # --8<-- [start:md-server]
-            strategy = MDSampling(clients_per_round=clients_per_round)
+            # replaces: strategy = FedAvg(fraction_evaluate=fraction_evaluate)
+            strategy = MDSampling(
+                clients_per_round=5, fraction_evaluate=fraction_evaluate
+            )
             # --8<-- [end:md-server]
         case "clustered":
             # --8<-- [start:clustered-server]
-            strategy = ClusteredSampling(clients_per_round=clients_per_round)
-            # --8<-- [end:clustered-server]
-        case "clustered-size":
-            # --8<-- [start:clustered-server]
+            # replaces: strategy = FedAvg(fraction_evaluate=fraction_evaluate)
             strategy = ClusteredSampling(
-                clients_per_round=clients_per_round, method="size"
+                clients_per_round=5, fraction_evaluate=fraction_evaluate
             )
             # --8<-- [end:clustered-server]
+        case "clustered-size":
+            strategy = ClusteredSampling(
+                clients_per_round=5, fraction_evaluate=fraction_evaluate, method="size"
+            )
         case "power-of-choice":
             # --8<-- [start:power-of-choice-server]
-            strategy = PowerOfChoice(clients_per_round=clients_per_round)
+            # replaces: strategy = FedAvg(fraction_evaluate=fraction_evaluate)
+            strategy = PowerOfChoice(
+                clients_per_round=5, fraction_evaluate=fraction_evaluate
+            )
             # --8<-- [end:power-of-choice-server]
         case "ocs":
             # --8<-- [start:ocs-server]
-            strategy = OptimalClientSampling(clients_per_round=clients_per_round)
+            # replaces: strategy = FedAvg(fraction_evaluate=fraction_evaluate)
+            strategy = OptimalClientSampling(
+                clients_per_round=5, fraction_evaluate=fraction_evaluate
+            )
             # --8<-- [end:ocs-server]
         case "aocs":
             # --8<-- [start:aocs-server]
+            # replaces: strategy = FedAvg(fraction_evaluate=fraction_evaluate)
             strategy = OptimalClientSampling(
-                clients_per_round=clients_per_round, approximate=True
+                clients_per_round=5,
+                fraction_evaluate=fraction_evaluate,
+                approximate=True,
             )
             # --8<-- [end:aocs-server]
         case "mmfl":
+            # No federated evaluation: each model is evaluated centrally.
             # --8<-- [start:mmfl-server]
-            strategy = MultiModelSampling(
-                num_models=NUM_MODELS, clients_per_round=clients_per_round
-            )
+            # replaces: strategy = FedAvg(fraction_evaluate=fraction_evaluate)
+            strategy = MultiModelSampling(num_models=NUM_MODELS, clients_per_round=5)
             # --8<-- [end:mmfl-server]
         case "isfedavg":
             # --8<-- [start:isfedavg-server]
-            strategy = ISFedAvg(clients_per_round=clients_per_round)
+            # replaces: strategy = FedAvg(fraction_evaluate=fraction_evaluate)
+            # The app's learning rate and batch size, and about one epoch of
+            # local steps (len(trainloader): here ~144 images / 32 = 5 batches).
+            batch_size = int(context.run_config["batch-size"])
+            strategy = ISFedAvg(
+                clients_per_round=5,
+                fraction_evaluate=fraction_evaluate,
+                keep_app_step_size=True,
+                batch_size_range=(batch_size, batch_size),
+                local_steps_range=(5, 5),
+            )
             # --8<-- [end:isfedavg-server]
         case "folb":
             # --8<-- [start:folb-server]
-            strategy = FOLB(clients_per_round=clients_per_round, proximal_mu=0.01)
+            # replaces: strategy = FedAvg(fraction_evaluate=fraction_evaluate)
+            strategy = FOLB(
+                clients_per_round=5,
+                fraction_evaluate=fraction_evaluate,
+                proximal_mu=0.01,
+            )
             # --8<-- [end:folb-server]
         case "fedsampling":
-            # A size bound above the largest partition (about 144 images) and an
-            # epsilon at which 10 nodes' randomized sizes still estimate the total.
+            # An epsilon at which 10 nodes' randomized sizes still estimate the
+            # total; no federated evaluation (its replies would reveal the sizes).
             # --8<-- [start:fedsampling-server]
+            # replaces: strategy = FedAvg(fraction_evaluate=fraction_evaluate)
             strategy = FedSampling(
-                samples_per_round=32 * clients_per_round,
+                samples_per_round=160,
+                # above your largest len(trainloader.dataset) (here about 144),
+                # else round 1 warns "set max_size (...) above the largest partition"
                 max_size=200,
                 epsilon=8.0,
                 server_lr=0.5,
@@ -183,22 +261,6 @@ def global_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
     device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
     test_loss, test_acc = test_fn(model, load_centralized_dataset(), device)
     return MetricRecord({"accuracy": test_acc, "loss": test_loss})
-
-
-def evaluate_every_model(server_round: int, packed: ArrayRecord) -> MetricRecord:
-    """MMFL: :func:`global_evaluate` of each model, and their means."""
-    per_model = [
-        global_evaluate(server_round, arrays) for arrays in unpack_models(packed)
-    ]
-    accuracies = [float(metrics["accuracy"]) for metrics in per_model]  # type: ignore[arg-type]
-    losses = [float(metrics["loss"]) for metrics in per_model]  # type: ignore[arg-type]
-    return MetricRecord(
-        {
-            "accuracy": sum(accuracies) / len(accuracies),
-            "loss": sum(losses) / len(losses),
-            "accuracy-per-model": accuracies,
-        }
-    )
 
 
 def start_method(grid: Grid, method: str) -> None:

@@ -1,0 +1,1 @@
+"""Flower's quickstart-pytorch with a ResNet-18, trained by ISFedAvg."""

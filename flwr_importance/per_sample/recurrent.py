@@ -1,0 +1,331 @@
+"""``nn.LSTM``, ``nn.GRU`` and ``nn.MultiheadAttention`` through their linear pieces.
+
+Their fused kernels hide what a per-sample gradient needs (each gate's
+pre-activation at each time step, each projection's input), and torch.func
+has no batching rule for the CPU LSTM kernel. While the layer-wise path
+records a forward pass, these layers run the same maths from the same
+parameters, written as linear maps plus elementwise functions, and record
+each linear map as a :class:`~flwr_importance.per_sample.pieces.DensePiece`:
+
+* LSTM: the gate pre-activations ``x_t W_ih^T + b_ih + h_{t-1} W_hh^T + b_hh``
+  are computed for all steps' input part at once; their gradient ``D`` serves
+  both weights (inputs ``x_t`` and ``h_{t-1}``) and both biases.
+* GRU: the hidden part ``h_{t-1} W_hh^T + b_hh`` is gated by ``r_t`` before it
+  is added, so its gradient is read off a zero offset added to it at each step.
+* Multi-head attention: the query, key and value projections (rows of
+  ``in_proj_weight``) and the output projection; the attention itself has no
+  parameter.
+
+Each returns what the layer's own ``forward`` returns; options that change
+the maths beyond these (``proj_size``, ``bias_k``, ``add_zero_attn``) are left
+to torch.func (:func:`~flwr_importance.per_sample.capture.unrolled_supported`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812 (the conventional alias)
+from torch import Tensor, nn
+
+from flwr_importance.per_sample.pieces import DensePiece, Recorder, edge_of
+
+
+def unrolled_forward(module: nn.Module, recorder: Recorder) -> Callable[..., Any]:
+    """The layer's ``forward``, through its linear pieces, recording them."""
+    if isinstance(module, nn.MultiheadAttention):
+        return lambda *args, **kwargs: attention_forward(
+            module, recorder, *args, **kwargs
+        )
+    assert isinstance(module, nn.LSTM | nn.GRU)
+    return lambda *args, **kwargs: recurrent_forward(module, recorder, *args, **kwargs)
+
+
+def sequence_piece(
+    weight: Tensor,
+    bias: Tensor | None,
+    inputs: Tensor,
+    output: Tensor,
+    rows: slice | None = None,
+    bias_rows: slice | None = None,
+) -> DensePiece:
+    """A dense piece over ``(B, T, features)`` inputs and outputs."""
+    edge, shape = edge_of(output)
+    batch_size = inputs.shape[0]
+    return DensePiece(
+        weight=weight,
+        bias=bias,
+        inputs=inputs.unsqueeze(1),
+        output=edge,
+        output_shape=shape,
+        layout=lambda grad: grad.reshape(batch_size, 1, -1, grad.shape[-1]),
+        rows=slice(None) if rows is None else rows,
+        bias_rows=slice(None) if bias_rows is None else bias_rows,
+    )
+
+
+def recurrent_forward(
+    module: nn.LSTM | nn.GRU,
+    recorder: Recorder,
+    sequence: Tensor,
+    hx: Tensor | tuple[Tensor, Tensor] | None = None,
+) -> tuple[Tensor, Tensor | tuple[Tensor, Tensor]]:
+    """``nn.LSTM``/``nn.GRU`` forward, layer by layer and step by step.
+
+    Returns ``(output, h_n)`` for a GRU and ``(output, (h_n, c_n))`` for an
+    LSTM, in the layer's own layout (``batch_first`` or not).
+    """
+    is_lstm = isinstance(module, nn.LSTM)
+    if not isinstance(sequence, Tensor) or sequence.dim() != 3:
+        recorder.problems.append(f"{type(module).__name__} needs a batched tensor")
+        return type(module).forward(module, sequence, hx)  # type: ignore[arg-type]
+    if not module.batch_first:
+        sequence = sequence.transpose(0, 1)
+    batch_size = sequence.shape[0]
+    directions = 2 if module.bidirectional else 1
+    states = module.num_layers * directions
+    zeros = sequence.new_zeros(states, batch_size, module.hidden_size)
+    if hx is None:
+        h_start, c_start = zeros, zeros
+    elif is_lstm:
+        assert isinstance(hx, tuple)
+        h_start, c_start = hx
+    else:
+        assert isinstance(hx, Tensor)
+        h_start, c_start = hx, zeros
+    layer_input = sequence
+    h_final, c_final = [], []
+    for layer in range(module.num_layers):
+        outputs = []
+        for direction in range(directions):
+            state = layer * directions + direction
+            suffix = f"_l{layer}" + ("_reverse" if direction else "")
+            steps = layer_input.flip(1) if direction else layer_input
+            run = _lstm_layer if is_lstm else _gru_layer
+            output, h_last, c_last = run(
+                module, recorder, suffix, steps, h_start[state], c_start[state]
+            )
+            outputs.append(output.flip(1) if direction else output)
+            h_final.append(h_last)
+            c_final.append(c_last)
+        layer_input = torch.cat(outputs, dim=2) if directions > 1 else outputs[0]
+        if module.dropout > 0 and layer < module.num_layers - 1:
+            layer_input = F.dropout(layer_input, module.dropout, module.training)
+    output = layer_input if module.batch_first else layer_input.transpose(0, 1)
+    h_n = torch.stack(h_final)
+    return (output, (h_n, torch.stack(c_final))) if is_lstm else (output, h_n)
+
+
+def _parameters(
+    module: nn.Module, suffix: str
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """``W_ih, W_hh, b_ih, b_hh`` of one layer and direction."""
+    biases = (
+        (getattr(module, f"bias_ih{suffix}"), getattr(module, f"bias_hh{suffix}"))
+        if module.bias
+        else (None, None)
+    )
+    return (
+        getattr(module, f"weight_ih{suffix}"),
+        getattr(module, f"weight_hh{suffix}"),
+        *biases,
+    )
+
+
+def _lstm_layer(
+    module: nn.Module,
+    recorder: Recorder,
+    suffix: str,
+    steps: Tensor,
+    h: Tensor,
+    c: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One LSTM layer in one direction over ``(B, T, in)``; gates i, f, g, o."""
+    weight_ih, weight_hh, bias_ih, bias_hh = _parameters(module, suffix)
+    input_part = F.linear(steps, weight_ih, bias_ih)
+    if bias_hh is not None:
+        input_part = input_part + bias_hh
+    previous, outputs = [], []
+    # unbind: one backward node for all steps (a slice per step would each
+    # scatter into a zero tensor of the whole sequence).
+    for step_input in input_part.unbind(dim=1):
+        previous.append(h)
+        gates = torch.addmm(step_input, h, weight_hh.T)
+        # One sigmoid over all four gates (the cell gate's is unused): fewer
+        # operations per step, which is what a step costs at these sizes.
+        in_gate, forget_gate, _, out_gate = gates.sigmoid().chunk(4, dim=1)
+        cell_gate = gates[:, 2 * h.shape[1] : 3 * h.shape[1]].tanh()
+        c = torch.addcmul(forget_gate * c, in_gate, cell_gate)
+        h = out_gate * c.tanh()
+        outputs.append(h)
+    # Both weights see the same gate gradient: d loss / d input_part.
+    recorder.pieces.append(
+        sequence_piece(weight_ih, bias_ih, recorder.saved(steps), input_part)
+    )
+    hidden = torch.stack(previous, dim=1).detach()
+    recorder.pieces.append(sequence_piece(weight_hh, bias_hh, hidden, input_part))
+    return torch.stack(outputs, dim=1), h, c
+
+
+def _gru_layer(
+    module: nn.Module,
+    recorder: Recorder,
+    suffix: str,
+    steps: Tensor,
+    h: Tensor,
+    c: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One GRU layer in one direction over ``(B, T, in)``; gates r, z, n."""
+    weight_ih, weight_hh, bias_ih, bias_hh = _parameters(module, suffix)
+    input_part = F.linear(steps, weight_ih, bias_ih)
+    batch_size, length, width = input_part.shape
+    # A zero added to every step's hidden part: its gradient is that part's.
+    offset = input_part.new_zeros(batch_size, length, width, requires_grad=True)
+    previous, outputs = [], []
+    for step_input, step_offset in zip(
+        input_part.unbind(dim=1), offset.unbind(dim=1), strict=True
+    ):
+        previous.append(h)
+        hidden_part = F.linear(h, weight_hh, bias_hh) + step_offset
+        input_r, input_z, input_n = step_input.chunk(3, dim=1)
+        hidden_r, hidden_z, hidden_n = hidden_part.chunk(3, dim=1)
+        reset = torch.sigmoid(input_r + hidden_r)
+        update = torch.sigmoid(input_z + hidden_z)
+        candidate = torch.tanh(input_n + reset * hidden_n)
+        h = (1 - update) * candidate + update * h
+        outputs.append(h)
+    recorder.pieces.append(
+        sequence_piece(weight_ih, bias_ih, recorder.saved(steps), input_part)
+    )
+    hidden = torch.stack(previous, dim=1).detach()
+    recorder.pieces.append(sequence_piece(weight_hh, bias_hh, hidden, offset))
+    return torch.stack(outputs, dim=1), h, c
+
+
+def attention_forward(
+    module: nn.MultiheadAttention,
+    recorder: Recorder,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    key_padding_mask: Tensor | None = None,
+    need_weights: bool = True,
+    attn_mask: Tensor | None = None,
+    average_attn_weights: bool = True,
+    is_causal: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """``nn.MultiheadAttention.forward`` from its projections, recording them."""
+    if query.dim() != 3:
+        recorder.problems.append("MultiheadAttention needs batched inputs")
+        return nn.MultiheadAttention.forward(
+            module, query, key, value, key_padding_mask, need_weights, attn_mask
+        )
+    if not module.batch_first:
+        query, key, value = (t.transpose(0, 1) for t in (query, key, value))
+    width, heads = module.embed_dim, module.num_heads
+    projected = []
+    for index, source in enumerate((query, key, value)):
+        rows = slice(index * width, (index + 1) * width)
+        if module._qkv_same_embed_dim:
+            weight, weight_rows = module.in_proj_weight, rows
+        else:
+            weight = (module.q_proj_weight, module.k_proj_weight, module.v_proj_weight)[
+                index
+            ]
+            weight_rows = slice(None)
+        bias = module.in_proj_bias
+        projection = F.linear(
+            source, weight[weight_rows], None if bias is None else bias[rows]
+        )
+        recorder.pieces.append(
+            sequence_piece(
+                weight,
+                bias,
+                recorder.saved(source),
+                projection,
+                rows=weight_rows,
+                bias_rows=rows,
+            )
+        )
+        batch_size, length = projection.shape[:2]
+        projected.append(
+            projection.reshape(batch_size, length, heads, -1).transpose(1, 2)
+        )
+    q, k, v = projected
+    mask = _additive_mask(
+        attn_mask,
+        key_padding_mask,
+        is_causal,
+        q.shape[0],
+        heads,
+        q.shape[2],
+        k.shape[2],
+        q,
+    )
+    dropout = module.dropout if module.training else 0.0
+    weights = None
+    if need_weights:
+        scores = q @ k.transpose(2, 3) / math.sqrt(q.shape[3])
+        if mask is not None:
+            scores = scores + mask
+        weights = torch.softmax(scores, dim=3)
+        attended = F.dropout(weights, dropout, module.training) @ v
+        if average_attn_weights:
+            weights = weights.mean(dim=1)
+    else:
+        attended = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout
+        )
+    attended = attended.transpose(1, 2).flatten(start_dim=2)
+    out_proj = module.out_proj
+    output = F.linear(attended, out_proj.weight, out_proj.bias)
+    recorder.pieces.append(
+        sequence_piece(out_proj.weight, out_proj.bias, attended.detach(), output)
+    )
+    if not module.batch_first:
+        output = output.transpose(0, 1)
+    return output, weights
+
+
+def _additive_mask(
+    attn_mask: Tensor | None,
+    key_padding_mask: Tensor | None,
+    is_causal: bool,
+    batch_size: int,
+    heads: int,
+    target: int,
+    source: int,
+    like: Tensor,
+) -> Tensor | None:
+    """The attention and padding masks as one additive ``(B, H, T, S)`` mask."""
+    masks = []
+    if attn_mask is None and is_causal:
+        attn_mask = torch.ones(
+            target, source, dtype=torch.bool, device=like.device
+        ).triu(1)
+    if attn_mask is not None:
+        shape = (
+            (1, 1, target, source)
+            if attn_mask.dim() == 2
+            else (batch_size, heads, target, source)
+        )
+        masks.append(_additive(attn_mask, like).reshape(shape))
+    if key_padding_mask is not None:
+        masks.append(
+            _additive(key_padding_mask, like).reshape(batch_size, 1, 1, source)
+        )
+    if not masks:
+        return None
+    return masks[0] if len(masks) == 1 else masks[0] + masks[1]
+
+
+def _additive(mask: Tensor, like: Tensor) -> Tensor:
+    """A boolean mask (True: not attended) as ``-inf``/0; a float mask as is."""
+    if mask.dtype == torch.bool:
+        return torch.zeros(
+            mask.shape, dtype=like.dtype, device=like.device
+        ).masked_fill(mask, float("-inf"))
+    return mask.to(like.dtype)
