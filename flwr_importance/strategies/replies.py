@@ -94,9 +94,10 @@ class ClientSideMissingError(RuntimeError):
     the method needs is absent from every reply, and no node has ever
     answered that message type well. The message names the method, the
     message type, what was missing, the client lines to add and the section
-    of ``docs/methods.md`` that shows them.
+    of ``docs/methods.md`` that shows them. The parameters are kept as
+    attributes of the same names.
 
-    Attributes
+    Parameters
     ----------
     method : str
         The strategy class.
@@ -131,11 +132,19 @@ class ClientSideFailedError(ClientSideMissingError):
     would drop every reply, keep the model round after round and end as if it
     had trained. The message quotes the first node's error.
 
-    Attributes
+    Parameters
     ----------
+    method : str
+        The strategy's name, first in the message.
+    message_type : str
+        The message type every answering node failed.
     first_error : str
         What the first failed reply said (its error reason or the check it
         failed).
+    client_side : ClientSide
+        The method's client lines and docs, which the message names as the fix.
+
+    The parameters are kept as attributes of the same names.
     """
 
     def __init__(

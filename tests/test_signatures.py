@@ -1,0 +1,135 @@
+"""Every public class and function documents exactly the parameters it takes.
+
+The numpydoc ``Parameters`` and ``Other Parameters`` sections of each public
+name (the ``__all__`` of every package and of every client-helper module) list
+the signature's parameters, no more and no fewer: a docstring that names a
+parameter the code lacks, or leaves out one it has, fails here. A class is
+read through its ``__init__``: every public class whose constructor (its own,
+not a dataclass's) takes parameters documents them. A function may go
+without a ``Parameters`` section (a one-line helper); one that has it lists
+them all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import pkgutil
+import re
+import sys
+import typing
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import flwr_importance
+
+#: numpydoc sections that list parameters.
+PARAMETER_SECTIONS = ("Parameters", "Other Parameters")
+#: A numpydoc section heading: a capitalized line underlined by dashes.
+HEADING = re.compile(r"^[A-Z][A-Za-z ]*$")
+#: A parameter line: ``name``, ``*args``, ``**kwargs`` or ``a, b``, then
+#: ``: type`` or nothing.
+ENTRY = re.compile(r"^(\*{0,2}\w+(?:\s*,\s*\*{0,2}\w+)*)\s*(?::.*)?$")
+#: A ``**options: Unpack[SomeTypedDict]`` annotation.
+UNPACKED = re.compile(r"Unpack\[(\w+)\]")
+
+
+def public_names() -> Iterator[tuple[str, Any]]:
+    """``(dotted name, object)`` of every name in a module's ``__all__``."""
+    seen: set[int] = set()
+    for module_info in pkgutil.walk_packages(
+        flwr_importance.__path__, "flwr_importance."
+    ):
+        module = importlib.import_module(module_info.name)
+        for name in getattr(module, "__all__", ()):
+            obj = getattr(module, name)
+            if id(obj) in seen or not (inspect.isclass(obj) or inspect.isfunction(obj)):
+                continue
+            if not getattr(obj, "__module__", "").startswith("flwr_importance"):
+                continue
+            seen.add(id(obj))
+            yield f"{obj.__module__}.{obj.__qualname__}", obj
+
+
+def documented(docstring: str | None) -> list[str] | None:
+    """The names the parameter sections list; None without such a section."""
+    if not docstring:
+        return None
+    lines = inspect.cleandoc(docstring).splitlines()
+    names: list[str] = []
+    found = False
+    section = None
+    for index, line in enumerate(lines):
+        underline = lines[index + 1] if index + 1 < len(lines) else ""
+        if HEADING.match(line) and set(underline.strip()) == {"-"}:
+            section = line
+            found = found or section in PARAMETER_SECTIONS
+            continue
+        if section not in PARAMETER_SECTIONS or line.startswith((" ", "-")):
+            continue
+        entry = ENTRY.match(line)
+        if entry:
+            names += [part.strip().lstrip("*") for part in entry.group(1).split(",")]
+    return names if found else None
+
+
+def signature_names(target: Callable[..., Any]) -> list[str]:
+    """The parameters a caller passes (no ``self``)."""
+    parameters = inspect.signature(target).parameters
+    return [name for name in parameters if name not in ("self", "cls")]
+
+
+def unpacked_keys(target: Callable[..., Any]) -> list[str]:
+    """The keys of a ``**options: Unpack[SomeTypedDict]`` parameter, if any.
+
+    A docstring may list them (numpydoc's ``Other Parameters``) beside
+    ``**options`` instead of linking to where they are documented.
+    """
+    for parameter in inspect.signature(target).parameters.values():
+        unpacked = UNPACKED.fullmatch(str(parameter.annotation))
+        if parameter.kind is parameter.VAR_KEYWORD and unpacked:
+            # The annotation is a string (postponed evaluation): the TypedDict
+            # is a name of the function's module, unless imported for type
+            # checking only (then its keys are documented where it is).
+            options = vars(sys.modules[target.__module__]).get(unpacked.group(1))
+            return list(typing.get_type_hints(options)) if options else []
+    return []
+
+
+def own_constructor(cls: type) -> bool:
+    """Whether ``cls`` defines ``__init__`` in this library, not a dataclass's."""
+    init = cls.__dict__.get("__init__")
+    return (
+        init is not None
+        and not dataclasses.is_dataclass(cls)
+        and getattr(init, "__module__", "").startswith("flwr_importance")
+    )
+
+
+CASES = sorted(public_names())
+
+
+@pytest.mark.parametrize(("name", "obj"), CASES, ids=[name for name, _ in CASES])
+def test_docstring_lists_the_signatures_parameters(name: str, obj: Any) -> None:
+    if inspect.isclass(obj):
+        if not own_constructor(obj):
+            return
+        target = obj.__init__
+    else:
+        target = obj
+    expected = signature_names(target)
+    listed = documented(obj.__doc__)
+    if listed is None:
+        assert not (expected and inspect.isclass(obj)), (
+            f"{name} takes {expected} but has no Parameters section"
+        )
+        return
+    if set(listed) - set(expected):
+        expected += unpacked_keys(target)
+    assert sorted(listed) == sorted(expected), (
+        f"{name}: documented only {sorted(set(listed) - set(expected))}, "
+        f"undocumented {sorted(set(expected) - set(listed))}"
+    )
