@@ -11,7 +11,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result, Strategy
 
-from flwr_importance.strategies.wrappers import CentralDP
+from flwr_importance.strategies import CentralDP
 from flwr_importance.tasks import Objective, evaluate
 from simulations.config import ExperimentConfig
 from simulations.methods import load_method

@@ -4,7 +4,9 @@ Each is a subclass of Flower's ``flwr.serverapp.strategy.FedAvg``: sampling in
 ``configure_train``, reweighted aggregation in ``aggregate_train``. Each class
 docstring states its paper, its parameters and its client contract. Any of
 them takes a server optimizer (``server_optimizer=ServerAdam()``, re-exported
-here from :mod:`flwr_importance.aggregation.server_optimizers`).
+here from :mod:`flwr_importance.aggregation.server_optimizers`), and
+:class:`CentralDP` wraps the ones it can prove private (docs/privacy.md), as
+Flower keeps its DP wrappers beside ``FedAvg``.
 """
 
 from flwr_importance.aggregation.server_optimizers import (
@@ -32,9 +34,17 @@ from flwr_importance.strategies.replies import (
     ClientSideFailedError,
     ClientSideMissingError,
 )
+from flwr_importance.strategies.wrappers.central_dp import (
+    DP_DELTA_METRIC,
+    DP_EPSILON_METRIC,
+    CentralDP,
+)
 
 __all__ = [
+    "DP_DELTA_METRIC",
+    "DP_EPSILON_METRIC",
     "FOLB",
+    "CentralDP",
     "ClientSideFailedError",
     "ClientSideMissingError",
     "ClusteredSampling",
