@@ -25,14 +25,10 @@ from typing import Any
 import pytest
 
 import flwr_importance
+from tests.docstrings import entries, sections
 
 #: numpydoc sections that list parameters.
 PARAMETER_SECTIONS = ("Parameters", "Other Parameters")
-#: A numpydoc section heading: a capitalized line underlined by dashes.
-HEADING = re.compile(r"^[A-Z][A-Za-z ]*$")
-#: A parameter line: ``name``, ``*args``, ``**kwargs`` or ``a, b``, then
-#: ``: type`` or nothing.
-ENTRY = re.compile(r"^(\*{0,2}\w+(?:\s*,\s*\*{0,2}\w+)*)\s*(?::.*)?$")
 #: A ``**options: Unpack[SomeTypedDict]`` annotation.
 UNPACKED = re.compile(r"Unpack\[(\w+)\]")
 
@@ -56,24 +52,17 @@ def public_names() -> Iterator[tuple[str, Any]]:
 
 def documented(docstring: str | None) -> list[str] | None:
     """The names the parameter sections list; None without such a section."""
-    if not docstring:
+    lines = inspect.cleandoc(docstring or "").splitlines()
+    found = [body for name, body in sections(lines) if name in PARAMETER_SECTIONS]
+    if not found:
         return None
-    lines = inspect.cleandoc(docstring).splitlines()
     names: list[str] = []
-    found = False
-    section = None
-    for index, line in enumerate(lines):
-        underline = lines[index + 1] if index + 1 < len(lines) else ""
-        if HEADING.match(line) and set(underline.strip()) == {"-"}:
-            section = line
-            found = found or section in PARAMETER_SECTIONS
-            continue
-        if section not in PARAMETER_SECTIONS or line.startswith((" ", "-")):
-            continue
-        entry = ENTRY.match(line)
-        if entry:
-            names += [part.strip().lstrip("*") for part in entry.group(1).split(",")]
-    return names if found else None
+    for body in found:
+        for entry in entries(body):
+            # "name : type", "a, b : type" or "**options": the names before ":".
+            before_type = entry.partition(":")[0]
+            names += [name.strip().lstrip("*") for name in before_type.split(",")]
+    return names
 
 
 def signature_names(target: Callable[..., Any]) -> list[str]:

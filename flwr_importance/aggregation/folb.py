@@ -65,7 +65,7 @@ from flwr_importance.aggregation._streaming import (
 from flwr_importance.aggregation._streaming import (
     SplitVector as SplitVector,  # the type of the gradients, re-exported
 )
-from flwr_importance.sampling._checks import check_choice
+from flwr_importance.validation import check_choice
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

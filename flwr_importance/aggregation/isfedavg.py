@@ -15,7 +15,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from flwr_importance.sampling import capped_inclusion_probs, update_sample_probs
-from flwr_importance.sampling._checks import (
+from flwr_importance.validation import (
     distinct_indices,
     nonnegative_vector,
     probability_distribution,

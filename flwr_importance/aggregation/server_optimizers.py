@@ -41,7 +41,7 @@ from typing import cast
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_importance.sampling._checks import check_positive
+from flwr_importance.validation import check_positive
 
 #: Named arrays, as the values of an ``ArrayRecord``.
 Arrays = Mapping[str, NDArray[np.generic]]

@@ -23,7 +23,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from flwr_importance.aggregation import weighted_sum
-from flwr_importance.sampling._checks import nonnegative_vector, probability_array
+from flwr_importance.validation import nonnegative_vector, probability_array
 
 
 def size_fractions(num_examples: ArrayLike) -> NDArray[np.float64]:

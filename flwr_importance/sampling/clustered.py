@@ -34,21 +34,21 @@ from collections.abc import Callable
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_importance.sampling._checks import (
-    float_matrix,
-    nonnegative_vector,
-    positive_integer,
-    probability_array,
-    probability_rows,
-    sample_count,
-    symmetric_matrix,
-)
 from flwr_importance.sampling.distances import (
     Distance,
     condensed_distances,
     pairwise_distances,
 )
 from flwr_importance.sampling.two_level import two_level_tree
+from flwr_importance.validation import (
+    check_count,
+    float_matrix,
+    nonnegative_vector,
+    probability_array,
+    probability_rows,
+    sample_count,
+    symmetric_matrix,
+)
 
 # scipy is imported inside the functions that cluster, not here: it costs
 # 0.25 s, half again the import of Flower's own strategies, and every strategy
@@ -364,7 +364,7 @@ def md_aggregation_weight_variance(p: ArrayLike, m: int) -> NDArray[np.float64]:
     [0.09375, 0.09375, 0.125]
     """
     probabilities = probability_array("p", p)
-    return probabilities * (1 - probabilities) / positive_integer("m", m)
+    return probabilities * (1 - probabilities) / check_count("m", m)
 
 
 def _checked_units(sizes: ArrayLike, m: int) -> tuple[NDArray[np.int64], int, int]:
@@ -375,7 +375,7 @@ def _checked_units(sizes: ArrayLike, m: int) -> tuple[NDArray[np.int64], int, in
     total = int(counts.sum())
     if total == 0:
         raise ValueError("sizes must not all be zero")
-    draws = sample_count("m", positive_integer("m", m), counts.size)
+    draws = sample_count("m", check_count("m", m), counts.size)
     if draws * total >= _MAX_EXACT_UNITS:
         raise ValueError(
             f"m * sum(sizes) = {draws * total} is too large for exact arithmetic "

@@ -20,7 +20,7 @@ from typing import Literal, get_args
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_importance.sampling._checks import (
+from flwr_importance.validation import (
     check_choice,
     distinct_indices,
     finite_values,

@@ -20,7 +20,7 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_importance.sampling._checks import nonnegative_integer
+from flwr_importance.validation import nonnegative_integer
 
 #: The size estimate is usable when its noise is at most this fraction of the
 #: largest total its replies can stand for, ``C (M - 1)``: three standard

@@ -12,13 +12,13 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_importance.sampling._checks import (
+from flwr_importance.sampling.pips import capped_inclusion_probs, systematic_sample
+from flwr_importance.validation import (
     distinct_indices,
     nonnegative_vector,
     probability_distribution,
     sample_count,
 )
-from flwr_importance.sampling.pips import capped_inclusion_probs, systematic_sample
 
 #: Default floor on every sample probability, relative to the uniform ``1/N``.
 DEFAULT_MIN_RELATIVE_PROB = 1e-6

@@ -36,7 +36,6 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_importance.sampling._checks import float_matrix, nonnegative_vector
 from flwr_importance.sampling.clustered import (
     _allocate_by_similarity,
     _checked_units,
@@ -45,6 +44,7 @@ from flwr_importance.sampling.clustered import (
 )
 from flwr_importance.sampling.distances import Distance
 from flwr_importance.sampling.two_level import block_tree, clustering_points, kmeans
+from flwr_importance.validation import float_matrix, nonnegative_vector
 
 #: Above this fraction of clients with a new gradient, level 1 is recomputed
 #: from scratch: the warm iterations would measure most clients anyway.

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_importance.sampling._checks import (
+from flwr_importance.validation import (
     nonnegative_integer,
     nonnegative_vector,
     probability_array,

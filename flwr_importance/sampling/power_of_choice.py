@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_importance.sampling._checks import check_count
+from flwr_importance.validation import check_count
 
 
 def draw_candidates(

@@ -27,7 +27,7 @@ import math
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_importance.sampling._checks import nonnegative_vector
+from flwr_importance.validation import nonnegative_vector
 
 
 def ldp_alpha(epsilon: float, max_size: int) -> float:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_importance.sampling._checks import nonnegative_array
+from flwr_importance.validation import nonnegative_array
 
 
 def report_bounds(values: ArrayLike, factor: float) -> NDArray[np.float64]:

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from flwr_importance.sampling._checks import nonnegative_integer
+from flwr_importance.validation import nonnegative_integer
 
 
 def uniform_client_set(

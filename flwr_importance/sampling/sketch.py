@@ -15,7 +15,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_importance.sampling._checks import positive_integer
+from flwr_importance.validation import check_count
 
 
 class CountSketch:
@@ -81,8 +81,8 @@ class CountSketch:
     """
 
     def __init__(self, input_dim: int, dim: int, rng: np.random.Generator) -> None:
-        self.input_dim = positive_integer("input_dim", input_dim)
-        self.dim = positive_integer("dim", dim)
+        self.input_dim = check_count("input_dim", input_dim)
+        self.dim = check_count("dim", dim)
         blocks = -(-self.input_dim // self.dim)
         shifts = rng.integers(0, self.dim, size=blocks)
         signs = 2 * rng.integers(0, 2, size=(blocks, self.dim)).astype(np.float32) - 1

@@ -36,8 +36,8 @@ import math
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_importance.sampling._checks import float_matrix, nonnegative_vector
 from flwr_importance.sampling.distances import Distance, _checked_squared_norms
+from flwr_importance.validation import float_matrix, nonnegative_vector
 
 #: Points with more dimensions are projected (seeded Gaussian) to this many
 #: for the k-means of level 1.  A 64-dimensional projection of

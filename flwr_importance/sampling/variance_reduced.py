@@ -24,13 +24,14 @@ from collections.abc import Callable, Iterable
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_importance.sampling._checks import (
+from flwr_importance.sampling.pips import capped_inclusion_probs
+from flwr_importance.validation import (
+    ROW_SUM_TOLERANCE,
     nonnegative_integer,
     nonnegative_matrix,
     nonnegative_vector,
     probability_array,
 )
-from flwr_importance.sampling.pips import capped_inclusion_probs
 
 
 def optimal_client_probs(norms: ArrayLike, m: int) -> NDArray[np.float64]:
@@ -232,11 +233,6 @@ def mmfl_probs(norms: ArrayLike, m: int) -> NDArray[np.float64]:
         norms, client_totals, out=np.zeros_like(norms), where=client_totals > 0
     )
     return client_probs[:, None] * model_shares
-
-
-#: Row sums of ``assign_models`` probabilities may exceed 1 by this much (the
-#: proportional split of ``mmfl_probs`` rounds at the last bit).
-ROW_SUM_TOLERANCE = 1e-9
 
 
 def assign_models(probs: ArrayLike, rng: np.random.Generator) -> NDArray[np.intp]:

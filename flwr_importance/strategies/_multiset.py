@@ -27,7 +27,6 @@ from numpy.typing import NDArray
 
 from flwr_importance import protocol
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
-from flwr_importance.strategies.checks import check_count
 from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
 from flwr_importance.strategies.replies import CheckedReply, ClientSide
 from flwr_importance.strategies.report_bounds import (
@@ -35,6 +34,7 @@ from flwr_importance.strategies.report_bounds import (
     check_report_cap,
     report_cap_setting,
 )
+from flwr_importance.validation import check_count
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -42,7 +42,6 @@ from flwr_importance.aggregation.server_optimizers import (
     check_server_optimizer,
 )
 from flwr_importance.strategies.arrays import Release, linear_release, optimizer_step
-from flwr_importance.strategies.checks import check_count, check_keys, check_positive
 from flwr_importance.strategies.messages import (
     SharedArrays,
     node_messages,
@@ -58,6 +57,7 @@ from flwr_importance.strategies.replies import (
     metric_contents,
 )
 from flwr_importance.strategies.summary import log_settings
+from flwr_importance.validation import check_count, check_keys, check_positive
 
 if TYPE_CHECKING:
     from typing_extensions import Self, Unpack

@@ -27,7 +27,7 @@ from flwr_importance.sampling.incremental import (
 )
 from flwr_importance.strategies._multiset import DrawRound, MultisetSampling
 from flwr_importance.strategies.arrays import arrays_of
-from flwr_importance.strategies.checks import check_choice, check_count
+from flwr_importance.validation import check_choice, check_count
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

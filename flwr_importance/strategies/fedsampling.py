@@ -27,9 +27,9 @@ from flwr_importance.sampling import (
     size_estimate_noise,
 )
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
-from flwr_importance.strategies.checks import check_count, check_positive
 from flwr_importance.strategies.messages import connected_nodes
 from flwr_importance.strategies.replies import ClientSide
+from flwr_importance.validation import check_count, check_positive
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

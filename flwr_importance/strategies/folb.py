@@ -31,9 +31,9 @@ from flwr_importance.method_spec import MethodSpec
 from flwr_importance.sampling import uniform_client_set
 from flwr_importance.strategies.arrays import array_values
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
-from flwr_importance.strategies.checks import check_choice, check_count, check_positive
 from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
 from flwr_importance.strategies.replies import CheckedReply, ClientSide
+from flwr_importance.validation import check_choice, check_count, check_positive
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -21,7 +21,6 @@ from flwr_importance.aggregation.isfedavg import (
 from flwr_importance.method_spec import MethodSpec
 from flwr_importance.sampling import systematic_sample
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
-from flwr_importance.strategies.checks import check_count
 from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
 from flwr_importance.strategies.replies import CheckedReply, ClientSide
 from flwr_importance.strategies.report_bounds import (
@@ -29,6 +28,7 @@ from flwr_importance.strategies.report_bounds import (
     check_report_cap,
     report_cap_setting,
 )
+from flwr_importance.validation import check_count
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

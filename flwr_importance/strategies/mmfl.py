@@ -26,7 +26,6 @@ from flwr_importance.aggregation.variance_reduced import (
 from flwr_importance.method_spec import MethodSpec
 from flwr_importance.sampling import assign_models, estimator_variance, mmfl_probs
 from flwr_importance.strategies.base import log_settings
-from flwr_importance.strategies.checks import check_choice, check_count
 from flwr_importance.strategies.replies import ClientSide
 from flwr_importance.strategies.report_bounds import report_cap_setting
 from flwr_importance.strategies.unbiased_sampling import (
@@ -34,6 +33,7 @@ from flwr_importance.strategies.unbiased_sampling import (
     SamplePlan,
     UnbiasedSampling,
 )
+from flwr_importance.validation import check_choice, check_count
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -35,7 +35,6 @@ from flwr_importance.sampling.variance_reduced import (
     uniform_client_probs,
 )
 from flwr_importance.strategies.base import log_settings
-from flwr_importance.strategies.checks import check_count
 from flwr_importance.strategies.replies import ClientSide
 from flwr_importance.strategies.report_bounds import report_cap_setting
 from flwr_importance.strategies.unbiased_sampling import (
@@ -43,6 +42,7 @@ from flwr_importance.strategies.unbiased_sampling import (
     SamplePlan,
     UnbiasedSampling,
 )
+from flwr_importance.validation import check_count
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

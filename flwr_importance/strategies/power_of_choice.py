@@ -36,8 +36,8 @@ from flwr_importance.strategies._multiset import (
     DrawRound,
     MultisetSampling,
 )
-from flwr_importance.strategies.checks import check_choice, check_count
 from flwr_importance.strategies.replies import CheckedReply, ClientSide
+from flwr_importance.validation import check_choice, check_count
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

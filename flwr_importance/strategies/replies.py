@@ -130,7 +130,8 @@ class ClientSideFailedError(ClientSideMissingError):
     The client side is there but raises (a helper called with the wrong
     arguments, an app that does not unpack its batches): without this the run
     would drop every reply, keep the model round after round and end as if it
-    had trained. The message quotes the first node's error.
+    had trained. The message quotes the first node's error. The parameters are
+    kept as attributes of the same names.
 
     Parameters
     ----------
@@ -143,8 +144,6 @@ class ClientSideFailedError(ClientSideMissingError):
         failed).
     client_side : ClientSide
         The method's client lines and docs, which the message names as the fix.
-
-    The parameters are kept as attributes of the same names.
     """
 
     def __init__(

@@ -28,7 +28,6 @@ from numpy.typing import NDArray
 from flwr_importance import protocol
 from flwr_importance.aggregation.variance_reduced import unbiased_weights
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan
-from flwr_importance.strategies.checks import check_count, check_positive
 from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
 from flwr_importance.strategies.replies import (
     CheckedReply,
@@ -37,6 +36,7 @@ from flwr_importance.strategies.replies import (
     array_record_problem,
 )
 from flwr_importance.strategies.report_bounds import bound_reports, check_report_cap
+from flwr_importance.validation import check_count, check_positive
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -438,11 +438,7 @@ GOOD_GRADS = np.ones((3, 2))
         (lambda: clustered_distributions_by_size([0, 0], 1), "all be zero"),
         (lambda: clustered_distributions_by_size([[1, 2]], 1), "1-D"),
         (lambda: clustered_distributions_by_size(GOOD_SIZES, 4), r"\[0, 3\]"),
-        (lambda: clustered_distributions_by_size(GOOD_SIZES, 0), "positive"),
-        (
-            lambda: clustered_distributions_by_size(GOOD_SIZES, 1.5),  # type: ignore[arg-type]
-            "positive",
-        ),
+        (lambda: clustered_distributions_by_size(GOOD_SIZES, 0), ">= 1"),
         (lambda: clustered_distributions_by_size([2**52, 1], 2), "exact"),
         (
             lambda: clustered_distributions_by_similarity(GOOD_SIZES, GOOD_GRADS, 4),
@@ -516,8 +512,8 @@ GOOD_GRADS = np.ones((3, 2))
         ),
         (lambda: aggregation_weight_variance([[0.2, 0.2]]), "sum"),
         (lambda: md_aggregation_weight_variance([0.5, 1.5], 2), r"\[0, 1\]"),
-        (lambda: md_aggregation_weight_variance([0.5, 0.5], 0), "positive"),
-        (lambda: project_gradients(np.ones((2, 3)), 0, seed=0), "positive"),
+        (lambda: md_aggregation_weight_variance([0.5, 0.5], 0), ">= 1"),
+        (lambda: project_gradients(np.ones((2, 3)), 0, seed=0), ">= 1"),
         (lambda: project_gradients(np.ones((2, 3, 4)), 2, seed=0), "1-D or 2-D"),
         (lambda: project_gradients([np.nan, 1.0], 2, seed=0), "NaN"),
     ],
@@ -525,3 +521,8 @@ GOOD_GRADS = np.ones((3, 2))
 def test_invalid_input_raises(call: Callable[[], object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_a_count_of_the_wrong_type_raises_type_error() -> None:
+    with pytest.raises(TypeError, match="must be an int"):
+        clustered_distributions_by_size(GOOD_SIZES, 1.5)  # type: ignore[arg-type]

@@ -6,6 +6,8 @@ draws.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 from numpy.typing import NDArray
@@ -60,7 +62,6 @@ def test_importance_batch_uniform_probs_give_b_over_n() -> None:
         ([1.5, -0.5], 1, "negative"),
         ([0.5, np.nan], 1, "NaN"),
         ([0.5, 0.5], 3, r"\[0, 2\]"),
-        ([0.5, 0.5], 1.5, "integer"),
         ([1.0, 0.0], 2, "positive"),
     ],
 )
@@ -115,7 +116,6 @@ def test_update_sample_probs_with_an_empty_batch_changes_nothing() -> None:
         ([0.5, 0.5], [0, 0], [1.0, 1.0], 1e-6, "repeated"),
         ([0.5, 0.5], [2], [1.0], 1e-6, r"\[0, 2\)"),
         ([0.5, 0.5], [-1], [1.0], 1e-6, r"\[0, 2\)"),
-        ([0.5, 0.5], [0.0], [1.0], 1e-6, "integers"),
         ([0.5, 0.5], [[0]], [1.0], 1e-6, "1-D"),
         ([0.5, 0.5], [0, 1], [1.0], 1e-6, "one entry per batch index"),
         ([0.5, 0.5], [0], [-1.0], 1e-6, "negative"),
@@ -133,3 +133,23 @@ def test_update_sample_probs_rejects(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         update_sample_probs(sample_probs, batch, grad_norms, min_relative_prob)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda: importance_batch([0.5, 0.5], 1.5, np.random.default_rng(0)),  # type: ignore[arg-type]
+            "must be an int",
+        ),
+        (
+            lambda: update_sample_probs([0.5, 0.5], [0.0], [1.0], 1e-6),
+            "must hold integers",
+        ),
+    ],
+)
+def test_an_input_of_the_wrong_type_raises_type_error(
+    call: Callable[[], object], message: str
+) -> None:
+    with pytest.raises(TypeError, match=message):
+        call()

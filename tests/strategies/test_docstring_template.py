@@ -35,6 +35,7 @@ from flwr_importance import compat, strategies
 from flwr_importance.compat import legacy_class
 from flwr_importance.registry import MethodSpec, methods
 from flwr_importance.strategies.base import ImportanceStrategy, StrategyOptions
+from tests.docstrings import entries, section, sections
 
 METHODS_DOC = Path(__file__).resolve().parents[2] / "docs" / "methods.md"
 
@@ -95,33 +96,6 @@ CASES = message_cases() + legacy_cases()
 def own_docstring(cls: type) -> list[str]:
     """The class's own docstring (never a base's), dedented, as lines."""
     return inspect.cleandoc(cls.__dict__.get("__doc__") or "").splitlines()
-
-
-def sections(lines: list[str]) -> list[tuple[str, list[str]]]:
-    """Each numpydoc section as (heading, body lines), in order, repeats kept."""
-    starts = [
-        index
-        for index in range(len(lines) - 1)
-        if lines[index].strip()
-        and set(lines[index + 1]) == {"-"}
-        and len(lines[index + 1]) == len(lines[index])
-    ]
-    ends = [*starts[1:], len(lines)]
-    return [
-        (lines[start], lines[start + 2 : end])
-        for start, end in zip(starts, ends, strict=True)
-    ]
-
-
-def entries(body: list[str]) -> list[str]:
-    """A section's entries: its unindented lines (descriptions are indented)."""
-    return [line for line in body if line and not line[0].isspace()]
-
-
-def section(lines: list[str], heading: str) -> list[str] | None:
-    """The body of the one section named ``heading``, or None."""
-    bodies = [body for name, body in sections(lines) if name == heading]
-    return bodies[0] if len(bodies) == 1 else None
 
 
 def same_default(text: str, value: object) -> bool:
@@ -217,7 +191,10 @@ def template_problems(case: Case) -> list[str]:
             )
         if case.api == "compat" and url != implementation_url(case.spec.strategy):
             problems.append("its paper URL is not its Message-API class's")
-    elif any(line.startswith("Implementation based on") for line in lines):
+    elif issubclass(case.cls, ImportanceStrategy) and any(
+        line.startswith("Implementation based on") for line in lines
+    ):
+        # A wrapper (CentralDP) has a paper of its own; a method's base has none.
         problems.append("a base class names a paper ('Implementation based on')")
     problems += parameter_problems(case.cls, lines)
     contracts = [name for name, _ in sections(lines) if name == CLIENT_CONTRACT]

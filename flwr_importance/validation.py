@@ -1,12 +1,18 @@
-"""The package's validators: one module, one wording.
+"""The package's validators: one module, one contract.
 
-Two families, each named for what it returns once checked:
+The maths (:mod:`flwr_importance.sampling`, :mod:`flwr_importance.aggregation`)
+and the constructors (strategies, client helpers) check their inputs here,
+before any work runs, under one contract:
 
-- the maths' inputs (arrays, probabilities, counts, indices): every bad input
-  raises a ``ValueError`` that says what is wrong, before any maths runs;
-- the strategies' constructor arguments (``check_count``, ``check_positive``,
-  ``check_choice``): a wrong type raises a ``TypeError``, a value out of range
-  a ``ValueError``; each message names the argument and the value given.
+- a value of the wrong type (a float where a count goes, a string where a
+  number goes, an array of floats where indices go) raises a ``TypeError``;
+- a value of the right type out of range (a negative count, probabilities
+  outside [0, 1] or not summing to 1, a non-finite number, a wrong shape)
+  raises a ``ValueError``;
+- each message names the argument and says what was given.
+
+Each validator returns the value once checked, in the type the caller uses
+(``check_count`` an ``int``, ``nonnegative_vector`` a float64 array, ...).
 """
 
 from __future__ import annotations
@@ -18,8 +24,8 @@ from typing import Any, get_args
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-# A row of a probability matrix may miss 1 by float rounding, not by more.
-_ROW_SUM_TOLERANCE = 1e-9
+#: A row of a probability matrix may miss 1 by float rounding, not by more.
+ROW_SUM_TOLERANCE = 1e-9
 
 # Relative gap allowed between ``matrix[i, j]`` and ``matrix[j, i]``.
 _SYMMETRY_RTOL = 1e-9
@@ -123,7 +129,7 @@ def probability_rows(name: str, values: ArrayLike) -> NDArray[np.float64]:
     if probabilities.size == 0:
         raise ValueError(f"{name} must be non-empty, got shape {probabilities.shape}")
     row_sums = probabilities.sum(axis=1)
-    if np.any(np.abs(row_sums - 1) > _ROW_SUM_TOLERANCE):
+    if np.any(np.abs(row_sums - 1) > ROW_SUM_TOLERANCE):
         raise ValueError(
             f"every row of {name} must sum to 1, got sums in "
             f"[{row_sums.min():.12g}, {row_sums.max():.12g}]"
@@ -131,29 +137,14 @@ def probability_rows(name: str, values: ArrayLike) -> NDArray[np.float64]:
     return probabilities
 
 
-def sample_count(name: str, count: int, population: int) -> int:
-    """Check that ``count`` is an integer in ``[0, population]``."""
-    if isinstance(count, bool) or int(count) != count:
-        raise ValueError(f"{name} must be an integer, got {count!r}")
-    if count < 0 or count > population:
-        raise ValueError(f"{name} must lie in [0, {population}], got {count}")
-    return int(count)
+def sample_count(name: str, count: Any, population: int) -> int:
+    """``count`` as an int, once checked to be a whole number in ``[0, population]``."""
+    return check_count(name, count, minimum=0, maximum=population)
 
 
-def nonnegative_integer(name: str, value: int) -> int:
-    """Check that ``value`` is an integer >= 0 (no upper bound)."""
-    if isinstance(value, bool) or int(value) != value:
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
-    return int(value)
-
-
-def positive_integer(name: str, value: int) -> int:
-    """Check that ``value`` is an integer of at least 1."""
-    if isinstance(value, bool) or int(value) != value or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
+def nonnegative_integer(name: str, value: Any) -> int:
+    """``value`` as an int, once checked to be a whole number ``>= 0``."""
+    return check_count(name, value, minimum=0)
 
 
 def distinct_indices(name: str, values: ArrayLike, population: int) -> NDArray[np.intp]:
@@ -164,7 +155,7 @@ def distinct_indices(name: str, values: ArrayLike, population: int) -> NDArray[n
     if array.size == 0:
         return np.empty(0, dtype=np.intp)
     if not np.issubdtype(array.dtype, np.integer):
-        raise ValueError(f"{name} must hold integers, got dtype {array.dtype}")
+        raise TypeError(f"{name} must hold integers, got dtype {array.dtype}")
     if array.min() < 0 or array.max() >= population:
         raise ValueError(
             f"{name} must lie in [0, {population}), "
@@ -175,21 +166,43 @@ def distinct_indices(name: str, values: ArrayLike, population: int) -> NDArray[n
     return array.astype(np.intp)
 
 
-def check_count(name: str, value: Any, minimum: int = 1) -> int:
-    """``value`` as an int, once checked to be a whole number ``>= minimum``.
+def check_count(
+    name: str, value: Any, minimum: int = 1, maximum: int | None = None
+) -> int:
+    """``value`` as an int, once checked to be a whole number in ``[minimum, maximum]``.
+
+    Python's and NumPy's integers are whole numbers; a bool or a float (even
+    ``3.0``) is not.
 
     Raises
     ------
     TypeError
-        ``value`` is not an integer (a bool is not one here).
+        ``value`` is not an integer.
     ValueError
-        ``value`` is below ``minimum``.
+        ``value`` is below ``minimum`` or above ``maximum``.
+
+    Examples
+    --------
+    >>> from flwr_importance.validation import check_count
+    >>> check_count("clients_per_round", 3)
+    3
+    >>> check_count("clients_per_round", 0)
+    Traceback (most recent call last):
+    ...
+    ValueError: clients_per_round must be >= 1, got 0
+    >>> check_count("clients_per_round", 3.0)
+    Traceback (most recent call last):
+    ...
+    TypeError: clients_per_round must be an int, got 3.0
     """
     if isinstance(value, bool) or not isinstance(value, Integral):
         raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
+    count = int(value)
+    if count < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {count}")
+    if maximum is not None and count > maximum:
+        raise ValueError(f"{name} must lie in [{minimum}, {maximum}], got {count}")
+    return count
 
 
 def check_positive(name: str, value: Any) -> float:
@@ -231,6 +244,30 @@ def check_choice(name: str, value: Any, choices: Any) -> Any:
     if value not in valid:
         raise ValueError(f"{name} must be one of {valid}, got {value!r}")
     return value
+
+
+def check_keys(
+    weighted_by_key: Any, arrayrecord_key: Any, configrecord_key: Any
+) -> None:
+    """Raise unless every key is a non-empty string and the record keys differ.
+
+    Raises
+    ------
+    TypeError
+        A key is not a string.
+    ValueError
+        A key is empty, or the ArrayRecord and ConfigRecord keys are equal.
+    """
+    for key in (weighted_by_key, arrayrecord_key, configrecord_key):
+        if not isinstance(key, str):
+            raise TypeError(f"record and metric keys must be str, got {key!r}")
+        if not key:
+            raise ValueError("record and metric keys must not be empty")
+    if arrayrecord_key == configrecord_key:
+        raise ValueError(
+            f"arrayrecord_key and configrecord_key are both {arrayrecord_key!r}: "
+            "the model and the config need their own keys"
+        )
 
 
 def _is_symmetric(matrix: NDArray[np.float64]) -> bool:
