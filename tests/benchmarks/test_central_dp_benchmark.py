@@ -16,6 +16,7 @@ from benchmarks.central_dp import (
     EPSILON,
     EPSILON_TOLERANCE,
     SAMPLED,
+    SETTING,
     TARGET_EPSILON,
     Setting,
     calibrate,
@@ -29,9 +30,7 @@ from benchmarks.central_dp import (
 SMALL = Setting(clients=10, clients_per_round=3, rounds=2)
 
 
-@pytest.mark.parametrize(
-    "setting", [SMALL, Setting(clients=40, clients_per_round=6, rounds=15)]
-)
+@pytest.mark.parametrize("setting", [SMALL, SETTING])
 def test_both_methods_reach_the_target_epsilon_together(setting: Setting) -> None:
     aocs, report, uniform, aocs_eps, uniform_eps = noise_multipliers(setting)
     assert aocs_eps == pytest.approx(TARGET_EPSILON, rel=1e-6)
