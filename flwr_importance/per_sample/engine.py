@@ -289,7 +289,6 @@ def layerwise_gradient_and_norms(
     inner_with_parameters = torch.zeros_like(squared_norms)
     parameters = list(model.parameters())
     gradients = {id(p): torch.zeros_like(p) for p in parameters}
-    grams: piece_math.GramCache = {}
     with torch.no_grad():
         for group in groups.values():
             output_grads = [
@@ -300,9 +299,7 @@ def layerwise_gradient_and_norms(
                 )
                 for p in group
             ]
-            part = piece_math.contribution(
-                group, output_grads, sample_weights, l2 > 0, grams
-            )
+            part = piece_math.contribution(group, output_grads, sample_weights, l2 > 0)
             squared_norms += part.squared_norms
             if part.inner_with_parameters is not None:
                 inner_with_parameters += part.inner_with_parameters

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812 (the conventional alias)
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from flwr_importance.per_sample.pieces import DensePiece, Recorder, edge_of
 
@@ -51,6 +52,7 @@ def sequence_piece(
     output: Tensor,
     rows: slice | None = None,
     bias_rows: slice | None = None,
+    beside: tuple[tuple[Tensor, Tensor | None], ...] = (),
 ) -> DensePiece:
     """A dense piece over ``(B, T, features)`` inputs and outputs."""
     edge, shape = edge_of(output)
@@ -64,6 +66,7 @@ def sequence_piece(
         layout=lambda grad: grad.reshape(batch_size, 1, -1, grad.shape[-1]),
         rows=slice(None) if rows is None else rows,
         bias_rows=slice(None) if bias_rows is None else bias_rows,
+        beside=beside,
     )
 
 
@@ -145,29 +148,107 @@ def _lstm_layer(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One LSTM layer in one direction over ``(B, T, in)``; gates i, f, g, o."""
     weight_ih, weight_hh, bias_ih, bias_hh = _parameters(module, suffix)
-    input_part = F.linear(steps, weight_ih, bias_ih)
-    if bias_hh is not None:
-        input_part = input_part + bias_hh
-    previous, outputs = [], []
-    # unbind: one backward node for all steps (a slice per step would each
-    # scatter into a zero tensor of the whole sequence).
-    for step_input in input_part.unbind(dim=1):
-        previous.append(h)
-        gates = torch.addmm(step_input, h, weight_hh.T)
-        # One sigmoid over all four gates (the cell gate's is unused): fewer
-        # operations per step, which is what a step costs at these sizes.
-        in_gate, forget_gate, _, out_gate = gates.sigmoid().chunk(4, dim=1)
-        cell_gate = gates[:, 2 * h.shape[1] : 3 * h.shape[1]].tanh()
-        c = torch.addcmul(forget_gate * c, in_gate, cell_gate)
-        h = out_gate * c.tanh()
-        outputs.append(h)
-    # Both weights see the same gate gradient: d loss / d input_part.
+    bias = None if bias_ih is None or bias_hh is None else bias_ih + bias_hh
+    input_part = F.linear(steps, weight_ih, bias)
+    # The weights' gradients come from the pieces, not from autograd.
+    states, c_last = _LSTMRecurrence.apply(input_part, h, c, weight_hh.detach())
+    # Both weights see the same gate gradient, d loss / d input_part: one
+    # piece, W_hh on h_{t-1} beside W_ih on x_t.
+    joint = torch.cat((recorder.saved(steps), states[:, :-1].detach()), dim=2)
     recorder.pieces.append(
-        sequence_piece(weight_ih, bias_ih, recorder.saved(steps), input_part)
+        sequence_piece(
+            weight_ih, bias_ih, joint, input_part, beside=((weight_hh, bias_hh),)
+        )
     )
-    hidden = torch.stack(previous, dim=1).detach()
-    recorder.pieces.append(sequence_piece(weight_hh, bias_hh, hidden, input_part))
-    return torch.stack(outputs, dim=1), h, c
+    return states[:, 1:], states[:, -1], c_last
+
+
+class _LSTMRecurrence(torch.autograd.Function):
+    """The recurrence of one LSTM layer, differentiated by hand.
+
+    Input: the gate pre-activations' input part ``x_t W_ih^T + b_ih + b_hh``
+    ``(B, T, 4H)``; the recurrence adds ``h_{t-1} W_hh^T`` step by step. The
+    gradient it returns for that input part is ``D``, the gradient of the
+    full gate pre-activations: what both weights' pieces need. Autograd
+    recording each step's half-dozen small operations (and replaying their
+    backward nodes) cost more than the arithmetic; here the forward steps run
+    unrecorded into preallocated buffers and the backward is one fused
+    recursion (five operations a step), with everything that does not depend
+    on the previous step computed for all steps at once.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, input_part: Tensor, h: Tensor, c: Tensor, weight_hh: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """``(B, T + 1, H)`` hidden states from ``h_0`` on, and ``c_T``."""
+        batch_size, length, width = input_part.shape
+        hidden = width // 4
+        # Gate activations i, f, g, o; cells from c_0 on; tanh of the cells.
+        gates = input_part.new_empty(batch_size, length, width)
+        cells = input_part.new_empty(batch_size, length + 1, hidden)
+        cell_tanh = input_part.new_empty(batch_size, length, hidden)
+        states = input_part.new_empty(batch_size, length + 1, hidden)
+        cells[:, 0] = c
+        states[:, 0] = h
+        weight_t = weight_hh.T
+        for t in range(length):
+            pre = torch.addmm(input_part[:, t], states[:, t], weight_t)
+            # One sigmoid over all four gates, the cell gate's then replaced.
+            activation = gates[:, t]
+            torch.sigmoid(pre, out=activation)
+            torch.tanh(
+                pre[:, 2 * hidden : 3 * hidden],
+                out=activation[:, 2 * hidden : 3 * hidden],
+            )
+            in_gate, forget_gate, cell_gate, out_gate = activation.chunk(4, dim=1)
+            cell = cells[:, t + 1]
+            torch.mul(forget_gate, cells[:, t], out=cell)
+            cell.addcmul_(in_gate, cell_gate)
+            torch.tanh(cell, out=cell_tanh[:, t])
+            torch.mul(out_gate, cell_tanh[:, t], out=states[:, t + 1])
+        ctx.save_for_backward(gates, cells, cell_tanh, weight_hh)
+        return states, cells[:, -1].clone()
+
+    @staticmethod
+    @once_differentiable
+    def backward(
+        ctx: Any, grad_states: Tensor, grad_cell: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, None]:
+        """``D``, and the gradients of ``h_0`` and ``c_0``."""
+        gates, cells, cell_tanh, weight_hh = ctx.saved_tensors
+        batch_size, length, width = gates.shape
+        hidden = width // 4
+        in_gate, forget_gate, cell_gate, out_gate = gates.chunk(4, dim=2)
+        # What does not depend on the step after: d h_t -> d c_t, d h_t -> D_o,
+        # and d c_t -> D_i, D_f, D_g (as (B, T, 3, H)).
+        to_cell = out_gate * (1 - cell_tanh.square())
+        to_out = cell_tanh * out_gate * (1 - out_gate)
+        from_cell = torch.stack(
+            (
+                cell_gate * in_gate * (1 - in_gate),
+                cells[:, :-1] * forget_gate * (1 - forget_gate),
+                in_gate * (1 - cell_gate.square()),
+            ),
+            dim=2,
+        )
+        grads = gates.new_empty(batch_size, length, width)
+        grad_h = grad_states[:, -1]
+        grad_c = grad_cell
+        for t in reversed(range(length)):
+            if t < length - 1:
+                grad_h = torch.addmm(grad_states[:, t + 1], grads[:, t + 1], weight_hh)
+            grad_c = torch.addcmul(grad_c, grad_h, to_cell[:, t])
+            step = grads[:, t]
+            torch.mul(
+                grad_c.unsqueeze(1),
+                from_cell[:, t],
+                out=step[:, : 3 * hidden].view(batch_size, 3, hidden),
+            )
+            torch.mul(grad_h, to_out[:, t], out=step[:, 3 * hidden :])
+            grad_c = grad_c * forget_gate[:, t]
+        grad_h0 = torch.addmm(grad_states[:, 0], grads[:, 0], weight_hh)
+        return grads, grad_h0, grad_c, None
 
 
 def _gru_layer(
