@@ -192,21 +192,24 @@ class _LSTMRecurrence(torch.autograd.Function):
         cells[:, 0] = c
         states[:, 0] = h
         weight_t = weight_hh.T
+        # Every step's views, made at once (indexing each step costs as much
+        # as the step's small operations).
+        inputs = input_part.unbind(1)
+        activations = gates.unbind(1)
+        in_gate, forget_gate, cell_gate, out_gate = (
+            part.unbind(1) for part in gates.chunk(4, dim=2)
+        )
+        cell, tanh_cell, state = cells.unbind(1), cell_tanh.unbind(1), states.unbind(1)
+        cell_rows = slice(2 * hidden, 3 * hidden)
         for t in range(length):
-            pre = torch.addmm(input_part[:, t], states[:, t], weight_t)
+            pre = torch.addmm(inputs[t], state[t], weight_t)
             # One sigmoid over all four gates, the cell gate's then replaced.
-            activation = gates[:, t]
-            torch.sigmoid(pre, out=activation)
-            torch.tanh(
-                pre[:, 2 * hidden : 3 * hidden],
-                out=activation[:, 2 * hidden : 3 * hidden],
-            )
-            in_gate, forget_gate, cell_gate, out_gate = activation.chunk(4, dim=1)
-            cell = cells[:, t + 1]
-            torch.mul(forget_gate, cells[:, t], out=cell)
-            cell.addcmul_(in_gate, cell_gate)
-            torch.tanh(cell, out=cell_tanh[:, t])
-            torch.mul(out_gate, cell_tanh[:, t], out=states[:, t + 1])
+            torch.sigmoid(pre, out=activations[t])
+            torch.tanh(pre[:, cell_rows], out=cell_gate[t])
+            torch.mul(forget_gate[t], cell[t], out=cell[t + 1])
+            cell[t + 1].addcmul_(in_gate[t], cell_gate[t])
+            torch.tanh(cell[t + 1], out=tanh_cell[t])
+            torch.mul(out_gate[t], tanh_cell[t], out=state[t + 1])
         ctx.save_for_backward(gates, cells, cell_tanh, weight_hh)
         return states, cells[:, -1].clone()
 
@@ -215,39 +218,42 @@ class _LSTMRecurrence(torch.autograd.Function):
     def backward(
         ctx: Any, grad_states: Tensor, grad_cell: Tensor
     ) -> tuple[Tensor, Tensor, Tensor, None]:
-        """``D``, and the gradients of ``h_0`` and ``c_0``."""
+        """``D``, and the gradients of ``h_0`` and ``c_0``.
+
+        ``D`` is written over the saved gate activations (a second backward
+        through the same graph fails on their version counter): fresh
+        buffers of this size cost page faults at every step of training.
+        """
         gates, cells, cell_tanh, weight_hh = ctx.saved_tensors
-        batch_size, length, width = gates.shape
+        _, length, width = gates.shape
         hidden = width // 4
         in_gate, forget_gate, cell_gate, out_gate = gates.chunk(4, dim=2)
-        # What does not depend on the step after: d h_t -> d c_t, d h_t -> D_o,
-        # and d c_t -> D_i, D_f, D_g (as (B, T, 3, H)).
-        to_cell = out_gate * (1 - cell_tanh.square())
-        to_out = cell_tanh * out_gate * (1 - out_gate)
-        from_cell = torch.stack(
-            (
-                cell_gate * in_gate * (1 - in_gate),
-                cells[:, :-1] * forget_gate * (1 - forget_gate),
-                in_gate * (1 - cell_gate.square()),
-            ),
-            dim=2,
-        )
-        grads = gates.new_empty(batch_size, length, width)
-        grad_h = grad_states[:, -1]
+        # What does not depend on the step after, for all steps at once:
+        # d h_t -> d c_t, and the factors that make D of d c_t (gates i, f,
+        # g) and of d h_t (gate o), those in place of the activations.
+        forget = forget_gate.clone()
+        to_cell = cell_tanh.square().neg_().add_(1).mul_(out_gate)
+        out_gate.mul_(1 - out_gate).mul_(cell_tanh)
+        in_factor = (1 - in_gate).mul_(in_gate).mul_(cell_gate)
+        cell_gate.square_().neg_().add_(1).mul_(in_gate)
+        in_gate.copy_(in_factor)
+        forget_gate.mul_(1 - forget_gate).mul_(cells[:, :-1])
+        grads = gates
+        # D_t's parts from d c_t (as (B, 3, H)) and from d h_t, every step's.
+        from_cell = grads[..., : 3 * hidden].unflatten(2, (3, hidden)).unbind(1)
+        from_state = out_gate.unbind(1)
+        grad_step, grad_state = grads.unbind(1), grad_states.unbind(1)
+        to_cell_step, forget_step = to_cell.unbind(1), forget.unbind(1)
+        grad_h = grad_state[length]
         grad_c = grad_cell
         for t in reversed(range(length)):
             if t < length - 1:
-                grad_h = torch.addmm(grad_states[:, t + 1], grads[:, t + 1], weight_hh)
-            grad_c = torch.addcmul(grad_c, grad_h, to_cell[:, t])
-            step = grads[:, t]
-            torch.mul(
-                grad_c.unsqueeze(1),
-                from_cell[:, t],
-                out=step[:, : 3 * hidden].view(batch_size, 3, hidden),
-            )
-            torch.mul(grad_h, to_out[:, t], out=step[:, 3 * hidden :])
-            grad_c = grad_c * forget_gate[:, t]
-        grad_h0 = torch.addmm(grad_states[:, 0], grads[:, 0], weight_hh)
+                grad_h = torch.addmm(grad_state[t + 1], grad_step[t + 1], weight_hh)
+            grad_c = torch.addcmul(grad_c, grad_h, to_cell_step[t])
+            from_cell[t].mul_(grad_c.unsqueeze(1))
+            from_state[t].mul_(grad_h)
+            grad_c = grad_c * forget_step[t]
+        grad_h0 = torch.addmm(grad_state[0], grad_step[0], weight_hh)
         return grads, grad_h0, grad_c, None
 
 
