@@ -204,6 +204,18 @@ def joined(tensors: Sequence[Tensor], dim: int) -> Tensor:
     return tensors[0] if len(tensors) == 1 else torch.cat(list(tensors), dim=dim)
 
 
+def joined_grads(
+    pieces: Sequence[DensePiece | AffinePiece | EmbeddingPiece],
+    output_grads: Sequence[Tensor],
+    dim: int,
+) -> Tensor:
+    """The output gradients of a layer's calls, each in its layout, joined."""
+    return joined(
+        [piece.layout(grad) for piece, grad in zip(pieces, output_grads, strict=True)],
+        dim=dim,
+    )
+
+
 def dense_contribution(
     pieces: Sequence[DensePiece],
     output_grads: Sequence[Tensor],
@@ -213,10 +225,7 @@ def dense_contribution(
     """The calls of one dense weight (and those beside it), joined by position."""
     first = pieces[0]
     inputs = joined([piece.inputs for piece in pieces], dim=2)
-    grads = joined(
-        [piece.layout(grad) for piece, grad in zip(pieces, output_grads, strict=True)],
-        dim=2,
-    )
+    grads = joined_grads(pieces, output_grads, dim=2)
     weights, beside_biases = first.applied()
     bias = None if first.bias is None else first.bias[first.bias_rows]
     squared, weight_gradient = layers.dense_norms_and_gradient(
@@ -356,10 +365,7 @@ def affine_contribution(
     """The calls of one normalization layer's scale and shift."""
     first = pieces[0]
     normalized = joined([piece.normalized for piece in pieces], dim=1)
-    grads = joined(
-        [piece.layout(grad) for piece, grad in zip(pieces, output_grads, strict=True)],
-        dim=1,
-    )
+    grads = joined_grads(pieces, output_grads, dim=1)
     sample_grads = []
     if first.weight is not None:
         sample_grads.append(
@@ -379,10 +385,7 @@ def embedding_contribution(
     """The calls of one embedding table."""
     first = pieces[0]
     indices = joined([piece.indices for piece in pieces], dim=1)
-    grads = joined(
-        [piece.layout(grad) for piece, grad in zip(pieces, output_grads, strict=True)],
-        dim=1,
-    )
+    grads = joined_grads(pieces, output_grads, dim=1)
     if first.padding_idx is not None:
         # The padding row gets no gradient.
         grads = grads * (indices != first.padding_idx).unsqueeze(2).to(grads)
@@ -418,31 +421,14 @@ def contribution(
     with_inner: bool,
 ) -> Contribution:
     """Dispatch the pieces of one key (all of one type) to their math."""
-    first = pieces[0]
-    if isinstance(first, DensePiece):
-        return dense_contribution(
-            [p for p in pieces if isinstance(p, DensePiece)],
-            output_grads,
-            sample_weights,
-            with_inner,
-        )
-    if isinstance(first, ConvPiece):
-        return conv_contribution(
-            [p for p in pieces if isinstance(p, ConvPiece)],
-            output_grads,
-            sample_weights,
-            with_inner,
-        )
-    if isinstance(first, AffinePiece):
-        return affine_contribution(
-            [p for p in pieces if isinstance(p, AffinePiece)],
-            output_grads,
-            sample_weights,
-            with_inner,
-        )
-    return embedding_contribution(
-        [p for p in pieces if isinstance(p, EmbeddingPiece)],
-        output_grads,
-        sample_weights,
-        with_inner,
-    )
+    math = _CONTRIBUTIONS[type(pieces[0])]
+    return math(pieces, output_grads, sample_weights, with_inner)
+
+
+#: The math of each piece type, by the type (a key's pieces share one).
+_CONTRIBUTIONS: dict[type, Callable[..., Contribution]] = {
+    DensePiece: dense_contribution,
+    ConvPiece: conv_contribution,
+    AffinePiece: affine_contribution,
+    EmbeddingPiece: embedding_contribution,
+}

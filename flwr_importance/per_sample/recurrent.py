@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -109,7 +110,13 @@ def recurrent_forward(
             steps = layer_input.flip(1) if direction else layer_input
             run = _lstm_layer if is_lstm else _gru_layer
             output, h_last, c_last = run(
-                module, recorder, suffix, steps, h_start[state], c_start[state]
+                _LayerCall(
+                    recorder,
+                    *_parameters(module, suffix),
+                    steps,
+                    h_start[state],
+                    c_start[state],
+                )
             )
             outputs.append(output.flip(1) if direction else output)
             h_final.append(h_last)
@@ -138,26 +145,44 @@ def _parameters(
     )
 
 
-def _lstm_layer(
-    module: nn.Module,
-    recorder: Recorder,
-    suffix: str,
-    steps: Tensor,
-    h: Tensor,
-    c: Tensor,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """One LSTM layer in one direction over ``(B, T, in)``; gates i, f, g, o."""
-    weight_ih, weight_hh, bias_ih, bias_hh = _parameters(module, suffix)
+@dataclass(frozen=True)
+class _LayerCall:
+    """One layer in one direction, and where to record its pieces.
+
+    Its parameters, ``(B, T, in)`` input and initial states (the cell state
+    unused by a GRU).
+    """
+
+    recorder: Recorder
+    weight_ih: Tensor
+    weight_hh: Tensor
+    bias_ih: Tensor | None
+    bias_hh: Tensor | None
+    steps: Tensor
+    h: Tensor
+    c: Tensor
+
+
+def _lstm_layer(call: _LayerCall) -> tuple[Tensor, Tensor, Tensor]:
+    """One LSTM layer in one direction; gates i, f, g, o."""
+    bias_ih, bias_hh = call.bias_ih, call.bias_hh
     bias = None if bias_ih is None or bias_hh is None else bias_ih + bias_hh
-    input_part = F.linear(steps, weight_ih, bias)
+    input_part = F.linear(call.steps, call.weight_ih, bias)
     # The weights' gradients come from the pieces, not from autograd.
-    states, c_last = _LSTMRecurrence.apply(input_part, h, c, weight_hh.detach())
+    states, c_last = _LSTMRecurrence.apply(
+        input_part, call.h, call.c, call.weight_hh.detach()
+    )
     # Both weights see the same gate gradient, d loss / d input_part: one
     # piece, W_hh on h_{t-1} beside W_ih on x_t.
-    joint = torch.cat((recorder.saved(steps), states[:, :-1].detach()), dim=2)
+    recorder = call.recorder
+    joint = torch.cat((recorder.saved(call.steps), states[:, :-1].detach()), dim=2)
     recorder.pieces.append(
         sequence_piece(
-            weight_ih, bias_ih, joint, input_part, beside=((weight_hh, bias_hh),)
+            call.weight_ih,
+            bias_ih,
+            joint,
+            input_part,
+            beside=((call.weight_hh, bias_hh),),
         )
     )
     return states[:, 1:], states[:, -1], c_last
@@ -257,17 +282,10 @@ class _LSTMRecurrence(torch.autograd.Function):
         return grads, grad_h0, grad_c, None
 
 
-def _gru_layer(
-    module: nn.Module,
-    recorder: Recorder,
-    suffix: str,
-    steps: Tensor,
-    h: Tensor,
-    c: Tensor,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """One GRU layer in one direction over ``(B, T, in)``; gates r, z, n."""
-    weight_ih, weight_hh, bias_ih, bias_hh = _parameters(module, suffix)
-    input_part = F.linear(steps, weight_ih, bias_ih)
+def _gru_layer(call: _LayerCall) -> tuple[Tensor, Tensor, Tensor]:
+    """One GRU layer in one direction; gates r, z, n."""
+    recorder, steps, h = call.recorder, call.steps, call.h
+    input_part = F.linear(steps, call.weight_ih, call.bias_ih)
     batch_size, length, width = input_part.shape
     # A zero added to every step's hidden part: its gradient is that part's.
     offset = input_part.new_zeros(batch_size, length, width, requires_grad=True)
@@ -276,7 +294,7 @@ def _gru_layer(
         input_part.unbind(dim=1), offset.unbind(dim=1), strict=True
     ):
         previous.append(h)
-        hidden_part = F.linear(h, weight_hh, bias_hh) + step_offset
+        hidden_part = F.linear(h, call.weight_hh, call.bias_hh) + step_offset
         input_r, input_z, input_n = step_input.chunk(3, dim=1)
         hidden_r, hidden_z, hidden_n = hidden_part.chunk(3, dim=1)
         reset = torch.sigmoid(input_r + hidden_r)
@@ -285,11 +303,11 @@ def _gru_layer(
         h = (1 - update) * candidate + update * h
         outputs.append(h)
     recorder.pieces.append(
-        sequence_piece(weight_ih, bias_ih, recorder.saved(steps), input_part)
+        sequence_piece(call.weight_ih, call.bias_ih, recorder.saved(steps), input_part)
     )
     hidden = torch.stack(previous, dim=1).detach()
-    recorder.pieces.append(sequence_piece(weight_hh, bias_hh, hidden, offset))
-    return torch.stack(outputs, dim=1), h, c
+    recorder.pieces.append(sequence_piece(call.weight_hh, call.bias_hh, hidden, offset))
+    return torch.stack(outputs, dim=1), h, call.c
 
 
 def attention_forward(
