@@ -235,7 +235,7 @@ class _LSTMRecurrence(torch.autograd.Function):
             cell[t + 1].addcmul_(in_gate[t], cell_gate[t])
             torch.tanh(cell[t + 1], out=tanh_cell[t])
             torch.mul(out_gate[t], tanh_cell[t], out=state[t + 1])
-        ctx.save_for_backward(gates, cells, cell_tanh, weight_hh)
+        ctx.save_for_backward(gates, cells, cell_tanh, states, weight_hh)
         return states, cells[:, -1].clone()
 
     @staticmethod
@@ -249,20 +249,26 @@ class _LSTMRecurrence(torch.autograd.Function):
         through the same graph fails on their version counter): fresh
         buffers of this size cost page faults at every step of training.
         """
-        gates, cells, cell_tanh, weight_hh = ctx.saved_tensors
+        gates, cells, cell_tanh, states, weight_hh = ctx.saved_tensors
         _, length, width = gates.shape
         hidden = width // 4
         in_gate, forget_gate, cell_gate, out_gate = gates.chunk(4, dim=2)
         # What does not depend on the step after, for all steps at once:
         # d h_t -> d c_t, and the factors that make D of d c_t (gates i, f,
-        # g) and of d h_t (gate o), those in place of the activations.
+        # g) and of d h_t (gate o), those in place of the activations. Each
+        # a(1 - b c) as a - (a b) c: one pass over the steps, not three.
         forget = forget_gate.clone()
-        to_cell = cell_tanh.square().neg_().add_(1).mul_(out_gate)
-        out_gate.mul_(1 - out_gate).mul_(cell_tanh)
-        in_factor = (1 - in_gate).mul_(in_gate).mul_(cell_gate)
-        cell_gate.square_().neg_().add_(1).mul_(in_gate)
-        in_gate.copy_(in_factor)
-        forget_gate.mul_(1 - forget_gate).mul_(cells[:, :-1])
+        new_states = states[:, 1:]  # o tanh(c)
+        # o (1 - tanh(c)^2), and o (1 - o) tanh(c).
+        to_cell = torch.addcmul(out_gate, new_states, cell_tanh, value=-1)
+        torch.addcmul(new_states, new_states, out_gate, value=-1, out=out_gate)
+        # i (1 - g^2), and g i (1 - i).
+        cell_in = cell_gate * in_gate
+        torch.addcmul(in_gate, cell_in, cell_gate, value=-1, out=cell_gate)
+        torch.addcmul(cell_in, cell_in, in_gate, value=-1, out=in_gate)
+        # c_{t-1} f (1 - f).
+        cell_forget = cells[:, :-1] * forget_gate
+        torch.addcmul(cell_forget, cell_forget, forget_gate, value=-1, out=forget_gate)
         grads = gates
         # D_t's parts from d c_t (as (B, 3, H)) and from d h_t, every step's.
         from_cell = grads[..., : 3 * hidden].unflatten(2, (3, hidden)).unbind(1)
