@@ -9,7 +9,10 @@ each linear map as a :class:`~flwr_importance.per_sample.pieces.DensePiece`:
 
 * LSTM: the gate pre-activations ``x_t W_ih^T + b_ih + h_{t-1} W_hh^T + b_hh``
   are computed for all steps' input part at once; their gradient ``D`` serves
-  both weights (inputs ``x_t`` and ``h_{t-1}``) and both biases.
+  both weights and both biases, recorded as one piece (``[W_ih | W_hh]`` on
+  ``[x_t, h_{t-1}]``). The recurrence itself is an autograd Function with a
+  hand-written backward (:class:`_LSTMRecurrence`): recording its small
+  per-step operations for autograd cost more than their arithmetic.
 * GRU: the hidden part ``h_{t-1} W_hh^T + b_hh`` is gated by ``r_t`` before it
   is added, so its gradient is read off a zero offset added to it at each step.
 * Multi-head attention: the query, key and value projections (rows of
