@@ -195,7 +195,8 @@ class Contribution:
     squared_norms: Tensor
     #: ``<grad_b, parameters>``, needed for the L2 regularizer (None if unused).
     inner_with_parameters: Tensor | None
-    #: Weighted gradient per parameter: ``(parameter, rows, gradient)``.
+    #: Weighted gradient per parameter: ``(parameter, rows, gradient)``, each
+    #: gradient a tensor of its own (the caller may add to it in place).
     gradients: list[tuple[Tensor, slice, Tensor]]
 
 
@@ -264,8 +265,9 @@ def dense_contribution(
             gradients.append(
                 (first.bias, first.bias_rows, bias_gradient.reshape(bias.shape))
             )
+        # A tensor of its own for each bias: the caller adds to them in place.
         gradients += [
-            (each, slice(None), bias_gradient.reshape(each.shape))
+            (each, slice(None), bias_gradient.reshape(each.shape).clone())
             for each in beside_biases
         ]
     return Contribution(squared, inner, gradients)
