@@ -284,45 +284,68 @@ def layerwise_gradient_and_norms(
             strict=True,
         )
     )
-    squared_norms = torch.zeros_like(data_losses.detach())
+    squared_parts: list[Tensor] = []
     # <data gradient of sample b, parameters>, needed to add the regularizer.
-    inner_with_parameters = torch.zeros_like(squared_norms)
+    inner_parts: list[Tensor] = []
     parameters = list(model.parameters())
-    gradients = {id(p): torch.zeros_like(p) for p in parameters}
-    grams: piece_math.GramCache = {}
+    # Filled as the contributions come: a whole parameter's first gradient,
+    # laid out as the parameter, is taken as is (on a small model, zeroing
+    # and adding cost as much as the maths).
+    gradients: dict[int, Tensor] = {}
     with torch.no_grad():
         for group in groups.values():
             output_grads = [
                 _grad_or_zeros(
-                    edge_grads[piece_math.edge_key(p.output)],
-                    p,
-                    squared_norms,
+                    edge_grads[piece_math.edge_key(p.output)], p, data_losses
                 )
                 for p in group
             ]
-            part = piece_math.contribution(
-                group, output_grads, sample_weights, l2 > 0, grams
-            )
-            squared_norms += part.squared_norms
+            part = piece_math.contribution(group, output_grads, sample_weights, l2 > 0)
+            squared_parts.append(part.squared_norms)
             if part.inner_with_parameters is not None:
-                inner_with_parameters += part.inner_with_parameters
+                inner_parts.append(part.inner_with_parameters)
             for parameter, rows, gradient in part.gradients:
-                gradients[id(parameter)][rows] += gradient
+                if (
+                    rows == slice(None)
+                    and id(parameter) not in gradients
+                    and gradient.stride() == parameter.stride()
+                ):
+                    gradients[id(parameter)] = gradient
+                else:
+                    if id(parameter) not in gradients:
+                        gradients[id(parameter)] = torch.zeros_like(parameter)
+                    gradients[id(parameter)][rows] += gradient
+        squared_norms = _summed(squared_parts, data_losses)
         if l2 > 0:
             # ||g_b + 2 l2 w||^2 = ||g_b||^2 + 4 l2 <g_b, w> + 4 l2^2 ||w||^2
-            parameter_norm2 = sum(p.pow(2).sum() for p in parameters)
-            squared_norms += (
-                4 * l2 * inner_with_parameters + 4 * l2**2 * parameter_norm2
+            parameter_norm = torch.linalg.vector_norm(
+                torch.stack(torch._foreach_norm(tuple(parameters)))
             )
+            squared_norms = squared_norms.add(
+                _summed(inner_parts, data_losses), alpha=4 * l2
+            ).add_(parameter_norm.square(), alpha=4 * l2**2)
         norms = squared_norms.clamp_min(0).sqrt()
         if sample_weights is None:
             return None, norms
         if l2 > 0:
             # Every sample's gradient carries the regularizer's 2 l2 w.
-            weight_total = sample_weights.sum()
+            scale = 2 * l2 * sample_weights.sum()
             for p in parameters:
-                gradients[id(p)] += 2 * l2 * weight_total * p
-    return [gradients[id(p)] for p in parameters], norms
+                if id(p) in gradients:
+                    gradients[id(p)].addcmul_(p, scale)
+                else:
+                    gradients[id(p)] = p * scale
+    return [
+        gradients[id(p)] if id(p) in gradients else torch.zeros_like(p)
+        for p in parameters
+    ], norms
+
+
+def _summed(parts: list[Tensor], like: Tensor) -> Tensor:
+    """The sum of ``(B,)`` tensors (one is returned as is; none: zeros)."""
+    if len(parts) <= 1:
+        return parts[0] if parts else torch.zeros_like(like.detach())
+    return torch.stack(parts).sum(dim=0)
 
 
 def _grad_or_zeros(output_grad: Tensor | None, piece: Piece, like: Tensor) -> Tensor:

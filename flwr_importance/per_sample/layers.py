@@ -72,7 +72,6 @@ def dense_norms_and_gradient(
     inputs: Tensor,
     output_grads: Tensor,
     sample_weights: Tensor | None,
-    output_gram: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """``||D_b^T A_b||^2`` for every sample ``b``, and ``sum_b c_b D_b^T A_b``.
 
@@ -86,10 +85,6 @@ def dense_norms_and_gradient(
         ``D``, shaped ``(B, G, T, fan_out)``.
     sample_weights : torch.Tensor or None
         ``(B,)`` weights ``c_b``; None: no weighted gradient.
-    output_gram : torch.Tensor or None
-        ``D_b D_b^T`` (``(B, G, T, T)``, :func:`position_gram`) when already
-        computed for another weight with the same output gradient (an LSTM's
-        two weights); used only by the Gram form.
 
     Returns
     -------
@@ -127,16 +122,24 @@ def dense_norms_and_gradient(
                 inputs.square().sum(dim=3) * output_grads.square().sum(dim=3)
             ).sum(dim=(1, 2))
         else:
-            if output_gram is None:
-                output_gram = position_gram(output_grads)
-            squared = (position_gram(inputs) * output_gram).sum(dim=(1, 2, 3))
+            squared = (position_gram(inputs) * position_gram(output_grads)).sum(
+                dim=(1, 2, 3)
+            )
         if sample_weights is None:
             return squared, None
-        weighted = output_grads * sample_weights.reshape(-1, 1, 1, 1)
+        # The weights scale whichever operand is smaller.
+        scale = sample_weights.reshape(-1, 1, 1, 1)
+        if fan_in < fan_out:
+            inputs = inputs * scale
+        else:
+            output_grads = output_grads * scale
         # One product per group over samples and positions (for one group,
         # the reshapes are views: no copy, unlike einsum's).
-        grads_by_group = weighted.transpose(0, 1).reshape(groups, -1, fan_out)
+        grads_by_group = output_grads.transpose(0, 1).reshape(groups, -1, fan_out)
         inputs_by_group = inputs.transpose(0, 1).reshape(groups, -1, fan_in)
+        if groups == 1:
+            # A plain matrix product: faster than a batch of one.
+            return squared, (grads_by_group[0].T @ inputs_by_group[0]).unsqueeze(0)
         return squared, grads_by_group.transpose(1, 2) @ inputs_by_group
     per_sample = output_grads.transpose(2, 3) @ inputs
     squared = row_squared_norms(per_sample)

@@ -26,11 +26,6 @@ from flwr_importance.per_sample import layers
 #: Maps the gradient of a piece's output to the layout its math expects.
 Layout = Callable[[Tensor], Tensor]
 
-#: ``D_b D_b^T`` by its shape and the output edges of the pieces it was
-#: computed from: an LSTM's two weights share their gate gradient, so its Gram
-#: is computed once.
-GramCache = dict[tuple[tuple[int, ...], ...], Tensor]
-
 
 @dataclass(frozen=True)
 class DensePiece:
@@ -39,6 +34,12 @@ class DensePiece:
     ``inputs`` is ``A``, ``(B, G, T, fan_in)``; ``layout`` maps the output's
     gradient to ``(B, G, T, fan_out)``. The rows pick one projection out of a
     stacked weight (attention's ``in_proj_weight``).
+
+    ``beside`` holds further ``(weight, bias)`` pairs that add to the same
+    output: ``W`` is then ``[W | W_2 | ...]``, applied to ``A``'s features in
+    that order, and every bias is added (an LSTM layer's ``W_hh`` on
+    ``h_{t-1}`` beside ``W_ih`` on ``x_t``). Their gradients share ``D``, so
+    one Gram, one bias sum and one product serve them all.
     """
 
     weight: Tensor
@@ -49,11 +50,25 @@ class DensePiece:
     layout: Layout
     rows: slice = field(default_factory=lambda: slice(None))
     bias_rows: slice = field(default_factory=lambda: slice(None))
+    beside: tuple[tuple[Tensor, Tensor | None], ...] = ()
 
     @property
     def parameters(self) -> tuple[Tensor, ...]:
         """The parameters this piece's gradient reaches."""
-        return _present(self.weight, self.bias)
+        return _present(
+            self.weight, self.bias, *(t for pair in self.beside for t in pair)
+        )
+
+    def applied(self) -> tuple[list[tuple[Tensor, slice, Tensor]], list[Tensor]]:
+        """``(parameter, rows, part applied)`` of every weight, and the biases.
+
+        The biases as parameters (each a ``(parameter, rows, part)`` would be
+        redundant: only attention's, which has no ``beside``, takes rows).
+        """
+        weights = [(self.weight, self.rows, self.weight[self.rows])]
+        weights += [(weight, slice(None), weight) for weight, _ in self.beside]
+        biases = [bias for _, bias in self.beside if bias is not None]
+        return weights, biases
 
 
 @dataclass(frozen=True)
@@ -180,7 +195,8 @@ class Contribution:
     squared_norms: Tensor
     #: ``<grad_b, parameters>``, needed for the L2 regularizer (None if unused).
     inner_with_parameters: Tensor | None
-    #: Weighted gradient per parameter: ``(parameter, rows, gradient)``.
+    #: Weighted gradient per parameter: ``(parameter, rows, gradient)``, each
+    #: gradient a tensor of its own (the caller may add to it in place).
     gradients: list[tuple[Tensor, slice, Tensor]]
 
 
@@ -189,54 +205,71 @@ def joined(tensors: Sequence[Tensor], dim: int) -> Tensor:
     return tensors[0] if len(tensors) == 1 else torch.cat(list(tensors), dim=dim)
 
 
+def joined_grads(
+    pieces: Sequence[DensePiece | AffinePiece | EmbeddingPiece],
+    output_grads: Sequence[Tensor],
+    dim: int,
+) -> Tensor:
+    """The output gradients of a layer's calls, each in its layout, joined."""
+    return joined(
+        [piece.layout(grad) for piece, grad in zip(pieces, output_grads, strict=True)],
+        dim=dim,
+    )
+
+
 def dense_contribution(
     pieces: Sequence[DensePiece],
     output_grads: Sequence[Tensor],
     sample_weights: Tensor | None,
     with_inner: bool,
-    grams: GramCache,
 ) -> Contribution:
-    """The calls of one dense weight, joined along the positions."""
+    """The calls of one dense weight (and those beside it), joined by position."""
     first = pieces[0]
     inputs = joined([piece.inputs for piece in pieces], dim=2)
-    grads = joined(
-        [piece.layout(grad) for piece, grad in zip(pieces, output_grads, strict=True)],
-        dim=2,
-    )
-    weight = first.weight[first.rows]
+    grads = joined_grads(pieces, output_grads, dim=2)
+    weights, beside_biases = first.applied()
     bias = None if first.bias is None else first.bias[first.bias_rows]
-    output_gram = None
-    if layers.dense_uses_gram(grads.shape[2], inputs.shape[3], grads.shape[3]):
-        key = (tuple(grads.shape), *(edge_key(piece.output) for piece in pieces))
-        if key not in grams:
-            grams[key] = layers.position_gram(grads)
-        output_gram = grams[key]
     squared, weight_gradient = layers.dense_norms_and_gradient(
-        inputs, grads, sample_weights, output_gram
+        inputs, grads, sample_weights
     )
     bias_grads = None
-    if bias is not None:
+    biases = ([] if bias is None else [bias]) + beside_biases
+    if biases:
+        # Every bias of the piece gets the same per-sample gradient.
         bias_grads = layers.summed_bias_grads(grads)
-        squared = squared + layers.row_squared_norms(bias_grads)
+        squared = squared + len(biases) * layers.row_squared_norms(bias_grads)
     inner = None
     if with_inner:
         # <D_b^T A_b, W> + <sum_t D_bt, bias> = <D_b, A_b W^T + bias>.
+        weight = joined([part for _, _, part in weights], dim=1)
         group_weight = weight.reshape(inputs.shape[1], grads.shape[3], -1)
         outputs = inputs @ group_weight.transpose(1, 2).unsqueeze(0)
-        if bias is not None:
-            outputs = outputs + bias.reshape(1, inputs.shape[1], 1, -1)
+        for each in biases:
+            outputs = outputs + each.reshape(1, inputs.shape[1], 1, -1)
         inner = (grads * outputs).flatten(start_dim=1).sum(dim=1)
     gradients = []
     if weight_gradient is not None:
-        gradients.append(
-            (first.weight, first.rows, weight_gradient.reshape(weight.shape))
-        )
-    if sample_weights is not None and first.bias is not None and bias_grads is not None:
-        assert bias is not None
+        if len(weights) == 1:
+            parameter, rows, part = weights[0]
+            gradients.append((parameter, rows, weight_gradient.reshape(part.shape)))
+        else:
+            widths = [part.shape[1] for _, _, part in weights]
+            blocks = weight_gradient.reshape(grads.shape[3], -1).split(widths, dim=1)
+            gradients += [
+                (parameter, rows, block)
+                for (parameter, rows, _), block in zip(weights, blocks, strict=True)
+            ]
+    if sample_weights is not None and bias_grads is not None:
         bias_gradient = sample_weights @ bias_grads.flatten(start_dim=1)
-        gradients.append(
-            (first.bias, first.bias_rows, bias_gradient.reshape(bias.shape))
-        )
+        if first.bias is not None and bias is not None:
+            gradients.append(
+                (first.bias, first.bias_rows, bias_gradient.reshape(bias.shape))
+            )
+        # A tensor of its own for each bias: the caller adds to them in place.
+        gradients += [
+            (each, slice(None), bias_gradient.reshape(each.shape).clone())
+            for each in beside_biases
+        ]
     return Contribution(squared, inner, gradients)
 
 
@@ -245,7 +278,6 @@ def conv_contribution(
     output_grads: Sequence[Tensor],
     sample_weights: Tensor | None,
     with_inner: bool,
-    grams: GramCache,
 ) -> Contribution:
     """The calls of one convolution: Gram form over patches, or materialized.
 
@@ -292,7 +324,7 @@ def conv_contribution(
     # convolution's own kernel (contracting the patches over samples and
     # positions would copy them).
     part = dense_contribution(
-        [piece.patches() for piece in pieces], output_grads, None, with_inner, grams
+        [piece.patches() for piece in pieces], output_grads, None, with_inner
     )
     if sample_weights is not None:
         part.gradients.append((conv.weight, slice(None), weight_grads(sample_weights)))
@@ -335,10 +367,7 @@ def affine_contribution(
     """The calls of one normalization layer's scale and shift."""
     first = pieces[0]
     normalized = joined([piece.normalized for piece in pieces], dim=1)
-    grads = joined(
-        [piece.layout(grad) for piece, grad in zip(pieces, output_grads, strict=True)],
-        dim=1,
-    )
+    grads = joined_grads(pieces, output_grads, dim=1)
     sample_grads = []
     if first.weight is not None:
         sample_grads.append(
@@ -358,10 +387,7 @@ def embedding_contribution(
     """The calls of one embedding table."""
     first = pieces[0]
     indices = joined([piece.indices for piece in pieces], dim=1)
-    grads = joined(
-        [piece.layout(grad) for piece, grad in zip(pieces, output_grads, strict=True)],
-        dim=1,
-    )
+    grads = joined_grads(pieces, output_grads, dim=1)
     if first.padding_idx is not None:
         # The padding row gets no gradient.
         grads = grads * (indices != first.padding_idx).unsqueeze(2).to(grads)
@@ -395,36 +421,16 @@ def contribution(
     output_grads: Sequence[Tensor],
     sample_weights: Tensor | None,
     with_inner: bool,
-    grams: GramCache,
 ) -> Contribution:
     """Dispatch the pieces of one key (all of one type) to their math."""
-    first = pieces[0]
-    if isinstance(first, DensePiece):
-        return dense_contribution(
-            [p for p in pieces if isinstance(p, DensePiece)],
-            output_grads,
-            sample_weights,
-            with_inner,
-            grams,
-        )
-    if isinstance(first, ConvPiece):
-        return conv_contribution(
-            [p for p in pieces if isinstance(p, ConvPiece)],
-            output_grads,
-            sample_weights,
-            with_inner,
-            grams,
-        )
-    if isinstance(first, AffinePiece):
-        return affine_contribution(
-            [p for p in pieces if isinstance(p, AffinePiece)],
-            output_grads,
-            sample_weights,
-            with_inner,
-        )
-    return embedding_contribution(
-        [p for p in pieces if isinstance(p, EmbeddingPiece)],
-        output_grads,
-        sample_weights,
-        with_inner,
-    )
+    math = _CONTRIBUTIONS[type(pieces[0])]
+    return math(pieces, output_grads, sample_weights, with_inner)
+
+
+#: The math of each piece type, by the type (a key's pieces share one).
+_CONTRIBUTIONS: dict[type, Callable[..., Contribution]] = {
+    DensePiece: dense_contribution,
+    ConvPiece: conv_contribution,
+    AffinePiece: affine_contribution,
+    EmbeddingPiece: embedding_contribution,
+}

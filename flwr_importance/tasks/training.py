@@ -204,7 +204,7 @@ def weighted_sgd_step(
     gradient, norms = objective.weighted_gradient_and_norms(model, x, y, sample_weights)
     with torch.no_grad():
         for parameter, parameter_grad in zip(model.parameters(), gradient, strict=True):
-            parameter.sub_(lr * parameter_grad)
+            parameter.sub_(parameter_grad, alpha=lr)
     return WeightedStep(gradient=gradient, sample_grad_norms=norms)
 
 

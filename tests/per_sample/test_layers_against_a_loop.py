@@ -82,6 +82,23 @@ class Attention(nn.Module):
         return output.transpose(0, 1) + weights.sum(dim=2, keepdim=True)
 
 
+class StatefulLSTM(nn.Module):
+    """A 2-layer LSTM started from states computed from the input, whose final
+    states reach the output too (gradients into ``h_0``, ``c_0`` and out of
+    ``h_n``, ``c_n``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.start = nn.Linear(3, 2 * 2 * 4)
+        self.lstm = nn.LSTM(3, 4, num_layers=2, batch_first=True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        # (h or c, layer, B, H)
+        states = self.start(x.mean(dim=1)).reshape(-1, 2, 2, 4).permute(1, 2, 0, 3)
+        output, (h_n, c_n) = self.lstm(x, (states[0], states[1]))
+        return torch.cat((output.mean(dim=1), h_n[0], c_n.sum(dim=0)), dim=1)
+
+
 def images(shape: tuple[int, ...]) -> Callable[[torch.Generator], Tensor]:
     return lambda generator: torch.randn((BATCH, *shape), generator=generator)
 
@@ -195,6 +212,10 @@ CASES: dict[
             8,
             "mean1",
         ),
+        images((6, 3)),
+    ),
+    "lstm-initial-and-final-states": (
+        lambda: Head(StatefulLSTM(), 12),
         images((6, 3)),
     ),
     "lstm-sequence-first-no-bias": (
