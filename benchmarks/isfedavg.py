@@ -67,7 +67,8 @@ from flwr_importance.aggregation.isfedavg import (
     update_client_probs,
 )
 from flwr_importance.clientapps import ClientHandler
-from flwr_importance.clientapps.common import (
+from flwr_importance.clientapps.isfedavg import SampleState
+from flwr_importance.clientapps.local_task import (
     config_number,
     load_global_model,
     model_reply,
@@ -75,7 +76,6 @@ from flwr_importance.clientapps.common import (
     server_round_of,
     train_round,
 )
-from flwr_importance.clientapps.isfedavg import SampleState
 from flwr_importance.sampling import update_sample_probs
 from flwr_importance.strategies.isfedavg import ISFedAvg
 from flwr_importance.strategies.messages import node_messages

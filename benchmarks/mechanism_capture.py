@@ -16,7 +16,7 @@ Both steps run the library's real code on the in-process grid:
    evaluate) message for every node with ``w^t`` and round ``t``, on a fresh
    grid of the same run config served by the app's FedAvg ClientApp. A node's
    local work depends on its seed and the round only
-   (``clientapps.common.round_generators``), so each node computes the update
+   (``clientapps.local_task.round_generators``), so each node computes the update
    it would compute in round ``t`` of the run; the evaluate reply's ``loss`` is
    the loss a ``query.loss`` would report (``loss_query_handler`` wraps the
    same evaluate handler). An ISFedAvg run's clients train with its own

@@ -21,7 +21,7 @@ from flwr_importance.clientapps.messages import ClientHandler
 from flwr_importance.clientapps.standard import standard_handlers
 
 if TYPE_CHECKING:
-    from flwr_importance.clientapps.common import TaskFactory
+    from flwr_importance.clientapps.local_task import TaskFactory
 
 
 def make_clustered_handlers(task_factory: TaskFactory) -> dict[str, ClientHandler]:

@@ -59,7 +59,7 @@ from flwr_importance.clientapps._device import (
     inputs_and_targets,
     unpacked,
 )
-from flwr_importance.clientapps.common import (
+from flwr_importance.clientapps.local_task import (
     LocalTask,
     TaskFactory,
     received_task,

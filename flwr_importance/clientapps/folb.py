@@ -91,7 +91,7 @@ from flwr_importance.clientapps._device import (
     inputs_and_targets,
     mean_loss_gradient,
 )
-from flwr_importance.clientapps.common import (
+from flwr_importance.clientapps.local_task import (
     ClientHandler,
     TaskFactory,
     make_evaluate_handler,

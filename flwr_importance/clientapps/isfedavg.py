@@ -74,7 +74,14 @@ from torch import Tensor, nn
 
 from flwr_importance import per_sample, protocol
 from flwr_importance.clientapps._device import model_device
-from flwr_importance.clientapps.common import (
+from flwr_importance.clientapps.isfedavg_sampler import (
+    SAMPLE_STATE_KEY,
+    ImportanceSampler,
+    RoundSettings,
+    SampleState,
+    importance_loss_weights,
+)
+from flwr_importance.clientapps.local_task import (
     ClientHandler,
     LocalTask,
     TaskFactory,
@@ -82,13 +89,6 @@ from flwr_importance.clientapps.common import (
     model_reply,
     received_task,
     round_generators,
-)
-from flwr_importance.clientapps.isfedavg_sampler import (
-    SAMPLE_STATE_KEY,
-    ImportanceSampler,
-    RoundSettings,
-    SampleState,
-    importance_loss_weights,
 )
 from flwr_importance.clientapps.messages import server_round_of
 from flwr_importance.per_sample import (

@@ -17,7 +17,7 @@ Per method, the handler sets are the ``make_<method>_handlers`` functions of
 probabilities, OCS's kept update) persists across rounds as it does for a
 Message-API ClientApp.
 
-This is client-side code (torch, through :mod:`.common`), so it lives here,
+This is client-side code (torch, through :mod:`.local_task`), so it lives here,
 not in :mod:`flwr_importance.compat`, whose server side loads no ML framework;
 ``compat.HandlerClient`` and ``compat.handler_client_fn`` load it on first use.
 """
@@ -31,7 +31,7 @@ from flwr.client import Client, NumPyClient
 from flwr.common import NDArrays
 
 from flwr_importance import protocol
-from flwr_importance.clientapps.common import TaskFactory
+from flwr_importance.clientapps.local_task import TaskFactory
 from flwr_importance.clientapps.messages import ClientHandler
 from flwr_importance.compat.transport import (
     MESSAGE_TYPE_KEY,

@@ -38,7 +38,7 @@ from flwr_importance import protocol
 from flwr_importance.clientapps.messages import ClientHandler, metrics_reply
 
 if TYPE_CHECKING:
-    from flwr_importance.clientapps.common import TaskFactory
+    from flwr_importance.clientapps.local_task import TaskFactory
 
 #: ``context -> n``: a node's number of local training samples.
 SampleCount = Callable[[Context], int]

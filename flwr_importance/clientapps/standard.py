@@ -27,7 +27,7 @@ from flwr_importance.clientapps.sizes import make_sizes_handler
 from flwr_importance.registry import MethodSpec, load_attribute
 
 if TYPE_CHECKING:
-    from flwr_importance.clientapps.common import TaskFactory
+    from flwr_importance.clientapps.local_task import TaskFactory
 
 
 def standard_handlers(
@@ -47,7 +47,7 @@ def standard_handlers(
     ValueError
         A query action that is not a standard one.
     """
-    from flwr_importance.clientapps.common import (
+    from flwr_importance.clientapps.local_task import (
         make_evaluate_handler,
         make_train_handler,
     )

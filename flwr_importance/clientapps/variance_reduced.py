@@ -96,7 +96,7 @@ from flwr_importance.clientapps.user_functions import (
 )
 
 if TYPE_CHECKING:
-    from flwr_importance.clientapps.common import LocalTask, TaskFactory
+    from flwr_importance.clientapps.local_task import LocalTask, TaskFactory
 
 #: ``(context, model_index) -> LocalTask``: a node's task for each model.
 ModelTaskFactory = Callable[[Context, int], "LocalTask"]
@@ -451,7 +451,7 @@ def make_mmfl_handlers(task_factory: ModelTaskFactory) -> dict[str, ClientHandle
     on task ``s`` play the user's functions.
     """
     # The ready-made handlers train torch models; the helpers above do not.
-    from flwr_importance.clientapps.common import (
+    from flwr_importance.clientapps.local_task import (
         make_evaluate_handler,
         make_train_handler,
     )
@@ -470,7 +470,7 @@ def make_mmfl_handlers(task_factory: ModelTaskFactory) -> dict[str, ClientHandle
 
 def make_ocs_handlers(task_factory: TaskFactory) -> dict[str, ClientHandler]:
     """Single-model OCS: the multi-model contract with one model, plus evaluate."""
-    from flwr_importance.clientapps.common import make_evaluate_handler
+    from flwr_importance.clientapps.local_task import make_evaluate_handler
 
     def single_task(context: Context, model_index: int) -> LocalTask:
         if model_index != 0:

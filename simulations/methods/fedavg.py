@@ -42,9 +42,11 @@ from flwr_importance.clientapps import (
     ClientHandler,
     LocalTask,
     TaskFactory,
+    server_round_of,
+)
+from flwr_importance.clientapps.local_task import (
     make_evaluate_handler,
     make_train_handler,
-    server_round_of,
 )
 from flwr_importance.protocol import SERVER_ROUND
 from flwr_importance.sampling import uniform_client_set

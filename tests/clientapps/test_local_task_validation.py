@@ -12,11 +12,8 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from flwr.clientapp import ClientApp
 
-from flwr_importance.clientapps import (
-    LocalTask,
-    make_evaluate_handler,
-    register_handlers,
-)
+from flwr_importance.clientapps import LocalTask, register_handlers
+from flwr_importance.clientapps.local_task import make_evaluate_handler
 from flwr_importance.tasks import Objective, evaluate
 from flwr_importance.tooling.testing import InProcessGrid
 

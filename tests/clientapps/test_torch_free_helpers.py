@@ -17,8 +17,15 @@ import pytest
 
 #: ``module -> names`` a model-agnostic ClientApp imports from it.
 TORCH_FREE_NAMES = {
+    # The package exports the helpers from their modules, loading each on
+    # first use: the model-agnostic ones stay torch-free through it too.
     "flwr_importance.clientapps": [
         "ClientHandler",
+        "KeptUpdateMod",
+        "add_loss_query",
+        "add_norm_query",
+        "add_private_size_query",
+        "add_size_query",
         "config_number",
         "message_config",
         "register_handlers",

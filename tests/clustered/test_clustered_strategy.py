@@ -16,11 +16,8 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
-from flwr_importance.clientapps import (
-    LocalTask,
-    TaskFactory,
-    make_train_handler,
-)
+from flwr_importance.clientapps import LocalTask, TaskFactory
+from flwr_importance.clientapps.local_task import make_train_handler
 from flwr_importance.clientapps.sizes import make_sizes_handler
 from flwr_importance.sampling import (
     DISTANCES,

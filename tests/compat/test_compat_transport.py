@@ -15,9 +15,12 @@ from flwr.server.strategy import FedAvg as LegacyFedAvg
 
 from flwr_importance import compat
 from flwr_importance.clientapps import ClientHandler, TaskFactory
-from flwr_importance.clientapps.common import make_evaluate_handler, make_train_handler
 from flwr_importance.clientapps.fedsampling import make_fedsampling_handlers
 from flwr_importance.clientapps.isfedavg import make_isfedavg_handlers
+from flwr_importance.clientapps.local_task import (
+    make_evaluate_handler,
+    make_train_handler,
+)
 from flwr_importance.compat.transport import (
     ARRAY_LAYOUT_KEY,
     pack_arrays,

@@ -10,11 +10,12 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from flwr_importance.clientapps import LocalTask, make_train_handler
+from flwr_importance.clientapps import LocalTask
 from flwr_importance.clientapps.folb import (
     make_folb_gradient_handler,
     make_folb_train_handler,
 )
+from flwr_importance.clientapps.local_task import make_train_handler
 from flwr_importance.strategies.arrays import flatten
 from flwr_importance.tasks import Objective, build_model, full_gradient, load_dataset
 from flwr_importance.tooling.testing import InProcessGrid

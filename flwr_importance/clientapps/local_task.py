@@ -1,11 +1,11 @@
-"""What every ClientApp of this library shares: the local task and plain training.
+"""The ready-made handlers' plumbing: the local task and plain training.
 
 A ClientApp handler needs the node's model architecture, its loss, its local data
 and its training settings. Users describe those once, as a :class:`LocalTask`
 built by a ``TaskFactory`` from the node's ``Context``; every handler factory in
 :mod:`flwr_importance.clientapps` takes such a factory::
 
-        from flwr_importance.clientapps import LocalTask, make_train_handler
+    from flwr_importance.clientapps.local_task import LocalTask, make_train_handler
 
     def my_task(context):
         x, y = load_my_partition(context.node_config["partition-id"])
