@@ -54,9 +54,6 @@ class MethodSpec:
         Whether the method runs on Flower's legacy Strategy API at all.
     app_aliases : tuple[str, ...]
         Other app ``strategy`` names of the same method.
-    deprecated_names : tuple[str, ...]
-        Former app ``strategy`` names, still accepted with a ``FutureWarning``
-        that names ``name`` (:func:`flwr_importance.registry.method`).
     clients_per_round : bool
         Whether the constructor takes ``clients_per_round`` (FedSampling
         samples data, not clients).
@@ -90,7 +87,6 @@ class MethodSpec:
     legacy: str | None = None
     legacy_api: bool = True
     app_aliases: tuple[str, ...] = ()
-    deprecated_names: tuple[str, ...] = ()
     clients_per_round: bool = True
     client_queries: tuple[str, ...] = ()
     app_options: Mapping[str, str] = field(default_factory=dict)

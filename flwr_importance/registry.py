@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import importlib
 import pkgutil
-import warnings
 from typing import Any
 
 from flwr_importance import strategies
@@ -34,7 +33,6 @@ __all__ = [
     "MethodSpec",
     "RunConfigValue",
     "app_method_names",
-    "deprecated_app_names",
     "load_attribute",
     "method",
     "methods",
@@ -65,10 +63,8 @@ def methods() -> tuple[MethodSpec, ...]:
 
 
 def _check_unique(specs: tuple[MethodSpec, ...]) -> None:
-    """Raise if two declarations share an app name, current or deprecated."""
-    names = [
-        name for spec in specs for name in (*spec.app_names, *spec.deprecated_names)
-    ]
+    """Raise if two declarations share an app name."""
+    names = [name for spec in specs for name in spec.app_names]
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
         raise RuntimeError(f"app names declared twice: {', '.join(repeated)}")
@@ -76,9 +72,6 @@ def _check_unique(specs: tuple[MethodSpec, ...]) -> None:
 
 def method(name: str) -> MethodSpec:
     """The method whose app name (or alias) is ``name``.
-
-    A deprecated name (:attr:`MethodSpec.deprecated_names`) still finds its
-    method, with a ``FutureWarning`` that names the current one.
 
     Raises
     ------
@@ -93,27 +86,8 @@ def method(name: str) -> MethodSpec:
     for spec in methods():
         if name in spec.app_names:
             return spec
-        if name in spec.deprecated_names:
-            warnings.warn(
-                f"strategy name {name!r} is deprecated and will be removed: "
-                f"use {spec.name!r}",
-                FutureWarning,
-                stacklevel=2,
-            )
-            return spec
     known = ", ".join(name for spec in methods() for name in spec.app_names)
     raise KeyError(f"unknown method {name!r}; known: {known}")
-
-
-def deprecated_app_names() -> dict[str, str]:
-    """Each deprecated app ``strategy`` name and the method name replacing it.
-
-    Examples
-    --------
-    >>> deprecated_app_names()["poc"]
-    'power-of-choice'
-    """
-    return {old: spec.name for spec in methods() for old in spec.deprecated_names}
 
 
 def load_attribute(path: str) -> Any:

@@ -372,7 +372,6 @@ METHOD = MethodSpec(
         "power-of-choice-candidates": "candidates",
         "power-of-choice-variant": "variant",
     },
-    deprecated_names=("poc",),
     central_dp_refusal=(
         "its selection ranks the clients' losses against each other: one "
         "client's loss changes which others are selected"

@@ -33,7 +33,6 @@ from flwr_importance.clientapps.standard import method_handlers
 from flwr_importance.registry import (
     MethodSpec,
     app_method_names,
-    deprecated_app_names,
     methods,
 )
 from flwr_importance.registry import method as registry_method
@@ -115,11 +114,9 @@ class RegistryMethod:
 def load_method(name: str) -> Method:
     """The method for ``strategy = name``: its module here, or the registry's.
 
-    An alias (``sizeweighted``) loads its method's module, where it has one. A
-    deprecated name (``poc``) loads its method with a ``FutureWarning``
-    (:func:`flwr_importance.registry.method`).
+    An alias (``sizeweighted``) loads its method's module, where it has one.
     """
-    if name not in available_methods() and name not in deprecated_app_names():
+    if name not in available_methods():
         raise ValueError(
             f"unknown strategy '{name}'; available: {', '.join(available_methods())}"
         )
