@@ -74,3 +74,22 @@ def heavy_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Run the test while no other heavy run does (:mod:`tests.heavy`)."""
     with heavy_run_slot(tmp_path_factory):
         yield
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Time a heavy run's test body only, not its wait for the slot.
+
+    Waiting behind two or three other heavy runs on a loaded machine took
+    longer than a test's whole limit (a deployment fixture timed out after
+    1,200 s holding no slot yet): the limit is the body's
+    (``func_only``, pytest-timeout), with the same number of seconds.
+    """
+    for item in items:
+        if "heavy_run" not in getattr(item, "fixturenames", ()):
+            continue
+        marker = item.get_closest_marker("timeout")
+        seconds = float(
+            marker.args[0] if marker and marker.args else item.config.getini("timeout")
+        )
+        body_only = pytest.mark.timeout(seconds, func_only=True)
+        item.add_marker(body_only, append=False)

@@ -48,7 +48,7 @@ from tests.deployment.capturing_server_app import REPLIES_FILE
 from tests.heavy import heavy_run_slot, shared_dir
 
 # Besides its own minutes, the wait for another heavy run (tests/heavy.py).
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200, func_only=True)]
 
 APP_DIR = Path(__file__).resolve().parents[2]
 NUM_SUPERNODES = 4

@@ -62,7 +62,7 @@ from flwr_importance.tooling.launcher.processes import descendants, terminate
 # so that a slow start fails here, with the logs, rather than by pytest-timeout.
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.timeout(1200),
+    pytest.mark.timeout(1200, func_only=True),
     pytest.mark.usefixtures("heavy_run"),
 ]
 

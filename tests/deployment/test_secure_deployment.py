@@ -46,7 +46,7 @@ from tests.deployment.test_deployment_strategies import (
 from tests.heavy import heavy_run_slot, shared_dir
 
 # Besides its own minutes, the wait for another heavy run (tests/heavy.py).
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200, func_only=True)]
 
 STRATEGIES = ("ocs", "fedsampling")
 CAPTURED = "fedsampling"

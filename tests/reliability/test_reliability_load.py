@@ -53,7 +53,7 @@ def check_results(
 
 @pytest.mark.slow
 # Besides its own minutes, the wait for another heavy run (tests/heavy.py).
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(1200, func_only=True)
 @pytest.mark.usefixtures("heavy_run")
 def test_every_strategy_runs_on_1000_virtual_supernodes(tmp_path: Path) -> None:
     flwr_home = tmp_path / "flwr-home"

@@ -56,7 +56,7 @@ from tests.secure_aggregation.model_bounds import (
 )
 from tests.secure_aggregation.reply_recorder import integer_encodings, searchable
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500, func_only=True)]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NUM_SUPERNODES = 4
