@@ -119,7 +119,7 @@ class FedSamplingRound:
     local_steps : int
         ``E``, the gradient steps on the kept samples that the server asks for
         (``local-steps``, 1 in the paper); :func:`fedsampling_gradient` takes
-        them, so your own number of epochs does not apply.
+        them at your ``lr``, so your own number of epochs does not apply.
     """
 
     indices: tuple[int, ...]
@@ -197,11 +197,15 @@ def fedsampling_gradient(
     BatchNorm statistics and ``.grad`` fields are not touched.
 
     With ``plan.local_steps = E > 1`` (an extension, not in the paper) the
-    model takes ``E - 1`` steps ``w <- w - lr G_c(w)`` on the kept samples,
-    in place, and the result is the mean of the ``E`` normalized gradients
-    (each step's, and the last one at ``w_{E-1}``): still normalized by the
-    public ``K``, never by ``|S_c|``. Your optimizer is not used: the server
-    takes the step.
+    node trains on its kept samples as FedAvg's local training would: ``E``
+    full-batch steps ``w <- w - lr g(w)``, ``g`` the mean gradient over the
+    kept samples (the first ``E - 1`` taken in place, the last one only
+    counted). The result is then the sum of the ``E``
+    normalized gradients, ``G_c = (|S_c| / K) (w_0 - w_E) / lr``: still
+    normalized by the public ``K``, never by ``|S_c|``, and equal to the
+    paper's ``G_c`` at ``E = 1``. With the server's ``server_lr`` equal to
+    ``lr``, the server's step moves the model to the mean of the nodes'
+    local models weighted by ``|S_c| / K``. Your optimizer is not used.
 
     Parameters
     ----------
@@ -255,14 +259,14 @@ def _fedsampling_gradient(
     total = [torch.zeros_like(parameter) for parameter in parameters]
     if plan.indices:
         for step in range(plan.local_steps):
-            step_gradient = _normalized_gradient(
-                model, kept, batch_loss, plan.samples_per_round
-            )
+            mean = mean_gradient(model, kept, batch_loss)
+            # |S_c| is known only once the batches have been read.
+            scale = kept.num_samples / plan.samples_per_round
             with torch.no_grad():
                 for parameter, accumulated, gradient in zip(
-                    parameters, total, step_gradient, strict=True
+                    parameters, total, mean, strict=True
                 ):
-                    accumulated += gradient / plan.local_steps
+                    accumulated += gradient * scale
                     if step < plan.local_steps - 1:
                         assert lr is not None
                         parameter.sub_(lr * gradient)
@@ -287,18 +291,6 @@ class _Counted:
         for inputs, targets in unpacked(self.batches, self.unpack):
             self.num_samples += len(targets)
             yield inputs, targets
-
-
-def _normalized_gradient(
-    model: torch.nn.Module,
-    kept: _Counted,
-    batch_loss: BatchLoss,
-    samples_per_round: int,
-) -> list[torch.Tensor]:
-    """``(1/K) sum_s grad Q_s(w)``: the mean gradient times ``|S_c| / K``."""
-    mean = mean_gradient(model, kept, batch_loss)
-    scale = kept.num_samples / samples_per_round
-    return [gradient * scale for gradient in mean]
 
 
 def fedsampling_reply(message: Message, gradient: dict[str, torch.Tensor]) -> Message:

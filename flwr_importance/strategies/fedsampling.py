@@ -124,8 +124,11 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
         ``eta``; ``sum_c G_c`` estimates the mean gradient over ``K`` samples,
         so ``eta`` plays the role of a centralized SGD step size.
     local_steps : int (default: 1)
-        Extension, not in the paper: local steps per node on its kept samples
-        (see :mod:`flwr_importance.clientapps.fedsampling`).
+        Extension, not in the paper: ``E`` local gradient steps per node on
+        its kept samples, replied as their sum ``(|S_c| / K)(w_0 - w_E) / lr``
+        (:func:`~flwr_importance.clientapps.fedsampling.fedsampling_gradient`);
+        with ``server_lr`` equal to the nodes' ``lr``, a round moves the model
+        to the mean of the nodes' local models weighted by ``|S_c| / K``.
 
     Other Parameters
     ----------------

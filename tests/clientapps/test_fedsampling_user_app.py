@@ -227,7 +227,8 @@ def test_dictionary_batches_as_flowers_quickstart_yields_them() -> None:
     )
 
 
-def test_local_steps_move_the_model_and_average_the_gradients() -> None:
+def test_local_steps_move_the_model_and_sum_the_gradients() -> None:
+    """``G_c = (|S_c| / K)(w_0 - w_E) / lr``: E - 1 steps taken, E summed."""
     trainset = load_trainset(2)
     plan = keep_plan(len(trainset), seed=2)
     steps = FedSamplingRound(
@@ -242,16 +243,17 @@ def test_local_steps_move_the_model_and_average_the_gradients() -> None:
     gradient = fedsampling_gradient(
         model, loader, nn.CrossEntropyLoss(), plan=steps, lr=LR
     )
-    moved = flatten(ArrayRecord(model.state_dict())) - start
-    # Two steps taken; the reply is the mean of the three gradients, so the
-    # third (not applied) is what separates them.
-    assert np.linalg.norm(moved) > 0
-    third = 3 * gradient_vector(gradient) + moved / LR
+    scale = len(steps.indices) / steps.samples_per_round
+    # The model was left at w_2; the third step, w_3 = w_2 - lr g(w_2), is the
+    # one the reply counts without taking.
+    last = gradient_vector(
+        fedsampling_gradient(model, loader, nn.CrossEntropyLoss(), plan=plan)
+    )
+    end = flatten(ArrayRecord(model.state_dict())) - LR * last / scale
+    assert np.linalg.norm(end - start) > 0
     np.testing.assert_allclose(
-        third,
-        gradient_vector(
-            fedsampling_gradient(model, loader, nn.CrossEntropyLoss(), plan=plan)
-        ),
+        gradient_vector(gradient),
+        scale * (start - end) / LR,
         rtol=1e-4,
         atol=1e-6,
     )

@@ -11,11 +11,12 @@ eq. 8's ``1/E_k`` and ``E_k``, ``B_k`` of its own, 0.124 -> 0.102), MMFL
 0.124 -> 0.156 (the mean of its two models). At torch seeds 1-3 ISFedAvg
 ends 0.08 to 0.43 above its start, MMFL 0.03 to 0.46.
 
-FedSampling makes one server step per round, 3 in Flower's 3 rounds, and
-its nodes' coins come from OS entropy (no seed): in 5 runs with its
-quickstart lines its central loss fell from 2.306 to 2.297-2.299 every
-time, but its accuracy after 3 rounds (0.101 to 0.183) is within the
-run-to-run spread of its round-1 values, so only the loss is checked.
+FedSampling's nodes draw their coins from OS entropy (no seed), so its runs
+differ: with its quickstart lines (20 local steps at the app's learning
+rate, ``server_lr`` the same) 8 runs went from 0.124 to 0.542-0.651 central
+accuracy after 3 rounds and from a loss of 2.306 to 1.215-1.897. With the
+paper's one gradient step a round (``local_steps=1``, ``server_lr`` 0.1) its
+accuracy after 3 rounds stayed at 0.129-0.166 in 4 runs, its loss at 2.304.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch
 from flwr.app import Context, RecordDict
 from flwr.serverapp.strategy import Strategy
 
-from flwr_importance.strategies import ISFedAvg
+from flwr_importance.strategies import FedSampling, ISFedAvg
 from flwr_importance.tooling.testing import InProcessGrid
 from tests.test_examples_e2e import (
     QUICKSTART_NODES,
@@ -46,12 +47,9 @@ FLOWER_SETTINGS = {
     "batch-size": 32,
 }
 #: Central accuracy after 3 rounds must exceed the start by this much: about
-#: half the measured gain (0.081 ISFedAvg, 0.032 MMFL), 0.01 being 18 of the
-#: 1,797 test images.
-MARGIN = {"isfedavg": 0.04, "mmfl": 0.016}
-#: FedSampling's central loss after 3 rounds must be this much below the
-#: start's: under half the smallest fall measured (0.007).
-FEDSAMPLING_LOSS_MARGIN = 0.003
+#: half the smallest measured gain (0.081 ISFedAvg, 0.032 MMFL, 0.418
+#: FedSampling), 0.01 being 18 of the 1,797 test images.
+MARGIN = {"isfedavg": 0.04, "mmfl": 0.016, "fedsampling": 0.2}
 
 
 #: A method's run: its central metrics by round, and its output folder.
@@ -87,16 +85,19 @@ def run_quickstart(
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
     """Each method's run, made once for the module's tests."""
     output_dir = tmp_path_factory.mktemp("quickstart")
-    methods = [*MARGIN, "fedsampling"]
+    methods = list(MARGIN)
     yield {method: run_quickstart(method, output_dir) for method in methods}
 
 
 @pytest.mark.slow
-def test_fedsampling_lowers_the_central_loss_in_its_three_steps(
-    runs: dict[str, Run],
-) -> None:
-    central, _ = runs["fedsampling"]
-    assert central["3"]["loss"] < central["0"]["loss"] - FEDSAMPLING_LOSS_MARGIN
+def test_fedsampling_with_one_step_a_round_does_not_train(tmp_path: Path) -> None:
+    """The paper's one gradient step a round (``local_steps=1``) stays below
+    the margin its quickstart lines (20 local steps) pass."""
+    one_step = FedSampling(
+        samples_per_round=160, max_size=200, epsilon=8.0, server_lr=0.1
+    )
+    central, _ = run_quickstart("fedsampling", tmp_path, one_step)
+    assert central["3"]["accuracy"] < central["0"]["accuracy"] + MARGIN["fedsampling"]
 
 
 @pytest.mark.slow

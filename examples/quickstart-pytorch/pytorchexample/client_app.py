@@ -353,7 +353,7 @@ def folb_app() -> ClientApp:
 @logged
 # --8<-- [start:fedsampling-client]
 def train_fedsampling(msg: Message, context: Context) -> Message:
-    """FedSampling: the gradient over this round's kept samples; the server steps."""
+    """FedSampling: local steps on this round's kept samples, replied as G_c."""
     model = Net()
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     partition_id = context.node_config["partition-id"]
@@ -364,7 +364,10 @@ def train_fedsampling(msg: Message, context: Context) -> Message:
     plan = fedsampling_round(msg, num_examples=len(trainset))
     kept = DataLoader(Subset(trainset, plan.indices), batch_size=batch_size)
     criterion = torch.nn.CrossEntropyLoss()
-    gradient = fedsampling_gradient(model, kept, criterion, plan=plan, unpack=unpack)
+    lr = msg.content["config"]["lr"]
+    gradient = fedsampling_gradient(
+        model, kept, criterion, plan=plan, lr=lr, unpack=unpack
+    )
     return fedsampling_reply(msg, gradient)  # G_c alone: no num-examples
 
 

@@ -145,6 +145,7 @@ def make_strategy(method: str, context: Context) -> Strategy:
     (``num-supernodes``; Flower's own default of 2 cannot give 5).
     """
     fraction_evaluate = float(context.run_config["fraction-evaluate"])
+    lr = float(context.run_config["learning-rate"])
     strategy: Strategy
     match method:
         case "fedavg":
@@ -230,7 +231,10 @@ def make_strategy(method: str, context: Context) -> Strategy:
                 # else round 1 warns "set max_size (...) above the largest partition"
                 max_size=200,
                 epsilon=8.0,
-                server_lr=0.5,
+                # your learning rate: the nodes' 20 local steps on their kept
+                # samples (about 16 each) and the server's step both take it
+                server_lr=lr,
+                local_steps=20,
             )
             # --8<-- [end:fedsampling-server]
         case _:
