@@ -4,8 +4,9 @@
 #   bash scripts/setup-env.sh .venv-flwr1.42 constraints-flwr1.42.txt
 # Re-runs only when pyproject.toml, the constraints file or this script change,
 # so `make run` and `make test` stay fast after the first. .venv also gets
-# wheelhouse/: the wheels of every dependency, from which tests/packaging
-# installs the built wheel into fresh venvs without the network.
+# wheelhouse/: the wheels of every dependency and of the test runner, from
+# which tests/packaging installs the built wheel into fresh venvs without the
+# network.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python_bin="${PYTHON:-python3}"
@@ -22,7 +23,8 @@ if [ ! -f "$stamp" ]; then
     if [ "$venv" = .venv ]; then
         rm -rf "$venv/wheelhouse"
         "$venv/bin/pip" download --quiet --disable-pip-version-check \
-            -d "$venv/wheelhouse" -c "$constraints" torch==2.13.0 ".[torch,sim,dp]"
+            -d "$venv/wheelhouse" -c "$constraints" torch==2.13.0 ".[torch,sim,dp]" \
+            pytest pytest-timeout hypothesis filelock
     fi
     rm -f "$venv"/.installed-*
     touch "$stamp"

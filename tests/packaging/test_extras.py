@@ -5,7 +5,9 @@ A fresh venv per extra, installed offline (``--no-index``) from the wheelhouse
 of every dependency), without the machine's pip configuration; then, from a
 directory outside the repository, the imports the README's Install section
 promises for that extra, and the absence of what only a larger extra brings
-(so that a dependency installed by accident cannot hide a missing one).
+(so that a dependency installed by accident cannot hide a missing one). The
+base install also runs the maths' tests with the test runner alone, so that
+they cannot come to need torch.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.packaging.conftest import run_checked
+from tests.packaging.conftest import ROOT, run_checked
 
 #: setup-env.sh's wheelhouse in the venv running the tests.
 WHEELHOUSE = Path(sys.prefix) / "wheelhouse"
@@ -77,6 +79,14 @@ PROMISES: dict[str, tuple[list[str], str, list[str]]] = {
 }
 
 
+#: The tests of the maths (:mod:`flwr_importance.sampling`), which the base
+#: install runs with the test runner alone: no torch.
+TORCH_FREE_TESTS = ["tests/sampling"]
+#: The test runner, the plugin the repository's pytest settings name, and what
+#: the shared test modules import.
+TEST_RUNNER = ["pytest", "pytest-timeout", "hypothesis", "filelock"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("extra", list(PROMISES))
 def test_extra_alone_gives_what_the_readme_says(
@@ -108,3 +118,11 @@ def test_extra_alone_gives_what_the_readme_says(
     outside.mkdir()
     run_checked([python, "-c", IMPORT_ALL, *subpackages], cwd=outside, env=offline)
     run_checked([python, "-c", check], cwd=outside, env=offline)
+    if not extra:
+        install = [python, "-m", "pip", "install", "--no-index", "--quiet"]
+        run_checked([*install, "--find-links", WHEELHOUSE, *TEST_RUNNER], env=offline)
+        run_checked(
+            [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TORCH_FREE_TESTS],
+            cwd=ROOT,
+            env=offline,
+        )
