@@ -7,9 +7,15 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from flwr_importance.tooling.launcher import flwr_run, processes_mentioning
 from tests.heavy import heavy_run_slot
+
+# Every property test draws the same examples on every run, CI's included: a
+# failure reproduces, and a pass does not depend on the draw.
+settings.register_profile("derandomized", derandomize=True)
+settings.load_profile("derandomized")
 
 APP_DIR = Path(__file__).resolve().parent.parent
 

@@ -86,6 +86,11 @@ def capped_inclusion_probs(weights: ArrayLike, m: int) -> NDArray[np.float64]:
     probs = np.zeros_like(weights)
     if m == 0:
         return probs
+    if m == positive.size:
+        # Every positive unit is certain; the closed form below would give
+        # k w / (k w), which rounds to 1 - 2.2e-16 for some equal weights.
+        probs[positive] = 1.0
+        return probs
     ascending = positive[np.argsort(weights[positive])]
     # Dividing by the largest weight keeps the running sums finite for weights
     # near the float maximum; the probabilities are scale-free.

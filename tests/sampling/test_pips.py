@@ -92,6 +92,14 @@ def test_capped_inclusion_probs_boundaries() -> None:
     np.testing.assert_allclose(capped_inclusion_probs([huge, huge], 1), [0.5, 0.5])
 
 
+def test_capped_inclusion_probs_saturates_exactly_when_m_is_every_unit() -> None:
+    """m = number of positive weights: exactly 1 each (hypothesis found equal
+    weights for which k w / (k w) rounded to 1 - 2.2e-16)."""
+    weights = np.array([764.0625, *[361.61843003] * 18, 0.0])
+    probs = capped_inclusion_probs(weights, 19)
+    assert probs.tolist() == [1.0] * 19 + [0.0]
+
+
 @settings(max_examples=200, deadline=None)
 @given(weights=weight_vectors, data=st.data())
 def test_capped_inclusion_probs_matches_iterative_capping(
