@@ -12,8 +12,8 @@ benchmarks exercise a method (canned replies, smoke runs, its benchmark) is in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from flwr.serverapp.strategy import Strategy
@@ -33,15 +33,6 @@ class MethodSpec:
         and its key everywhere else.
     strategy : type[Strategy]
         The Message-API strategy.
-    title : str
-        How the README's method table names it (``scripts/docs_snippets.py``
-        writes that table from the registry).
-    paper : str
-        Its paper, as authors and venue, e.g. ``"Cho, Wang, Joshi (AISTATS
-        2022)"``.
-    section : str
-        The anchor of its section of ``docs/methods.md``, which starts with
-        the section's number.
     client_handlers : str
         ``"module:function"``: the ready-made ClientApp handlers, built from a
         :class:`~flwr_importance.clientapps.LocalTask` factory; empty: FedAvg's
@@ -52,8 +43,6 @@ class MethodSpec:
         generic adapter (:func:`flwr_importance.compat.legacy_class`).
     legacy_api : bool
         Whether the method runs on Flower's legacy Strategy API at all.
-    app_aliases : tuple[str, ...]
-        Other app ``strategy`` names of the same method.
     clients_per_round : bool
         Whether the constructor takes ``clients_per_round`` (FedSampling
         samples data, not clients).
@@ -61,11 +50,6 @@ class MethodSpec:
         The standard queries (``"sizes"``, ``"loss"``) the strategy sends,
         answered by the ready-made client side when ``client_handlers`` is
         empty.
-    app_options : Mapping[str, str]
-        For a method without its own module in ``simulations/methods/``: per
-        run-config key (declared in ``pyproject.toml``), the constructor
-        argument it sets; the app passes ``clients_per_round`` and ``seed``
-        itself.
     uniform_sampling_option : str or None
         The strategy's bool option (an attribute of the same name) under which
         every client is sampled independently with the same probability, whatever
@@ -80,16 +64,11 @@ class MethodSpec:
 
     name: str
     strategy: type[Strategy]
-    title: str
-    paper: str
-    section: str
     client_handlers: str = ""
     legacy: str | None = None
     legacy_api: bool = True
-    app_aliases: tuple[str, ...] = ()
     clients_per_round: bool = True
     client_queries: tuple[str, ...] = ()
-    app_options: Mapping[str, str] = field(default_factory=dict)
     uniform_sampling_option: str | None = None
     central_dp_refusal: str | None = None
 
@@ -97,8 +76,3 @@ class MethodSpec:
         """A new instance of the strategy with these keyword arguments."""
         factory: Callable[..., Strategy] = self.strategy
         return factory(**arguments)
-
-    @property
-    def app_names(self) -> tuple[str, ...]:
-        """Every current app ``strategy`` name of the method, its own first."""
-        return (self.name, *self.app_aliases)

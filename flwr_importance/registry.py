@@ -3,7 +3,7 @@
 Every strategy module of :mod:`flwr_importance.strategies` that holds a
 method ends with a module-level ``METHOD = MethodSpec(...)``
 (:mod:`flwr_importance.method_spec`): its strategy class, its legacy-API
-class, its ready-made client side, its app strategy names and options.
+class, its ready-made client side.
 :func:`methods` collects them; the simulation app, the legacy API, the
 examples, the tests and the benchmarks iterate over it, so a new method takes
 part in all of them by declaring itself (the tests and benchmarks also read
@@ -32,7 +32,6 @@ __all__ = [
     "DECLARATION",
     "MethodSpec",
     "RunConfigValue",
-    "app_method_names",
     "load_attribute",
     "method",
     "methods",
@@ -63,15 +62,15 @@ def methods() -> tuple[MethodSpec, ...]:
 
 
 def _check_unique(specs: tuple[MethodSpec, ...]) -> None:
-    """Raise if two declarations share an app name."""
-    names = [name for spec in specs for name in spec.app_names]
+    """Raise if two declarations share a name."""
+    names = [spec.name for spec in specs]
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
-        raise RuntimeError(f"app names declared twice: {', '.join(repeated)}")
+        raise RuntimeError(f"methods declared twice: {', '.join(repeated)}")
 
 
 def method(name: str) -> MethodSpec:
-    """The method whose app name (or alias) is ``name``.
+    """The method named ``name``.
 
     Raises
     ------
@@ -80,13 +79,13 @@ def method(name: str) -> MethodSpec:
 
     Examples
     --------
-    >>> method("sizeweighted").name
-    'md'
+    >>> method("md").strategy.__name__
+    'MDSampling'
     """
     for spec in methods():
-        if name in spec.app_names:
+        if spec.name == name:
             return spec
-    known = ", ".join(name for spec in methods() for name in spec.app_names)
+    known = ", ".join(spec.name for spec in methods())
     raise KeyError(f"unknown method {name!r}; known: {known}")
 
 
@@ -100,8 +99,3 @@ def load_attribute(path: str) -> Any:
     """
     module_name, _, attribute = path.partition(":")
     return getattr(importlib.import_module(module_name), attribute)
-
-
-def app_method_names() -> tuple[str, ...]:
-    """The app ``strategy`` names of every method and alias, sorted."""
-    return tuple(sorted(name for spec in methods() for name in spec.app_names))

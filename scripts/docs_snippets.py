@@ -1,4 +1,4 @@
-"""Fill docs/methods.md from the example regions, the README's table from the registry.
+"""Fill docs/methods.md from the example regions, the README's table from its table.
 
 The examples under ``examples/`` mark the lines each method adds to a Flower
 app with whole-line comments::
@@ -29,13 +29,13 @@ docs hold the table of lines each method adds, per app shape, counted from the
 same regions.
 
 Between ``<!-- methods-table:start -->`` and ``<!-- methods-table:end -->``
-the README holds the table of methods, one row per declaration of the
-registry (``flwr_importance.registry.methods()``: its ``title``, ``paper``,
-strategy class, app names and ``section`` of docs/methods.md), in the order of
-those sections. ``python scripts/docs_snippets.py`` rewrites docs/methods.md
-and the README; ``--check`` only says whether they are up to date
-(tests/test_docs_snippets.py runs the check), so the docs cannot drift from
-code that runs.
+the README holds the table of methods: the table atop docs/methods.md, one
+row per method there (``tests/test_methods_doc.py`` checks one per
+declaration of ``flwr_importance.registry.methods()``), with its paper up to
+the colon and without its benchmark column. ``python scripts/docs_snippets.py``
+rewrites docs/methods.md and the README; ``--check`` only says whether they
+are up to date (tests/test_docs_snippets.py runs the check), so the docs
+cannot drift from code that runs.
 """
 
 from __future__ import annotations
@@ -329,29 +329,29 @@ def render(text: str, methods: list[str]) -> str:
 
 
 def methods_table() -> str:
-    """The README's table of methods, one row per registry declaration.
+    """The README's table of methods, from the table atop docs/methods.md.
 
-    Rows go in the order of the methods' sections of docs/methods.md (their
-    anchors start with the section's number), then by name.
+    Its rows in its order: the method, its paper up to the colon (the
+    authors and venue), the strategy, its ``strategy =`` names, and its
+    section's link.
     """
-    sys.path.insert(0, str(ROOT))
-    from flwr_importance.registry import methods
-
     rows = [
         "| method | paper | strategy | `strategy =` in the run config | section |",
         "|---|---|---|---|---|",
     ]
-    for spec in sorted(
-        methods(), key=lambda spec: (int(spec.section.split("-")[0]), spec.name)
-    ):
-        names = ", ".join(f"`{name}`" for name in spec.app_names)
-        number = spec.section.split("-")[0]
-        rows.append(
-            f"| {spec.title} | {spec.paper} | `{spec.strategy.__name__}` | {names} "
-            f"| [§{number}](docs/methods.md#{spec.section}) |"
-        )
+    for method, paper, strategy, names, _benchmark, section in methods_doc_rows():
+        link = section.replace("](#", "](docs/methods.md#")
+        authors = paper.split(":", 1)[0]
+        rows.append(f"| {method} | {authors} | {strategy} | {names} | {link} |")
     # The blank line ends the table before the end marker.
     return "\n".join(rows) + "\n\n"
+
+
+def methods_doc_rows() -> list[list[str]]:
+    """The cells of the rows of the table atop docs/methods.md."""
+    text = METHODS_DOC.read_text().split("\n| method |", 1)[1].split("\n\n", 1)[0]
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[1:]]
 
 
 def render_snippets(text: str) -> str:

@@ -23,6 +23,7 @@ from flwr.serverapp.strategy import FedAvg
 from flwr_importance.compat import LegacyStrategyAdapter
 from flwr_importance.registry import MethodSpec, methods
 from flwr_importance.tooling.declarations import declaration
+from simulations.methods import app_names
 
 ROOT = Path(__file__).resolve().parent.parent
 METHODS_DOC = ROOT / "docs" / "methods.md"
@@ -144,7 +145,7 @@ def test_every_method_has_a_row_and_a_section(spec: MethodSpec) -> None:
     rows = [row for row in table_rows() if f"`{name}`" in row[2]]
     assert len(rows) == 1, f"docs/methods.md's table has no single row for {name}"
     (row,) = rows
-    assert re.findall(r"`([\w-]+)`", row[3]) == list(spec.app_names)
+    assert re.findall(r"`([\w-]+)`", row[3]) == list(app_names(spec.name))
     benchmark = declaration(spec.name).benchmark
     if benchmark:
         assert row[4] == f"`{benchmark}`"
@@ -256,7 +257,7 @@ def test_the_readme_table_has_every_method(spec: MethodSpec) -> None:
     rows = [row for row in readme_table_rows() if f"`{name}`" in row[2]]
     assert len(rows) == 1, f"the README's method table has no single row for {name}"
     (row,) = rows
-    assert re.findall(r"`([\w-]+)`", row[3]) == list(spec.app_names)
+    assert re.findall(r"`([\w-]+)`", row[3]) == list(app_names(spec.name))
     links = re.findall(r"\]\(docs/methods\.md#([\w-]+)\)", row[-1])
     assert len(links) == 1, row[-1]
     assert name in sections().get(links[0], ""), f"{name}'s row: #{links[0]}"

@@ -21,12 +21,7 @@ from flwr.serverapp.strategy import Strategy
 from benchmarks.report import section_title
 from flwr_importance import compat, strategies
 from flwr_importance.compat import LegacyStrategyAdapter, legacy_class
-from flwr_importance.registry import (
-    DECLARATION,
-    app_method_names,
-    method,
-    methods,
-)
+from flwr_importance.registry import DECLARATION, method, methods
 from flwr_importance.tooling.declarations import (
     DECLARATIONS,
     canned_variants,
@@ -34,7 +29,14 @@ from flwr_importance.tooling.declarations import (
 )
 from flwr_importance.tooling.testing import Fleet
 from flwr_importance.tooling.testing.canned import reply_kinds
-from simulations.methods import LIBRARY_METHODS, available_methods, method_modules
+from simulations.methods import (
+    ALIASES,
+    LIBRARY_METHODS,
+    app_names,
+    available_methods,
+    load_method,
+    method_modules,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = ROOT / "simulations" / "presets"
@@ -75,12 +77,11 @@ def test_every_exported_strategy_is_a_registry_method_or_the_dp_wrapper() -> Non
 
 
 def test_app_methods_are_the_registry_methods_and_flowers_baselines() -> None:
+    """One app path: every registry method has its module, and no other does."""
     assert tuple(spec.name for spec in methods()) == LIBRARY_METHODS
-    assert set(available_methods()) == set(app_method_names()) | FLOWER_BASELINES
-    unknown = set(method_modules()) - set(app_method_names()) - FLOWER_BASELINES
-    assert unknown == set(), f"app method modules no declaration names: {unknown}"
-    for spec in methods():
-        assert spec.name in method_modules() or spec.app_options, spec.name
+    assert set(method_modules()) == set(LIBRARY_METHODS) | FLOWER_BASELINES
+    assert set(available_methods()) == set(method_modules()) | set(ALIASES)
+    assert set(ALIASES.values()) <= set(LIBRARY_METHODS)
 
 
 def test_every_method_has_its_tooling_declaration_and_no_other() -> None:
@@ -90,8 +91,9 @@ def test_every_method_has_its_tooling_declaration_and_no_other() -> None:
         declaration("no-such-method")
 
 
-def test_aliases_resolve_to_their_method() -> None:
-    assert method("sizeweighted") is SPECS["md"]
+def test_aliases_load_their_methods_module() -> None:
+    assert load_method("sizeweighted") is load_method("md")
+    assert app_names("md") == ("md", "sizeweighted")
     with pytest.raises(KeyError, match="known: "):
         method("no-such-method")
 
@@ -113,7 +115,7 @@ def test_declared_presets_run_the_method(name: str) -> None:
     spec, tooling = SPECS[name], declaration(name)
     smoke_preset, _ = tooling.smoke_run
     for preset in (tooling.headline_preset, smoke_preset):
-        assert preset_strategy(preset) in spec.app_names, preset
+        assert preset_strategy(preset) in app_names(spec.name), preset
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))

@@ -253,9 +253,6 @@ class ClusteredSampling(MultisetSampling):
 METHOD = MethodSpec(
     name="clustered",
     strategy=ClusteredSampling,
-    title="Clustered sampling",
-    paper="Fraboni et al. (ICML 2021)",
-    section="4-clustered-sampling-and-md-sampling",
     client_queries=(protocol.SIZES_QUERY,),
     central_dp_refusal=(
         "its clusters and weights are built from every client's size and "

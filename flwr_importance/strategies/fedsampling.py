@@ -419,9 +419,6 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
 METHOD = MethodSpec(
     name="fedsampling",
     strategy=FedSampling,
-    title="FedSampling",
-    paper="Qi et al. (IJCAI 2023)",
-    section="3-fedsampling-uniform-data-sampling-with-private-sizes",
     client_handlers="flwr_importance.clientapps.fedsampling:make_fedsampling_handlers",
     legacy="flwr_importance.compat.fedsampling:FedSampling",
     clients_per_round=False,

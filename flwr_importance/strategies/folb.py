@@ -465,9 +465,6 @@ def _clipped_gamma(reply: CheckedReply) -> float:
 METHOD = MethodSpec(
     name="folb",
     strategy=FOLB,
-    title="FOLB",
-    paper="Nguyen et al. (IEEE JSAC 2021)",
-    section="2-folb-gradient-aligned-reweighting-of-fedprox-updates",
     client_handlers="flwr_importance.clientapps.folb:make_folb_handlers",
     legacy="flwr_importance.compat.folb:FOLB",
     central_dp_refusal=(

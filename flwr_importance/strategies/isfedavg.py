@@ -371,9 +371,6 @@ class ISFedAvg(ImportanceStrategy[RoundPlan]):
 METHOD = MethodSpec(
     name="isfedavg",
     strategy=ISFedAvg,
-    title="ISFedAvg",
-    paper="Rizk, Vlaski, Sayed (ICASSP 2021)",
-    section="1-isfedavg-two-level-importance-sampling",
     client_handlers="flwr_importance.clientapps.isfedavg:make_isfedavg_handlers",
     legacy="flwr_importance.compat.isfedavg:ISFedAvg",
     central_dp_refusal=(

@@ -86,12 +86,7 @@ class MDSampling(MultisetSampling):
 METHOD = MethodSpec(
     name="md",
     strategy=MDSampling,
-    title="MD sampling",
-    paper="Fraboni et al.'s baseline (Li et al.)",
-    section="4-clustered-sampling-and-md-sampling",
     client_queries=(protocol.SIZES_QUERY,),
-    # FedSampling's comparisons call it size-weighted client sampling.
-    app_aliases=("sizeweighted",),
     central_dp_refusal=(
         "its draws and weights d_k = n_k / sum_j n_j depend on every client's "
         "size: one client moves the others' terms"

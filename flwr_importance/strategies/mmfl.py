@@ -481,9 +481,6 @@ class MultiModelSampling(UnbiasedSampling):
 METHOD = MethodSpec(
     name="mmfl",
     strategy=MultiModelSampling,
-    title="Multi-model sampling",
-    paper="Zhang et al. (IEEE ICDCS 2024)",
-    section="5-optimal-client-sampling-ocs-aocs-and-multi-model-sampling-mmfl",
     client_handlers="flwr_importance.clientapps.variance_reduced:make_mmfl_handlers",
     # Several models in one round trip: the legacy API carries one Parameters.
     legacy_api=False,

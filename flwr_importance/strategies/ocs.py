@@ -321,9 +321,6 @@ class OptimalClientSampling(UnbiasedSampling):
 METHOD = MethodSpec(
     name="ocs",
     strategy=OptimalClientSampling,
-    title="Optimal client sampling (AOCS: `approximate=True`)",
-    paper="Chen, Horváth, Richtárik (TMLR 2022)",
-    section="5-optimal-client-sampling-ocs-aocs-and-multi-model-sampling-mmfl",
     client_handlers="flwr_importance.clientapps.variance_reduced:make_ocs_handlers",
     legacy="flwr_importance.compat.ocs:OptimalClientSampling",
     uniform_sampling_option="uniform",

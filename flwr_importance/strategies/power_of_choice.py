@@ -362,16 +362,7 @@ class PowerOfChoice(MultisetSampling):
 METHOD = MethodSpec(
     name="power-of-choice",
     strategy=PowerOfChoice,
-    title="Power-of-Choice",
-    paper="Cho, Wang, Joshi (AISTATS 2022)",
-    section=(
-        "6-power-of-choice-the-highest-losses-of-a-size-proportional-candidate-set"
-    ),
     client_queries=(protocol.SIZES_QUERY, protocol.LOSS_QUERY),
-    app_options={
-        "power-of-choice-candidates": "candidates",
-        "power-of-choice-variant": "variant",
-    },
     central_dp_refusal=(
         "its selection ranks the clients' losses against each other: one "
         "client's loss changes which others are selected"

@@ -12,11 +12,10 @@ Optionally, a method that trains several models at once (``mmfl``) defines
 and the ServerApp calls it instead of starting ``build_strategy``'s strategy on
 one model itself.
 
-A library method declared in :mod:`flwr_importance.registry` with
-``app_options`` needs no module here: :class:`RegistryMethod` builds its
-strategy from those run-config keys and serves its client side from the
-registry. The library's methods are the registry's; ``fedavg`` and
-``fedprox`` are Flower's baselines.
+Every library method (:func:`flwr_importance.registry.methods`) has its
+module here, named after its ``strategy`` name with ``_`` for ``-``;
+``fedavg`` and ``fedprox`` are Flower's baselines. :data:`ALIASES` are other
+``strategy`` names of a method.
 """
 
 from __future__ import annotations
@@ -29,13 +28,7 @@ from typing import Protocol, TypedDict, cast
 from flwr.serverapp.strategy import Strategy
 
 from flwr_importance.clientapps import ClientHandler, TaskFactory
-from flwr_importance.clientapps.standard import method_handlers
-from flwr_importance.registry import (
-    MethodSpec,
-    app_method_names,
-    methods,
-)
-from flwr_importance.registry import method as registry_method
+from flwr_importance.registry import methods
 from simulations.config import ExperimentConfig
 
 # ClientApp query handlers must be registered by name when the app is imported.
@@ -44,6 +37,10 @@ QUERY_ACTIONS = ("sizes", "gradient", "norm", "loss", "update")
 #: The library's own methods (Flower's fedavg/fedprox are the baselines), each
 #: once: an alias (``sizeweighted`` for ``md``) would only repeat a method's run.
 LIBRARY_METHODS = tuple(spec.name for spec in methods())
+
+#: Other ``strategy`` names of a method: FedSampling's comparisons call MD
+#: sampling size-weighted client sampling.
+ALIASES = {"sizeweighted": "md"}
 
 
 class Method(Protocol):
@@ -58,10 +55,12 @@ class Method(Protocol):
 
 @functools.cache
 def method_modules() -> tuple[str, ...]:
-    """The methods with their own module here."""
+    """The ``strategy`` names of the methods with a module here."""
     return tuple(
         sorted(
-            module.name for module in pkgutil.iter_modules(__path__) if not module.ispkg
+            module.name.replace("_", "-")
+            for module in pkgutil.iter_modules(__path__)
+            if not module.ispkg
         )
     )
 
@@ -72,60 +71,23 @@ def available_methods() -> tuple[str, ...]:
 
     Listed once per process: the ClientApp resolves its method on every message.
     """
-    return tuple(sorted({*method_modules(), *app_method_names()}))
+    return tuple(sorted({*method_modules(), *ALIASES}))
 
 
-class RegistryMethod:
-    """The app side of a registry method that has no module here."""
-
-    def __init__(self, spec: MethodSpec) -> None:
-        if not spec.app_options:
-            raise ValueError(
-                f"method '{spec.name}' has neither a module in simulations/methods "
-                "nor app_options in its METHOD declaration"
-            )
-        self.spec = spec
-
-    def build_strategy(self, config: ExperimentConfig, num_clients: int) -> Strategy:
-        """The strategy with ``clients-per-round``, ``seed`` and its options.
-
-        Federated evaluation is off: the ServerApp evaluates centrally; the
-        server optimizer is the run config's (``server-optimizer``).
-        """
-        options = {
-            argument: config.option(key)
-            for key, argument in self.spec.app_options.items()
-        }
-        if self.spec.clients_per_round:
-            options["clients_per_round"] = min(config.clients_per_round, num_clients)
-        return self.spec.build(
-            seed=config.seed,
-            fraction_evaluate=0.0,
-            server_optimizer=config.server_optimizer(),
-            **options,
-        )
-
-    def client_handlers(self, task_factory: TaskFactory) -> dict[str, ClientHandler]:
-        """The registry's ready-made client side of the method."""
-        return method_handlers(self.spec, task_factory)
+def app_names(method: str) -> tuple[str, ...]:
+    """The ``strategy`` names of ``method``: its own, then its aliases."""
+    return (method, *(alias for alias, name in ALIASES.items() if name == method))
 
 
 @functools.cache
 def load_method(name: str) -> Method:
-    """The method for ``strategy = name``: its module here, or the registry's.
-
-    An alias (``sizeweighted``) loads its method's module, where it has one.
-    """
+    """The method module for ``strategy = name`` (an alias: its method's)."""
     if name not in available_methods():
         raise ValueError(
             f"unknown strategy '{name}'; available: {', '.join(available_methods())}"
         )
-    if name in method_modules():
-        return cast(Method, importlib.import_module(f"{__name__}.{name}"))
-    spec = registry_method(name)
-    if spec.name in method_modules():
-        return cast(Method, importlib.import_module(f"{__name__}.{spec.name}"))
-    return RegistryMethod(spec)
+    module = ALIASES.get(name, name).replace("-", "_")
+    return cast(Method, importlib.import_module(f"{__name__}.{module}"))
 
 
 class FedAvgSampling(TypedDict):

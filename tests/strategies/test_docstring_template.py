@@ -123,6 +123,16 @@ def method_headings() -> dict[str, str]:
     }
 
 
+def method_anchors() -> dict[str, str]:
+    """The section anchor of each strategy's row in the table atop docs/methods.md."""
+    rows = re.findall(
+        r"^\|[^|]*\|[^|]*\| `(\w+)` \|.*\]\(#([\w-]+)\) \|$",
+        METHODS_DOC.read_text(),
+        re.M,
+    )
+    return dict(rows)
+
+
 def parameter_problems(cls: type, lines: list[str]) -> list[str]:
     """How the Parameters and Other Parameters sections miss ``__init__``."""
     signature = inspect.signature(cls.__init__)
@@ -216,12 +226,12 @@ def template_problems(case: Case) -> list[str]:
     if "Decision" in "\n".join(lines):
         problems.append("a decision in the docstring: it belongs in docs/methods.md")
     if case.spec is not None and case.api == "strategies":
-        heading = method_headings().get(case.spec.section)
+        anchor = method_anchors().get(case.spec.strategy.__name__)
+        heading = method_headings().get(anchor or "")
         text = " ".join(" ".join(lines).split())
         if heading is None or f'See docs/methods.md, section "{heading}"' not in text:
             problems.append(
-                f"no 'See docs/methods.md, section \"{heading}\"' "
-                f"(#{case.spec.section})"
+                f"no 'See docs/methods.md, section \"{heading}\"' (#{anchor})"
             )
     return problems
 
