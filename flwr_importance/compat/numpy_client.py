@@ -2,8 +2,8 @@
 
 The legacy strategies of :mod:`flwr_importance.compat` send more than FedAvg's
 ``fit`` and ``evaluate``: size, norm and loss queries, and train calls that
-expect a few extra metrics (:mod:`flwr_importance.compat.transport` carries
-them, with the message type in the config). :func:`importance_client_fn`
+expect a few extra metrics (the message type in the config, see
+:mod:`flwr_importance.legacy_wire`). :func:`importance_client_fn`
 wraps your project's ``client_fn`` so that your own client answers them, with
 your ``train()``, optimizer, device and validation set::
 
@@ -86,6 +86,11 @@ from flwr.compat.client.client import (
 from numpy.typing import NDArray
 
 from flwr_importance import protocol
+from flwr_importance.clientapps.legacy_calls import (
+    fit_reply,
+    message_from_call,
+    reply_scalars,
+)
 from flwr_importance.clientapps.loss import loss_query_handler
 from flwr_importance.clientapps.messages import (
     arrays_reply,
@@ -102,14 +107,11 @@ from flwr_importance.clientapps.variance_reduced import (
     KeptUpdateMod,
     norm_query_handler,
 )
-from flwr_importance.compat.transport import (
+from flwr_importance.legacy_wire import (
     MESSAGE_TYPE_KEY,
-    fit_reply,
     legacy_scalars,
-    message_from_call,
     numeric_metrics,
     parameters_of,
-    reply_scalars,
 )
 
 #: The metric holding the train loss in Flower's ``NumPyClient`` quickstarts.
