@@ -7,7 +7,7 @@ client rebuilds from that call the message a Message-API handler expects
 (:func:`message_from_call`) and turns the handler's reply back into what the
 legacy call returns (:func:`reply_scalars`, :func:`fit_reply`): what the
 ready-made handler client of :mod:`.legacy` and the wrapper of your own client
-in :mod:`flwr_importance.compat.numpy_client` share. Torch-free.
+in :mod:`.numpy_client` share. Torch-free.
 """
 
 from __future__ import annotations
