@@ -6,7 +6,7 @@ project in any ML framework (scikit-learn, JAX, TensorFlow) can meet a
 strategy's contract from its own ClientApp: this page is the whole contract,
 read off the strategies (``flwr_importance/strategies``), the client helpers
 (``flwr_importance/clientapps``) and the legacy mapping
-(``flwr_importance/compat/transport.py``). Each method's section says what the
+(``flwr_importance/legacy_wire.py``). Each method's section says what the
 server sends, what it expects back, what every number means and who
 multiplies by which weight.
 

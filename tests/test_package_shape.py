@@ -3,8 +3,11 @@
 What a user imports into a Flower app (strategies, protocol, maths, client
 helpers, the legacy API) is the core of ``flwr_importance``; the launcher, the
 comparison of runs and the test doubles are the tooling, in
-``flwr_importance.tooling``, which the core never imports. Every module is
-read from disk and its imports parsed with :mod:`ast` (function-level and
+``flwr_importance.tooling``, which the core never imports. The client side
+(``flwr_importance.clientapps``) never imports the legacy API's server layer
+(``flwr_importance.compat``): what both ends of the legacy transport share
+sits below both, in ``flwr_importance.legacy_wire``. Every module is read from
+disk and its imports parsed with :mod:`ast` (function-level and
 ``TYPE_CHECKING`` imports included); nothing is imported.
 """
 
@@ -20,6 +23,9 @@ import pytest
 PACKAGE = "flwr_importance"
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / PACKAGE
 TOOLING = f"{PACKAGE}.tooling"
+CLIENT_SIDE = f"{PACKAGE}.clientapps"
+LEGACY_SERVER_SIDE = f"{PACKAGE}.compat"
+LEGACY_WIRE = f"{PACKAGE}.legacy_wire"
 #: The most lines a core module may have.
 MAX_LINES = 600
 
@@ -42,9 +48,14 @@ def walk_modules(path: Path, prefix: str) -> Iterator[tuple[str, Path]]:
 MODULES = dict(walk_modules(PACKAGE_DIR, PACKAGE))
 
 
+def in_package(name: str, package: str) -> bool:
+    """Whether module ``name`` is ``package`` or one of its modules."""
+    return name == package or name.startswith(f"{package}.")
+
+
 def is_tooling(name: str) -> bool:
     """Whether module ``name`` belongs to the tooling subpackage."""
-    return name == TOOLING or name.startswith(f"{TOOLING}.")
+    return in_package(name, TOOLING)
 
 
 CORE = sorted(name for name in MODULES if not is_tooling(name))
@@ -98,6 +109,25 @@ def test_the_core_holds_no_launcher_comparison_or_test_double() -> None:
 def test_no_core_module_imports_the_tooling(name: str) -> None:
     tooling = sorted(module for module in GRAPH[name] if is_tooling(module))
     assert tooling == [], f"{name} imports the tooling: {tooling}"
+
+
+@pytest.mark.parametrize(
+    "name", sorted(name for name in MODULES if in_package(name, CLIENT_SIDE))
+)
+def test_no_client_module_imports_the_legacy_server_side(name: str) -> None:
+    legacy = sorted(
+        module for module in GRAPH[name] if in_package(module, LEGACY_SERVER_SIDE)
+    )
+    assert legacy == [], f"{name} imports the legacy server side: {legacy}"
+
+
+def test_the_legacy_wire_format_imports_neither_end() -> None:
+    ends = sorted(
+        module
+        for module in GRAPH[LEGACY_WIRE]
+        if in_package(module, CLIENT_SIDE) or in_package(module, LEGACY_SERVER_SIDE)
+    )
+    assert ends == [], f"{LEGACY_WIRE} imports an end of the transport: {ends}"
 
 
 @pytest.mark.parametrize("name", CORE)

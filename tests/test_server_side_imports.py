@@ -53,7 +53,7 @@ def test_probe_sees_a_framework_when_one_is_imported() -> None:
 
 #: The library's server side: every module of these packages, and these modules.
 SERVER_PACKAGES = ("strategies", "compat", "sampling", "aggregation")
-SERVER_MODULES = ("protocol", "registry", "method_spec", "local_grid")
+SERVER_MODULES = ("protocol", "registry", "method_spec", "local_grid", "legacy_wire")
 
 
 def server_side_modules() -> list[str]:

@@ -29,7 +29,12 @@ on the same pieces for a ``TaskFactory`` (``Context -> LocalTask``):
   a library message (what :mod:`.variance_reduced` and :mod:`.loss` share);
 - :mod:`.standard`: the ready-made client side of any registry method;
 - :mod:`.legacy`: those handlers in a legacy-API ``NumPyClient``
-  (``compat.handler_client_fn``).
+  (``compat.handler_client_fn``);
+- :mod:`.numpy_client`: your own legacy-API ``NumPyClient`` answering the
+  methods' queries (``compat.importance_client_fn``);
+- :mod:`.legacy_calls`: a legacy call as the message a handler expects, and
+  the handler's reply as the call's result (what :mod:`.legacy` and
+  :mod:`.numpy_client` share).
 
 This package exports the helpers the docs teach, each from the module that
 defines it (``from flwr_importance.clientapps import KeptUpdateMod,
@@ -38,8 +43,8 @@ Model-agnostic helpers import no torch, so a scikit-learn, JAX or TensorFlow
 ClientApp can use them without it: :mod:`.messages`, :mod:`.sizes`,
 :mod:`.private_sizes`, :mod:`.loss`, :mod:`.user_functions`,
 :mod:`.variance_reduced` (its helpers; ``make_*_handlers`` load torch when
-called) and this package itself, which loads each exported name's module on
-first use.
+called), :mod:`.numpy_client`, :mod:`.legacy_calls` and this package itself,
+which loads each exported name's module on first use.
 """
 
 from __future__ import annotations

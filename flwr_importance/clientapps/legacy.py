@@ -3,8 +3,8 @@
 A :class:`HandlerClient` serves the legacy calls with the very handlers a
 Message-API ClientApp registers (:mod:`flwr_importance.clientapps`): it
 rebuilds the message the handler expects from the legacy call (type and
-array layout from the config, see :mod:`flwr_importance.compat.transport`)
-and turns the reply back into what the legacy API returns::
+array layout from the config, see :mod:`.legacy_calls`) and turns the reply
+back into what the legacy API returns::
 
     from flwr.client import ClientApp
     from flwr_importance.clientapps.isfedavg import make_isfedavg_handlers
@@ -31,15 +31,14 @@ from flwr.client import Client, NumPyClient
 from flwr.common import NDArrays
 
 from flwr_importance import protocol
-from flwr_importance.clientapps.local_task import TaskFactory
-from flwr_importance.clientapps.messages import ClientHandler
-from flwr_importance.compat.transport import (
-    MESSAGE_TYPE_KEY,
-    ScalarDict,
+from flwr_importance.clientapps.legacy_calls import (
     fit_reply,
     message_from_call,
     reply_scalars,
 )
+from flwr_importance.clientapps.local_task import TaskFactory
+from flwr_importance.clientapps.messages import ClientHandler
+from flwr_importance.legacy_wire import MESSAGE_TYPE_KEY, ScalarDict
 from flwr_importance.tasks import get_weights
 
 #: ``task_factory -> {message type: handler}``, e.g. ``make_isfedavg_handlers``.

@@ -8,9 +8,12 @@ line of sampling and aggregation; :mod:`.transport` carries the extra round
 trips over ``ClientProxy.get_properties``/``ClientProxy.fit``. On the client,
 :func:`importance_client_fn` wraps your own ``client_fn`` so that your
 ``NumPyClient`` answers them (MD, clustered sampling, OCS, AOCS,
-Power-of-Choice: :mod:`.numpy_client`), and :func:`handler_client_fn` serves
-every method with the ready-made Message-API handlers of
-:mod:`flwr_importance.clientapps`. :class:`SecureAOCSWorkflow` runs AOCS with
+Power-of-Choice: :mod:`flwr_importance.clientapps.numpy_client`), and
+:func:`handler_client_fn` serves every method with the ready-made Message-API
+handlers of :mod:`flwr_importance.clientapps`
+(:mod:`flwr_importance.clientapps.legacy`). Both are client code, in the
+client package; they are exported here, loaded on first use, so that a legacy
+project imports its whole API from one place. :class:`SecureAOCSWorkflow` runs AOCS with
 every client quantity behind Flower's SecAgg+ (docs/privacy.md).
 
 Each class takes Flower's legacy ``FedAvg`` arguments that can apply to its
@@ -43,7 +46,7 @@ client side (:mod:`flwr_importance.clientapps.legacy`, torch) loads only when
 :class:`HandlerClient` or :func:`handler_client_fn` is first used, so a
 TensorFlow, JAX or scikit-learn project can run these strategies without
 torch. Both client modules load on first use, keeping a ServerApp's import
-light.
+light and the server package free of client code.
 """
 
 from __future__ import annotations
@@ -64,18 +67,18 @@ from flwr_importance.compat.secure_aocs import SecureAOCSWorkflow
 
 if TYPE_CHECKING:
     from flwr_importance.clientapps.legacy import HandlerClient, handler_client_fn
-    from flwr_importance.compat.numpy_client import (
+    from flwr_importance.clientapps.numpy_client import (
         ImportanceClient,
         importance_client_fn,
     )
 
-#: Client-side names by module, imported on first use (``clientapps.legacy``
-#: needs torch).
+#: Client-side names by module, imported on first use: ``clientapps.legacy``
+#: needs torch, and neither module is any use to a ServerApp.
 _CLIENT_SIDE = {
     "HandlerClient": "flwr_importance.clientapps.legacy",
     "handler_client_fn": "flwr_importance.clientapps.legacy",
-    "ImportanceClient": "flwr_importance.compat.numpy_client",
-    "importance_client_fn": "flwr_importance.compat.numpy_client",
+    "ImportanceClient": "flwr_importance.clientapps.numpy_client",
+    "importance_client_fn": "flwr_importance.clientapps.numpy_client",
 }
 
 

@@ -26,15 +26,17 @@ from flwr.server.strategy import FedAvg
 from flwr.serverapp.strategy import Strategy
 
 from flwr_importance.compat.transport import (
-    ARRAY_LAYOUT_KEY,
     ProxyGrid,
-    ScalarDict,
     fit_ins,
+    proxies_by_node,
+    reply_from_fit_res,
+)
+from flwr_importance.legacy_wire import (
+    ARRAY_LAYOUT_KEY,
+    ScalarDict,
     legacy_scalars,
     parameters_of,
-    proxies_by_node,
     record_of,
-    reply_from_fit_res,
 )
 from flwr_importance.strategies.replies import ClientSide, ClientSideMissingError
 

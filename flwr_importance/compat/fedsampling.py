@@ -19,7 +19,7 @@ from flwr_importance.aggregation.secure_sum import (
     quantization_step,
 )
 from flwr_importance.compat.adapter import LegacyOptions, LegacyStrategyAdapter
-from flwr_importance.compat.transport import ScalarDict
+from flwr_importance.legacy_wire import ScalarDict
 from flwr_importance.sampling import PrivacyLedger
 from flwr_importance.strategies.fedsampling import FedSampling as MessageFedSampling
 

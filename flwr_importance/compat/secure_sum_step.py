@@ -37,9 +37,7 @@ from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
 from flwr_importance.compat.transport import proxies_by_node
-
-#: A config as the legacy API carries it.
-ScalarDict = dict[str, Scalar]
+from flwr_importance.legacy_wire import ScalarDict
 
 
 class SecureSumStep(Strategy):

@@ -70,6 +70,17 @@ TORCH_FREE_NAMES = {
     # importing them must not load torch before a handler is built.
     "flwr_importance.clientapps.standard": ["method_handlers", "standard_handlers"],
     "flwr_importance.clientapps.clustered": ["make_clustered_handlers"],
+    # The legacy API's wrapper of a user's own NumPyClient, on the calls'
+    # conversions it shares with the ready-made (torch) handler client.
+    "flwr_importance.clientapps.numpy_client": [
+        "ImportanceClient",
+        "importance_client_fn",
+    ],
+    "flwr_importance.clientapps.legacy_calls": [
+        "fit_reply",
+        "message_from_call",
+        "reply_scalars",
+    ],
 }
 
 #: Imports ``argv[1]``'s names ``argv[2:]``, registers every helper on a

@@ -21,12 +21,8 @@ from flwr_importance.clientapps.local_task import (
     make_evaluate_handler,
     make_train_handler,
 )
-from flwr_importance.compat.transport import (
-    ARRAY_LAYOUT_KEY,
-    pack_arrays,
-    reply_from_fit_res,
-    unpack_arrays,
-)
+from flwr_importance.compat.transport import reply_from_fit_res
+from flwr_importance.legacy_wire import ARRAY_LAYOUT_KEY, pack_arrays, unpack_arrays
 from tests.compat.compat_harness import (
     InProcessClientProxy,
     TwinFederation,

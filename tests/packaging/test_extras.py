@@ -45,8 +45,9 @@ PROMISES: dict[str, tuple[list[str], str, list[str]]] = {
             "flwr_importance.aggregation",
             "flwr_importance.protocol",
             "flwr_importance.registry",
+            "flwr_importance.legacy_wire",
             "flwr_importance.compat.adapter",
-            "flwr_importance.compat.numpy_client",
+            "flwr_importance.clientapps.numpy_client",
         ],
         "from flwr_importance.compat import MDSampling;"
         "from flwr_importance.strategies import OptimalClientSampling;"

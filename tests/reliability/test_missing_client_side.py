@@ -26,6 +26,7 @@ from flwr.common import NDArrays, Scalar
 from flwr_importance import compat, protocol, registry
 from flwr_importance.clientapps.loss import add_loss_query
 from flwr_importance.clientapps.sizes import add_size_query
+from flwr_importance.legacy_wire import parameters_of
 from flwr_importance.registry import MethodSpec
 from flwr_importance.strategies import (
     ClientSideMissingError,
@@ -179,7 +180,7 @@ def test_the_legacy_api_with_a_plain_numpy_client_fails_too(
         manager.register(InProcessClientProxy(context, plain_client_fn))
     strategy = compat.legacy_class(name)(
         clients_per_round=3,
-        initial_parameters=compat.transport.parameters_of(MODEL),
+        initial_parameters=parameters_of(MODEL),
     )
     with pytest.raises(ClientSideMissingError) as raised:
         run_legacy(strategy, manager, num_rounds=2)

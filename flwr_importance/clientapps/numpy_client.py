@@ -2,40 +2,38 @@
 
 The legacy strategies of :mod:`flwr_importance.compat` send more than FedAvg's
 ``fit`` and ``evaluate``: size, norm and loss queries, and train calls that
-expect a few extra metrics (:mod:`flwr_importance.compat.transport` carries
-them, with the message type in the config). :func:`importance_client_fn`
-wraps your project's ``client_fn`` so that your own client answers them, with
-your ``train()``, optimizer, device and validation set::
+expect a few extra metrics (the message type in the config, see
+:mod:`flwr_importance.legacy_wire`). :func:`importance_client_fn` wraps your
+project's ``client_fn`` so that your own client answers them, with your
+``train()``, optimizer, device and validation set::
 
     from flwr.client import ClientApp
     from flwr_importance import compat
 
     app = ClientApp(client_fn=compat.importance_client_fn(client_fn))
 
-What each method asks, and what answers it (your client's ``fit`` and
-``evaluate`` are the only code that touches the model):
+Which messages each method sends, and what their replies must hold, is the
+section Client contract of its strategy class:
+:class:`~flwr_importance.strategies.MDSampling`,
+:class:`~flwr_importance.strategies.ClusteredSampling`,
+:class:`~flwr_importance.strategies.OptimalClientSampling` (OCS and AOCS) and
+:class:`~flwr_importance.strategies.PowerOfChoice`. Your client's ``fit`` and
+``evaluate`` are the only code that touches the model; each message runs the
+Message-API client helper of its type on them:
 
-============================= ================================================
-size query (``md``,           ``num-examples``: the count your ``fit``
-``clustered``,                reported last in this run; before any ``fit``,
-``power-of-choice``)          ``num_examples(context)``; without it, your
-                              ``fit`` run once on your client's own initial
-                              parameters (``get_parameters``), logged: one
-                              extra local training per node per run
-norm query (``ocs``,          your ``fit`` on the received model; the update
-``aocs``)                     ``fit(w) - w`` is kept in ``context.state`` and
-                              its norm replied (the Message-API
-                              :func:`~flwr_importance.clientapps.variance_reduced.norm_query_handler`);
-                              a sampled node's train call then sends the kept
-                              update without training again
-                              (:class:`~flwr_importance.clientapps.variance_reduced.KeptUpdateMod`)
-loss query                    your ``evaluate`` on the received model (the
-(``power-of-choice``)         Message-API
-                              :func:`~flwr_importance.clientapps.loss.loss_query_handler`)
-train (``md``, ``clustered``, your ``fit``, its example count as
-``power-of-choice``)          ``num-examples`` and its train loss as
-                              ``train-loss``
-============================= ================================================
+- a size query: the count your ``fit`` reported last in this run; before any
+  ``fit``, ``num_examples(context)``; without it, your ``fit`` run once on
+  your client's own initial parameters (``get_parameters``), logged: one
+  extra local training per node per run;
+- a norm query: your ``fit`` on the received model (the Message-API
+  :func:`~flwr_importance.clientapps.variance_reduced.norm_query_handler`),
+  the update ``fit(w) - w`` kept in ``context.state`` so that a sampled
+  node's train call sends it without training again
+  (:class:`~flwr_importance.clientapps.variance_reduced.KeptUpdateMod`);
+- a loss query: your ``evaluate`` (the Message-API
+  :func:`~flwr_importance.clientapps.loss.loss_query_handler`);
+- a train call: your ``fit``, its example count as ``num-examples`` and the
+  metric ``train_loss_key`` as ``train-loss``.
 
 A call without the transport's message type (Flower's own ``FedAvg`` train,
 every federated evaluation) goes to your client unchanged. ISFedAvg, FOLB and
@@ -45,6 +43,8 @@ gradient sum): their calls raise, naming the ready-made client that serves
 them (:func:`~flwr_importance.compat.handler_client_fn`).
 
 This module imports no ML framework: your client brings its own.
+``compat.ImportanceClient`` and ``compat.importance_client_fn`` load it on
+first use.
 """
 
 from __future__ import annotations
@@ -86,6 +86,11 @@ from flwr.compat.client.client import (
 from numpy.typing import NDArray
 
 from flwr_importance import protocol
+from flwr_importance.clientapps.legacy_calls import (
+    fit_reply,
+    message_from_call,
+    reply_scalars,
+)
 from flwr_importance.clientapps.loss import loss_query_handler
 from flwr_importance.clientapps.messages import (
     arrays_reply,
@@ -102,14 +107,11 @@ from flwr_importance.clientapps.variance_reduced import (
     KeptUpdateMod,
     norm_query_handler,
 )
-from flwr_importance.compat.transport import (
+from flwr_importance.legacy_wire import (
     MESSAGE_TYPE_KEY,
-    fit_reply,
     legacy_scalars,
-    message_from_call,
     numeric_metrics,
     parameters_of,
-    reply_scalars,
 )
 
 #: The metric holding the train loss in Flower's ``NumPyClient`` quickstarts.
@@ -139,7 +141,7 @@ class ImportanceClient(Client):
 
     A call whose config names a message type (``compat-message-type``) is
     served by the Message-API client helper of that type, run on your
-    client's ``fit`` and ``evaluate`` (see the module's table); any other
+    client's ``fit`` and ``evaluate`` (see the module's list); any other
     call goes to your client unchanged.
 
     Parameters
