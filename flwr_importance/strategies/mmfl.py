@@ -275,7 +275,8 @@ class MultiModelSampling(UnbiasedSampling):
       round's ``server-round`` (dropping older ones) and replies
       ``update-norm-<s>`` (``||U_s||``, the plain Euclidean norm over all
       arrays, not ``||d_is U_s||``) and ``num-examples-<s>`` (``n_is``, its
-      samples of task ``s``), both ``>= 0``.
+      samples of task ``s``), both ``>= 0``; ``train-loss-<s>`` may come
+      too (the helpers send it; unused).
     - ``query.loss`` (loss) every round to every connected node: every
       model, config ``server-round`` and the ``train_config``; no training.
       Reply ``loss-<s>`` (the mean loss of model ``s`` on the node's data of

@@ -147,7 +147,8 @@ class OptimalClientSampling(UnbiasedSampling):
       ``train_config``. The node trains as for a train message, keeps its
       update ``U = w_local - w_global`` in its node state tagged with this
       round's ``server-round`` and replies ``update-norm-0`` (``||U||``, not
-      ``||d_i U||``) and ``num-examples-0`` (``n_i``), both ``>= 0``.
+      ``||d_i U||``) and ``num-examples-0`` (``n_i``), both ``>= 0``;
+      ``train-loss-0`` may come too (the helpers send it; unused).
     - ``train`` to each sampled node: config ``server-round``, the
       ``train_config``, ``model-index = 0`` and ``kept-update = true``, no
       arrays. Reply: the ArrayRecord ``update`` (the kept ``U``, with the
