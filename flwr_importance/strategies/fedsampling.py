@@ -165,10 +165,12 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
       holding ``G_c = (1/K) sum_{s in S_c} g_s``, the per-sample loss
       gradients at the received model summed over the kept samples and
       divided by the public ``K``, never by the number kept (zeros if none
-      was kept). With ``E > 1`` the node takes ``E - 1`` steps
-      ``w <- w - lr G_c(w)`` with its own ``lr`` and sends the mean of the
-      ``E`` normalized gradients. No MetricRecord is needed; the reply must
-      not carry ``num-examples`` or any count of kept samples.
+      was kept). With ``E > 1`` the node takes ``E`` full-batch steps
+      ``w <- w - lr g(w)`` on its kept samples with its own ``lr`` (``g`` the
+      mean gradient over them) and sends the sum of the ``E`` normalized
+      gradients, ``G_c = (|S_c| / K)(w_0 - w_E) / lr``. No MetricRecord is
+      needed; the reply must not carry ``num-examples`` or any count of
+      kept samples.
     - No ``evaluate`` message: evaluate centrally (``evaluate_fn``).
 
     Handlers: :mod:`flwr_importance.clientapps.fedsampling`.
