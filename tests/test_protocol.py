@@ -1,12 +1,13 @@
-"""``protocol.py``'s docstring documents every key the code puts on the wire.
+"""docs/protocol.md documents every key the code puts on the wire.
 
 The keys the strategies, the client helpers and the legacy transport use are
 found by reading their source (``protocol.NAME`` and ``from
 flwr_importance.protocol import NAME``); a key counts as documented in a text
-when one of its double-backquoted literals names it (``update-norm-<s>``
-names ``update-norm``, ``query.norm`` names ``norm``). Each registry method's
-section must name the keys of its strategy's modules and of its client
-handlers; every constant must be documented and used. A one-round run of
+when one of its code spans names it (a span ``update-norm-<s>`` names
+``update-norm``, a span ``query.norm`` names ``norm``). Each registry method's
+section of the page must name the keys of its strategy's modules and of its
+client handlers; every constant of ``protocol.__all__`` must be documented
+and used, and every constant the page names must exist. A one-round run of
 each method in process then checks the messages themselves: every record
 name, config key and metric key that crossed the wire is named in the
 method's section or in the shared conventions, literal keys included. The
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import inspect
 import re
 from pathlib import Path
 
@@ -28,6 +30,8 @@ from flwr_importance import protocol, registry
 from simulations.inprocess import run_inprocess
 
 PACKAGE_DIR = Path(flwr_importance.__file__).parent
+#: The page that documents the wire protocol, method by method.
+PROTOCOL_DOC = PACKAGE_DIR.parent / "docs" / "protocol.md"
 #: The packages whose modules put keys on the wire.
 SCANNED_PACKAGES = ("strategies", "clientapps", "compat")
 #: The top-level modules that do too: the legacy transport's format, which
@@ -62,18 +66,27 @@ WIRE_RUN_CONFIG = {
     "mmfl-tasks": "digits:iid,digits:iid",
 }
 
+#: A constant's name, as the page writes it in a code span.
+CONSTANT = re.compile(r"[A-Z][A-Z0-9]*(_[A-Z0-9]+)+")
+
 #: What may follow a key in a literal that names it: a model index, the
 #: placeholder of one, or an action after ``query``; then ``= value``.
 _KEY_SUFFIX = r"(-<s>|-0|<s>|0|\.<action>)?( = .+)?"
 
 
 def protocol_constants() -> dict[str, str]:
-    """The public string constants of ``protocol.py``, by name."""
+    """The public string constants of ``protocol.py`` (its ``__all__``), by name."""
     return {
         name: value
-        for name, value in vars(protocol).items()
-        if name.isupper() and isinstance(value, str)
+        for name in protocol.__all__
+        if isinstance(value := getattr(protocol, name), str)
     }
+
+
+@functools.cache
+def protocol_doc() -> str:
+    """The text of docs/protocol.md."""
+    return PROTOCOL_DOC.read_text(encoding="utf-8")
 
 
 @functools.cache
@@ -116,28 +129,26 @@ def module_path(dotted: str) -> Path:
     return PACKAGE_DIR.parent.joinpath(*dotted.split(".")).with_suffix(".py")
 
 
-def sections(docstring: str) -> dict[str, str]:
-    """The docstring's sections (heading, dash underline, text) by heading."""
-    lines = docstring.splitlines()
-    starts = [
-        index
-        for index in range(len(lines) - 1)
-        if lines[index].strip()
-        and re.fullmatch(r"-+", lines[index + 1].strip())
-        and len(lines[index + 1].strip()) == len(lines[index].strip())
-    ]
+def sections(markdown: str) -> dict[str, str]:
+    """The page's ``## `` sections (heading, then text up to the next) by heading."""
+    lines = markdown.splitlines()
+    starts = [index for index, line in enumerate(lines) if line.startswith("## ")]
     return {
-        lines[start].strip(): "\n".join(lines[start + 2 : end])
+        lines[start].removeprefix("## ").strip(): "\n".join(lines[start + 1 : end])
         for start, end in zip(starts, [*starts[1:], len(lines)], strict=True)
     }
 
 
+def code_spans(text: str) -> list[str]:
+    """The markdown code spans of ``text`` (one backquote each side)."""
+    return re.findall(r"`([^`]+)`", text)
+
+
 def names_key(text: str, value: str) -> bool:
-    """Whether a double-backquoted literal of ``text`` names the key ``value``."""
+    """Whether a code span of ``text`` names the key ``value``."""
     pattern = rf"(query\.)?{re.escape(value)}{_KEY_SUFFIX}"
     return any(
-        re.fullmatch(pattern, " ".join(literal.split()))
-        for literal in re.findall(r"``(.+?)``", text, flags=re.DOTALL)
+        re.fullmatch(pattern, " ".join(literal.split())) for literal in code_spans(text)
     )
 
 
@@ -151,7 +162,7 @@ def section_of(heading_part: str) -> str:
     """The one section whose heading holds ``heading_part``."""
     matches = [
         text
-        for heading, text in sections(protocol.__doc__ or "").items()
+        for heading, text in sections(protocol_doc()).items()
         if heading_part in heading
     ]
     assert len(matches) == 1, f"{len(matches)} sections headed with {heading_part!r}"
@@ -185,25 +196,45 @@ def test_every_key_the_code_uses_is_a_documented_constant() -> None:
         used = referenced_constants(module_tree(path))
         unknown = sorted(used - constants.keys())
         assert not unknown, f"{path.name} reads protocol.{unknown}, which do not exist"
-        missing = undocumented(protocol.__doc__ or "", used)
-        assert not missing, (
-            f"{path.name} uses {missing}, not named in protocol.py's docstring"
-        )
+        missing = undocumented(protocol_doc(), used)
+        assert not missing, f"{path.name} uses {missing}, not named in docs/protocol.md"
 
 
 def test_every_constant_is_documented() -> None:
-    missing = undocumented(protocol.__doc__ or "", set(protocol_constants()))
-    assert not missing, f"constants not named in protocol.py's docstring: {missing}"
+    missing = undocumented(protocol_doc(), set(protocol_constants()))
+    assert not missing, f"constants not named in docs/protocol.md: {missing}"
+
+
+def test_all_lists_every_public_name() -> None:
+    public = {
+        name
+        for name, value in vars(protocol).items()
+        if not name.startswith("_")
+        and (isinstance(value, str) or inspect.isfunction(value))
+    }
+    assert sorted(protocol.__all__) == sorted(public)
+
+
+def test_every_constant_the_page_names_exists() -> None:
+    named = {span for span in code_spans(protocol_doc()) if CONSTANT.fullmatch(span)}
+    unknown = sorted(named - set(protocol.__all__))
+    assert not unknown, f"docs/protocol.md names constants protocol lacks: {unknown}"
+    functions = {
+        span.removesuffix("()")
+        for span in code_spans(protocol_doc())
+        if re.fullmatch(r"[a-z_]+\(\)", span)
+    }
+    assert functions <= set(protocol.__all__), functions - set(protocol.__all__)
 
 
 @pytest.mark.parametrize("name", [spec.name for spec in registry.methods()])
 def test_each_method_section_names_its_keys(name: str) -> None:
-    section = section_of(f"``{name}``")
+    section = section_of(f"`{name}`")
     for path in method_modules(registry.method(name)):
         used = referenced_constants(module_tree(path)) - RECORD_NAMES
         missing = undocumented(section, used)
         assert not missing, (
-            f"the {name} section of protocol.py does not name {missing}, "
+            f"the {name} section of docs/protocol.md does not name {missing}, "
             f"used in {path.relative_to(PACKAGE_DIR.parent)}"
         )
     for action in registry.method(name).client_queries:
@@ -250,15 +281,16 @@ def test_the_checks_catch_an_undocumented_key() -> None:
         "config[protocol.BRAND_NEW_KEY] = protocol.query_message_type('x')\n"
     )
     assert referenced_constants(tree) == {"SIZES_QUERY", "BRAND_NEW_KEY"}
-    assert not names_key(protocol.__doc__ or "", "brand-new-key")
-    assert names_key("reply ``update-norm-<s>``", protocol.UPDATE_NORM)
-    assert names_key("``query.norm``", protocol.NORM_QUERY)
-    assert names_key("``kept-update = true``", protocol.KEPT_UPDATE)
+    assert not names_key(protocol_doc(), "brand-new-key")
+    assert names_key("reply `update-norm-<s>`", protocol.UPDATE_NORM)
+    assert names_key("`query.norm`", protocol.NORM_QUERY)
+    assert names_key("`kept-update = true`", protocol.KEPT_UPDATE)
     # A longer key is not its prefix: ``update-norm`` does not name ``update``.
-    assert not names_key("reply ``update-norm-<s>``", protocol.UPDATE_RECORD)
-    assert undocumented("only ``num-examples``", {"NUM_EXAMPLES", "TRAIN_LOSS"}) == [
+    assert not names_key("reply `update-norm-<s>`", protocol.UPDATE_RECORD)
+    assert undocumented("only `num-examples`", {"NUM_EXAMPLES", "TRAIN_LOSS"}) == [
         "TRAIN_LOSS"
     ]
+    assert list(sections("intro\n## A (`a`)\ntext\n## B\nmore")) == ["A (`a`)", "B"]
 
 
 def wire_names(message: Message) -> set[str]:
@@ -304,7 +336,7 @@ def test_every_name_on_the_wire_is_documented(
         num_clients=4,
     )
     assert message_type in {record.message_type for record in grid.wire_log}
-    text = section_of(f"``{name}``") + section_of(CONVENTIONS_HEADING)
+    text = section_of(f"`{name}`") + section_of(CONVENTIONS_HEADING)
     missing = sorted(
         {
             f"{record.message_type} {record.direction}: {key}"
@@ -313,4 +345,4 @@ def test_every_name_on_the_wire_is_documented(
             if not documented_on_wire(text, key)
         }
     )
-    assert not missing, f"sent but not named in protocol.py's {name} section: {missing}"
+    assert not missing, f"sent but not named in the {name} section: {missing}"

@@ -7,7 +7,9 @@ parameter the code lacks, or leaves out one it has, fails here. A class is
 read through its ``__init__``: every public class whose constructor (its own,
 not a dataclass's) takes parameters documents them. A function may go
 without a ``Parameters`` section (a one-line helper); one that has it lists
-them all.
+them all. A legacy-API class inherits the adapter's constructor (``legacy``,
+``**options``); every keyword its ``**options`` entry names must be one its
+Message-API strategy or Flower's legacy ``FedAvg`` takes.
 """
 
 from __future__ import annotations
@@ -122,3 +124,64 @@ def test_docstring_lists_the_signatures_parameters(name: str, obj: Any) -> None:
         f"{name}: documented only {sorted(set(listed) - set(expected))}, "
         f"undocumented {sorted(set(expected) - set(listed))}"
     )
+
+
+def legacy_classes() -> list[type]:
+    """The legacy-API classes: every registry method's, and ``compat``'s own."""
+    from flwr.server.strategy import Strategy as LegacyStrategy
+
+    from flwr_importance import compat
+    from flwr_importance.registry import methods
+
+    found = {compat.legacy_class(spec.name) for spec in methods() if spec.legacy_api}
+    for name in compat.__all__:
+        value = vars(compat).get(name)
+        if isinstance(value, type) and issubclass(value, LegacyStrategy):
+            found.add(value)
+    return sorted(found, key=lambda cls: cls.__name__)
+
+
+def accepted_keywords(cls: type) -> set[str]:
+    """What a legacy class's ``**options`` take: its method's and legacy ones."""
+    from flwr_importance.compat import LegacyOptions
+    from flwr_importance.strategies.base import StrategyOptions
+
+    strategy = getattr(cls, "message_strategy_class", None)
+    own = set(signature_names(strategy.__init__)) if strategy is not None else set()
+    return (
+        own
+        | set(StrategyOptions.__annotations__)
+        | {field.name for field in dataclasses.fields(LegacyOptions)}
+    )
+
+
+@pytest.mark.parametrize("cls", legacy_classes(), ids=lambda cls: cls.__name__)
+def test_a_legacy_class_names_only_keywords_its_options_take(cls: type) -> None:
+    # A legacy class inherits the adapter's constructor (``legacy``,
+    # ``**options``), which the test above reads; the keywords its
+    # ``**options`` description names must be ones the method takes.
+    lines = inspect.cleandoc(cls.__doc__ or "").splitlines()
+    bodies = [body for name, body in sections(lines) if name == "Other Parameters"]
+    # Every double-backquoted word, but class names (``FedAvg``).
+    named = {
+        literal
+        for body in bodies
+        for literal in re.findall(r"``(\w+)``", "\n".join(body))
+        if not re.fullmatch(r"[A-Z][a-z]\w*", literal)
+    }
+    unknown = sorted(named - accepted_keywords(cls))
+    assert not unknown, f"{cls.__name__}'s **options names {unknown}, not taken"
+
+
+def test_the_legacy_check_catches_a_parameter_that_does_not_exist() -> None:
+    class Drifted(legacy_classes()[0]):  # type: ignore[misc,valid-type]
+        """Drifted.
+
+        Other Parameters
+        ----------------
+        **options
+            ``clients_per_round`` and ``m``.
+        """
+
+    with pytest.raises(AssertionError, match=r"\['m'\]"):
+        test_a_legacy_class_names_only_keywords_its_options_take(Drifted)

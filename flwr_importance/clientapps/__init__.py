@@ -1,7 +1,7 @@
 """Client side of every method: helpers around your own ClientApp, and ready handlers.
 
 Each method's module has the mods, query registrations and helper functions
-that meet its contract (:mod:`flwr_importance.protocol`) from your own
+that meet its contract (its strategy class's ``Client contract``) from your own
 ``@app.train()`` function, keeping your model, DataLoader, optimizer, loss and
 device; and ``make_<method>_handlers(task_factory)``, ready-made handlers built
 on the same pieces for a ``TaskFactory`` (``Context -> LocalTask``):

@@ -3,12 +3,12 @@
 Qi et al., "FedSampling: A Better Sampling Strategy for Federated Learning",
 IJCAI 2023, Algorithm 1.
 
-Privacy contract: the node's true size ``|D_c|`` and the number of samples it
-kept ``|S_c|`` never leave it. The size query is answered by randomized
-response (eq. 1, :func:`~flwr_importance.sampling.privatize_size`); the train
-reply carries only ``G_c = (1/K) sum_{s in S_c} g_s``, an ArrayRecord shaped
-like the model, and no MetricRecord at all (in particular not Flower's usual
-``num-examples``).
+The messages and replies are the ``Client contract`` of
+:class:`flwr_importance.strategies.FedSampling`. What it protects: the node's
+true size ``|D_c|`` and the number of samples it kept ``|S_c|`` never leave
+it (the size reply is a randomized response,
+:func:`~flwr_importance.sampling.privatize_size`, and the train reply carries
+no count).
 
 From a quickstart-style ClientApp, the size query is one line (its torch-free
 module :mod:`~flwr_importance.clientapps.private_sizes`, re-exported here) and

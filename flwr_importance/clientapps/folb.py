@@ -5,12 +5,8 @@ devices run FedProx (minimize ``F_k(w) + (mu/2)||w - w^t||^2`` from the
 received ``w^t``) and report, besides their update ``dw_k = w_k - w^t`` and
 their sample count ``n_k``, the full local gradient ``g_k = grad F_k(w^t)`` at
 the *received* model and the inexactness ``gamma_k`` of their local solve.
-The wire contract (:mod:`flwr_importance.protocol`, FOLB section):
-
-- ``train`` (set ``S``/``S1``): reply ArrayRecords ``"update"`` (``dw_k``) and
-  ``"gradient"`` (``g_k``), metrics ``gamma`` and ``num-examples``;
-- ``query.gradient`` (set ``S2`` of the two-set rule): ``g_k`` only, no
-  training; reply ArrayRecord ``"gradient"``, metric ``num-examples``.
+The messages and replies are the ``Client contract`` of
+:class:`flwr_importance.strategies.FOLB`; the helpers below meet it.
 
 Your own train function (Flower's quickstart-pytorch shape: ``load_data``'s
 DataLoaders of ``{"img", "label"}`` batches, which the helpers read through

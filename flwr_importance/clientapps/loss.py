@@ -1,9 +1,10 @@
 """The local-loss query, answered by the user's own evaluate function.
 
-``query.loss`` carries one model per ArrayRecord (``model-<s>``); the node
-replies ``loss-<s>``, the mean loss of model ``s`` on its local data (of task
-``s``), and ``num-examples-<s>``, without training. Power-of-Choice (pow-d)
-asks it of its candidates, MMFL's loss variant of every node.
+Power-of-Choice (pow-d) asks ``query.loss`` of its candidates, MMFL's loss
+variant of every node; the ``Client contract`` of
+:class:`flwr_importance.strategies.PowerOfChoice` and of
+:class:`flwr_importance.strategies.MultiModelSampling` give the message and
+the reply (``loss-<s>`` and ``num-examples-<s>``, without training).
 :func:`add_loss_query` registers it on a ``ClientApp`` from the user's
 ``@app.evaluate()`` function; like every helper here it needs no torch.
 """

@@ -4,9 +4,9 @@ Clustered sampling, MD sampling (Fraboni et al., "Clustered Sampling:
 Low-Variance and Improved Representativity for Clients Selection in Federated
 Learning", ICML 2021) and the size-weighted baseline of FedSampling ask each
 node once for its number of training samples ``n_i`` with a ``query.sizes``
-message (empty config but ``server-round``) and expect one MetricRecord
-``metrics`` with ``num-examples`` back; training and evaluation are Flower's
-FedAvg ones. A ClientApp whose ``@app.train()`` already replies
+message (the ``Client contract`` of
+:class:`flwr_importance.strategies.MDSampling`); training and evaluation are
+Flower's FedAvg ones. A ClientApp whose ``@app.train()`` already replies
 ``num-examples`` needs one line more::
 
      app = ClientApp()

@@ -1,37 +1,16 @@
 """Optimal variance-reduced sampling on the client (OCS, AOCS and MMFL).
 
-One client contract serves the single-model strategy
+One client side serves the single-model strategy
 (:class:`~flwr_importance.strategies.ocs.OptimalClientSampling`, the case
 ``S = 1``) and the multi-model one
-(:class:`~flwr_importance.strategies.mmfl.MultiModelSampling`). Models are
-numbered ``0..S-1`` and travel as ArrayRecords named ``model-<s>``; metric keys
-carry the model index (``update-norm-0``). An update ``U`` is the local model
-delta ``w_local - w_global``, sent as the ArrayRecord ``update``.
-
-Message types:
-
-``query.norm``
-    One ArrayRecord per model to train (``model-<s>``); config
-    ``server-round`` and the strategy's train config. The client trains every
-    model it received from that model's global weights, keeps each update in
-    ``context.state`` under the round's number (an older round's updates are
-    dropped first) and replies ``update-norm-<s>`` (``||U_s||``),
-    ``num-examples-<s>`` and ``train-loss-<s>``. It reveals the norm and its
-    sample count, not the update.
-``query.loss`` (MMFL, ``variant="loss"``)
-    One ArrayRecord per model; replies ``loss-<s>`` (mean loss of global model
-    ``s`` on the local data of task ``s``, no training) and
-    ``num-examples-<s>``.
-``query.sizes`` (MMFL, ``variant="random"`` or ``"round-robin"``)
-    Config ``num-models``; replies ``num-examples-<s>`` for every model.
-``train``
-    Config ``server-round``, ``model-index`` and ``kept-update``. With
-    ``kept-update = true`` no model is attached and the client sends the update
-    it kept from this round's ``query.norm``; a missing or stale one (the node
-    restarted and lost its state) raises, which Flower turns into an error reply
-    the strategy skips. Otherwise the message carries ``model-<s>`` and the
-    client trains it now. Either way the reply holds the ArrayRecord ``update``
-    and metrics ``num-examples``, ``train-loss`` and ``model-index``.
+(:class:`~flwr_importance.strategies.mmfl.MultiModelSampling`); their
+``Client contract`` sections give the messages (``query.norm``,
+``query.loss``, ``query.sizes``, ``train``) and the replies. In short, the
+node trains at ``query.norm``, keeps each update in ``context.state`` under
+the round's number and replies its norm; the round's ``train`` then sends
+the kept update, or raises when it is missing or stale (a node that
+restarted and lost its state), which Flower turns into an error reply the
+strategy skips.
 
 Your own ``@app.train()`` meets this contract unchanged: the query handlers
 run it once per model on a message shaped like Flower's FedAvg train message

@@ -32,9 +32,8 @@ class FedSampling(LegacyStrategyAdapter):
 
     Implementation based on https://arxiv.org/abs/2306.14245
 
-    Runs :class:`flwr_importance.strategies.FedSampling`: every node keeps each
-    sample with probability ``K / N_tilde``, ``N_tilde`` estimated from
-    eps-LDP randomized size replies (eq. 1-2); ``Theta - eta sum_c G_c``.
+    Runs :class:`flwr_importance.strategies.FedSampling`, whose docstring
+    gives the method, its parameters and its client contract.
 
     Under SecAgg+ (``secure_aggregation``) the server never sees a node's
     ``G_c``: the train replies go through Flower's ``SecAggPlusWorkflow``, which
@@ -73,21 +72,18 @@ class FedSampling(LegacyStrategyAdapter):
     Other Parameters
     ----------------
     **options
-        The keyword arguments of the Message-API ``FedSampling``
-        (``samples_per_round``, ``K``, required; ``max_size``, ``epsilon``,
-        ``server_lr``, ``local_steps``, ``min_available_nodes``,
-        ``query_timeout``) and the legacy ``FedAvg`` arguments, given directly.
+        The keyword arguments of :class:`flwr_importance.strategies.FedSampling`
+        and the legacy ``FedAvg`` arguments that apply, given directly.
 
     Client contract
     ---------------
-    The size query is a ``ClientProxy.get_properties`` call from inside
-    ``configure_fit`` (config ``compat-message-type = query.sizes``,
-    ``max-size``, ``epsilon``, ``server-round``), answered with the property
-    ``size-response``. ``fit`` carries ``samples-per-round``,
-    ``estimated-total-size`` and ``local-steps``; the ``FitRes`` holds ``G_c``,
-    ``num_examples = 0`` and no size metric. Under SecAgg+ ``fit`` also
-    carries ``secure-sum-weight``, and the ``FitRes`` holds
-    ``num_examples`` equal to it. Client:
+    The Message-API class's, over the legacy transport (docs/protocol.md,
+    "Legacy API"). ``query.sizes`` carries no arrays, so it is a
+    ``ClientProxy.get_properties`` call made from inside ``configure_fit``,
+    answered with the property ``size-response``. The train reply carries no
+    ``num-examples``, so its ``FitRes.num_examples`` is 0. Under SecAgg+ the
+    train config also carries ``secure-sum-weight``, and the reply's
+    ``num-examples``, and so its ``FitRes.num_examples``, equal it. Client:
     ``handler_client_fn(task, make_fedsampling_handlers)``, under SecAgg+ in
     ``ClientApp(client_fn=..., mods=[importance_secaggplus_mod])``.
     """

@@ -11,37 +11,29 @@ class FOLB(LegacyStrategyAdapter):
 
     Implementation based on https://arxiv.org/abs/2007.13137
 
-    Runs :class:`flwr_importance.strategies.FOLB`: ``K`` uniform draws (``K``
-    distinct devices by default), FedProx local solves, updates weighed by the
-    alignment of their gradient with the sample-weighted estimate of the
-    global one (eq. 13, 9-10 or 18).
+    Runs :class:`flwr_importance.strategies.FOLB`, whose docstring gives the
+    method, its parameters and its client contract.
 
     Parameters
     ----------
     legacy : LegacyOptions or None (default: None)
-        Flower's legacy ``FedAvg`` arguments (initial parameters, evaluation),
-        bundled (:class:`~flwr_importance.compat.LegacyOptions`).
+        Flower's legacy ``FedAvg`` arguments that apply, bundled
+        (:class:`~flwr_importance.compat.LegacyOptions`; keyword arguments win).
 
     Other Parameters
     ----------------
     **options
-        The keyword arguments of the Message-API ``FOLB``
-        (``clients_per_round``, required; ``proximal_mu``, ``mode``,
-        ``weighting``, ``replace``, ``server_lr``, ``psi``, ``penalty``,
-        ``negative``, ``denominator``, ``seed``, ``query_timeout``,
-        ``min_available_nodes``) and the legacy ``FedAvg`` arguments, given
-        directly.
+        The keyword arguments of :class:`flwr_importance.strategies.FOLB` and
+        the legacy ``FedAvg`` arguments that apply, given directly.
 
     Client contract
     ---------------
-    ``fit`` (config ``server-round``, ``proximal-mu``) returns two ArrayRecords
-    in one ``FitRes``: ``update`` then ``gradient``, their layout in the metric
-    ``compat-array-layout``, and ``gamma`` and ``num-examples`` in the
-    metrics. Two-set mode: the gradients of ``S2`` are a ``ClientProxy.fit``
-    call made from inside ``configure_fit`` with ``compat-message-type =
-    query.gradient`` (it carries the model, which ``get_properties`` cannot);
-    the client computes ``grad F_k(w^t)`` without training. Client:
-    ``handler_client_fn(task, make_folb_handlers)``.
+    The Message-API class's, over the legacy transport (docs/protocol.md,
+    "Legacy API"). A train reply's two ArrayRecords, ``update`` and
+    ``gradient``, travel in one ``FitRes``, their layout in the metric
+    ``compat-array-layout``. In two-set mode ``query.gradient`` carries the
+    model, so it is a ``ClientProxy.fit`` call made from inside
+    ``configure_fit``. Client: ``handler_client_fn(task, make_folb_handlers)``.
     """
 
     message_strategy_class = message_folb.FOLB

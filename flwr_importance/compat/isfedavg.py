@@ -11,33 +11,28 @@ class ISFedAvg(LegacyStrategyAdapter):
 
     Implementation based on https://arxiv.org/abs/2010.13600
 
-    Runs :class:`flwr_importance.strategies.ISFedAvg`: ``L`` clients selected
-    with ``P(k in S) = L p_k``, importance-sampled local steps (eq. 8, 29), the
-    plain mean of the returned models (eq. 5) and eq. 28 for the ``p_k``.
+    Runs :class:`flwr_importance.strategies.ISFedAvg`, whose docstring gives
+    the method, its parameters and its client contract.
 
     Parameters
     ----------
     legacy : LegacyOptions or None (default: None)
-        Flower's legacy ``FedAvg`` arguments, bundled
-        (:class:`~flwr_importance.compat.LegacyOptions`).
+        Flower's legacy ``FedAvg`` arguments that apply, bundled
+        (:class:`~flwr_importance.compat.LegacyOptions`; keyword arguments win).
 
     Other Parameters
     ----------------
     **options
-        The keyword arguments of the Message-API ``ISFedAvg``
-        (``clients_per_round``, ``L``, required; ``local_steps_range``,
-        ``batch_size_range``, ``uniform``, ``keep_app_step_size``,
-        ``min_relative_client_prob``, ``min_relative_sample_prob``, ``seed``,
-        ``min_available_nodes``) and
-        the legacy ``FedAvg`` arguments, given directly.
+        The keyword arguments of :class:`flwr_importance.strategies.ISFedAvg`
+        and the legacy ``FedAvg`` arguments that apply, given directly.
 
     Client contract
     ---------------
-    No extra round trip: each selected client's settings (``isfedavg-client-prob``,
-    ``-num-clients``, ``-local-steps``, ``-batch-size``, ...) ride in its own
-    ``FitIns.config``; ``isfedavg-sigma2`` and ``isfedavg-g2`` come back in the
-    ``FitRes`` metrics. The per-sample probabilities stay in the client's
-    ``context.state``. Client: ``handler_client_fn(task, make_isfedavg_handlers)``.
+    The Message-API class's, over the legacy transport (docs/protocol.md,
+    "Legacy API"). There is no extra round trip: the train config rides in
+    each selected client's ``FitIns.config`` and the reply's metrics in its
+    ``FitRes.metrics``. Client: ``handler_client_fn(task,
+    make_isfedavg_handlers)``.
     """
 
     message_strategy_class = MessageISFedAvg

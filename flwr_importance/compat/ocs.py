@@ -13,35 +13,32 @@ class OptimalClientSampling(LegacyStrategyAdapter):
 
     Implementation based on https://arxiv.org/abs/2010.13723
 
-    Runs :class:`flwr_importance.strategies.OptimalClientSampling`: every node
-    reports its update norm, nodes are sampled independently with the optimal
-    (or AOCS) probabilities, and the sampled updates are combined into the
-    unbiased ``w + server_lr * sum (d_i / p_i) U_i``.
+    Runs :class:`flwr_importance.strategies.OptimalClientSampling` (OCS, and
+    AOCS with ``approximate=True``), whose docstring gives the method, its
+    parameters and its client contract.
 
     Parameters
     ----------
     legacy : LegacyOptions or None (default: None)
-        Flower's legacy ``FedAvg`` arguments, bundled
-        (:class:`~flwr_importance.compat.LegacyOptions`).
+        Flower's legacy ``FedAvg`` arguments that apply, bundled
+        (:class:`~flwr_importance.compat.LegacyOptions`; keyword arguments win).
 
     Other Parameters
     ----------------
     **options
-        The keyword arguments of the Message-API ``OptimalClientSampling``
-        (``clients_per_round``, ``m``, required; ``approximate``, ``uniform``,
-        ``aocs_iterations``, ``server_lr``, ``seed``, ``min_available_nodes``,
-        ``query_timeout``) and the legacy ``FedAvg`` arguments, given directly.
+        The keyword arguments of
+        :class:`flwr_importance.strategies.OptimalClientSampling` and the legacy
+        ``FedAvg`` arguments that apply, given directly.
 
     Client contract
     ---------------
-    The norm query is a ``ClientProxy.fit`` call from inside ``configure_fit``
-    (``compat-message-type = query.norm``, the model as ``model-0``): the
-    client trains, keeps its update in ``context.state`` and returns no arrays,
-    only ``update-norm-0`` and ``num-examples-0`` in the ``FitRes`` metrics.
-    The round's ``fit`` then carries no model (``kept-update = true``) and
-    returns the kept update as the ArrayRecord ``update``. Client: your own
-    ``NumPyClient`` wrapped by ``importance_client_fn(client_fn)``, or
-    ``handler_client_fn(task, make_ocs_handlers)``.
+    The Message-API class's, over the legacy transport (docs/protocol.md,
+    "Legacy API"). ``query.norm`` carries the model, so it is a
+    ``ClientProxy.fit`` call made from inside ``configure_fit``; the round's
+    ``fit``, which carries no arrays (``kept-update = true``), is a ``fit``
+    too. Client: your own ``NumPyClient`` wrapped by
+    ``importance_client_fn(client_fn)``, or ``handler_client_fn(task,
+    make_ocs_handlers)``.
     """
 
     message_strategy_class = MessageOptimalClientSampling

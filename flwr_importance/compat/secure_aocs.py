@@ -114,8 +114,8 @@ class SecureAOCSWorkflow:
     ---------------
     ``ClientApp(client_fn=compat.importance_client_fn(client_fn), mods=[
     importance_secaggplus_mod, secure_aocs_mod])`` (or ``handler_client_fn``
-    with ``make_ocs_handlers``): the messages and keys are in
-    ``flwr_importance/protocol.py`` (OCS section, "AOCS under SecAgg+").
+    with ``make_ocs_handlers``): the messages and keys are on
+    docs/protocol.md (OCS section, "AOCS under SecAgg+").
     """
 
     def __init__(

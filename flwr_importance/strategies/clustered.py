@@ -108,10 +108,13 @@ class ClusteredSampling(MultisetSampling):
 
     Client contract
     ---------------
-    The same as :class:`~flwr_importance.strategies.md.MDSampling`'s:
-    ``query.sizes`` replied with a MetricRecord holding ``num-examples``;
-    ``train`` replied with one ArrayRecord shaped like the global model and a
-    MetricRecord with ``num-examples``; ``evaluate`` as in ``FedAvg``.
+    :class:`~flwr_importance.strategies.md.MDSampling`'s: ``query.sizes``
+    replied with a MetricRecord holding ``num-examples``; ``train`` replied
+    with one ArrayRecord, the trained local model with the global model's
+    keys and shapes, and a MetricRecord with ``num-examples``; ``evaluate``
+    as in ``FedAvg``. Algorithm 2 computes each client's representative
+    gradient on the server, as the returned model minus the global one, so
+    the reply is the model, not an update.
 
     Handlers: :func:`~flwr_importance.clientapps.sizes.add_size_query` beside
     the user's own train and evaluate functions, or the ready-made

@@ -145,15 +145,32 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
 
     Client contract
     ---------------
-    - ``query.sizes`` message, config ``max-size`` (int), ``epsilon`` (float),
-      ``server-round`` (int); reply: one MetricRecord with ``size-response``,
-      an integer in ``{1..M-1}`` (never the plain true size).
-    - ``train`` message, the model under ``arrays`` and config
-      ``server-round``, ``samples-per-round`` (``K``), ``estimated-total-size``
-      (``N_tilde >= K``), ``local-steps``; reply: one ArrayRecord with the
-      model's keys and shapes holding ``G_c = (1/K) sum_{s in S_c} g_s``
-      (zeros if nothing was kept). No metrics are needed; the reply must not
-      carry ``num-examples`` or any count of kept samples.
+    - ``query.sizes`` every round to every connected node, no model; config
+      ``max-size`` (int ``M``), ``epsilon`` (float, the local differential
+      privacy budget of this reply) and ``server-round`` (no
+      ``train_config``). Reply: one MetricRecord with ``size-response``, the
+      randomized response of eq. 1, an integer in ``{1..M-1}``: the true
+      size clipped to ``M - 1`` with probability
+      ``alpha = (e^eps - 1) / (e^eps + M - 2)``, else uniform on
+      ``{1..M-1}``; never ``num-examples``. Optional: the node's own ledger,
+      ``node-size-answers``, ``node-epsilon-spent`` and
+      ``node-reproducible-coins`` (the helpers send it; the server records
+      it in ``self.privacy_ledger``).
+    - ``train`` to the nodes whose size reply was usable: the model under
+      ``arrayrecord_key`` and config ``server-round``, the ``train_config``,
+      ``samples-per-round`` (``K``), ``estimated-total-size``
+      (``N_tilde >= K``) and ``local-steps`` (``E >= 1``). The node keeps
+      each of its samples independently with probability ``K / N_tilde``.
+      Reply: one ArrayRecord (any name) with the model's keys and shapes
+      holding ``G_c = (1/K) sum_{s in S_c} g_s``, the per-sample loss
+      gradients at the received model summed over the kept samples and
+      divided by the public ``K``, never by the number kept (zeros if none
+      was kept). With ``E > 1`` the node takes ``E`` full-batch steps
+      ``w <- w - lr g(w)`` on its kept samples with its own ``lr`` (``g`` the
+      mean gradient over them) and sends the sum of the ``E`` normalized
+      gradients, ``G_c = (|S_c| / K)(w_0 - w_E) / lr``. No MetricRecord is
+      needed; the reply must not carry ``num-examples`` or any count of
+      kept samples.
     - No ``evaluate`` message: evaluate centrally (``evaluate_fn``).
 
     Handlers: :mod:`flwr_importance.clientapps.fedsampling`.

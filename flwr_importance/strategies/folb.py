@@ -150,20 +150,31 @@ class FOLB(ImportanceStrategy[FolbPlan]):
 
     Client contract
     ---------------
-    ``train`` to each distinct device of ``S`` (``S1``): ArrayRecord
-    ``arrays`` (the global model), ConfigRecord ``config`` with
-    ``server-round`` and ``proximal-mu``. Reply: ArrayRecords ``"update"``
-    (``w_k - w^t``) and ``"gradient"`` (``grad F_k(w^t)``, full local gradient
-    before training), both keyed and shaped like the model; one MetricRecord
-    with ``gamma`` (in ``[0, 1]``; larger values are clipped with a log line),
-    ``num-examples`` (``n_k >= 0``) and any other metrics (averaged).
+    ``train`` to each distinct device of ``S`` (``S1``): the global model
+    ``w^t`` under ``arrayrecord_key`` and, under ``configrecord_key``,
+    ``server-round``, the ``train_config`` and ``proximal-mu`` (FedProx's
+    ``mu >= 0``, as Flower's ``FedProx`` sends it: the device adds
+    ``(mu/2) ||w - w^t||^2`` to its loss). Reply: ArrayRecords ``update``
+    (``w_k - w^t``, trained minus received) and ``gradient``
+    (``g_k = grad F_k(w^t)``: the gradient of the mean local loss over all
+    local data at the received model, before training), both keyed and
+    shaped like the model (zeros for buffers) and neither scaled by
+    ``n_k``; one MetricRecord with ``gamma`` (the inexactness
+    ``||grad F_k(w_k) + mu (w_k - w^t)|| / ||g_k||``, 0 when ``g_k = 0``,
+    ``>= 0``; values above 1 are clipped to 1, with a log line),
+    ``num-examples`` (``n_k >= 0``, always required) and any other metrics
+    (averaged, weighted by ``num-examples``).
 
-    ``query.gradient`` (two-set mode) to each device of ``S2`` not in ``S1``:
-    same ``arrays`` and ``config``. Reply: ArrayRecord ``"gradient"`` and, with
-    ``weighting="samples"``, the metric ``num-examples``.
+    ``query.gradient`` (two-set mode), before the train messages, to each
+    device of ``S2`` not in ``S1``: the same model and config as ``train``;
+    no training. Reply: the ArrayRecord ``gradient`` (``g_j``, as above)
+    and, with ``weighting="samples"``, the metric ``num-examples``. A
+    device in both sets gets only the train message, whose gradient serves
+    ``S2``.
 
     Replies that break the contract (error, NaN, wrong shapes, missing or
-    negative metric) are logged and left out of the round.
+    negative metric) are logged and left out of the round. ``evaluate``: as
+    Flower's ``FedAvg``.
 
     Handlers: :mod:`flwr_importance.clientapps.folb`.
 

@@ -108,23 +108,40 @@ class ISFedAvg(ImportanceStrategy[RoundPlan]):
 
     Client contract
     ---------------
-    Sends ``train`` messages with the model under ``arrayrecord_key`` and a
-    per-node ConfigRecord under ``configrecord_key`` holding ``server-round``
+    ``train`` to each selected node: the model under ``arrayrecord_key``
+    and, under ``configrecord_key``, ``server-round``, the ``train_config``
     and
 
-    * ``isfedavg-client-prob`` (float): ``p_k``, the realized (capped) one;
-    * ``isfedavg-num-clients`` (int): ``K``;
-    * ``isfedavg-local-steps`` (int): ``E_k``;
-    * ``isfedavg-batch-size`` (int): ``B_k``;
-    * ``isfedavg-adapt-sample-probs`` (bool): False in uniform mode;
-    * ``isfedavg-divide-by-local-steps`` (bool): not ``keep_app_step_size``;
-    * ``isfedavg-min-relative-sample-prob`` (float): the sample floor.
+    * ``isfedavg-client-prob`` (float in ``(0, 1]``): ``p_k``, the node's
+      realized normalized inclusion probability ``P(k in S) / L`` (capped
+      where ``L p_k > 1``);
+    * ``isfedavg-num-clients`` (int): ``K``, the number of connected nodes;
+    * ``isfedavg-local-steps`` (int): ``E_k``, the local SGD steps (they
+      replace the app's epochs);
+    * ``isfedavg-batch-size`` (int): ``B_k``, the distinct samples per batch
+      (a node with fewer samples uses them all);
+    * ``isfedavg-divide-by-local-steps`` (bool): whether each step takes
+      eq. 8's ``1/E_k`` (False with ``keep_app_step_size=True``);
+    * ``isfedavg-adapt-sample-probs`` (bool): whether to update the
+      per-sample ``p_n`` by eq. 29 (False in uniform mode: ``p_n = 1/N_k``);
+    * ``isfedavg-min-relative-sample-prob`` (float in ``(0, 1]``): the floor
+      on every ``p_n`` as a fraction of ``1/N_k``.
 
-    Expects back one ArrayRecord shaped like the model and one MetricRecord
-    with ``isfedavg-sigma2`` (``sigma2_k``, eq. 22) and ``isfedavg-g2``
-    (``||grad P_k_hat||^2``, eq. 14), both finite and nonnegative, and the
-    ``weighted_by_key`` metric (``num-examples``), used only to average the
-    other metrics. A reply that fails these checks is logged and left out.
+    The node draws each batch of distinct samples with ``P(n in B) = pi_n``
+    (``B_k p_n`` capped at 1, the excess spread over the others) and steps
+    with the eq. 8 gradient ``sum_{b in B} grad Q_b / (K p_k E_k N_k pi_b)``
+    (without ``E_k`` when not dividing): the weights are applied on the
+    client.
+
+    Reply: one ArrayRecord, the trained local model (not an update), and one
+    MetricRecord with ``isfedavg-sigma2`` (``sigma2_k`` of eq. 22, from the
+    per-sample gradient norms seen this round), ``isfedavg-g2``
+    (``||grad P_k_hat||^2`` of eq. 14: the squared norm of the mean over the
+    ``E_k`` steps of the importance-weighted local mean-loss gradient), both
+    finite and ``>= 0``, and the ``weighted_by_key`` metric (``num-examples``,
+    ``N_k >= 0``), used only to average the other metrics. A reply that
+    fails these checks is logged and left out. ``evaluate``: as Flower's
+    ``FedAvg``.
 
     Handlers: :mod:`flwr_importance.clientapps.isfedavg`.
     """

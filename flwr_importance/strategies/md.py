@@ -55,15 +55,18 @@ class MDSampling(MultisetSampling):
     The same for :class:`ClusteredSampling`:
 
     - ``query.sizes`` (the first round, and once for every node that joins):
-      the server sends a ConfigRecord ``config`` with ``server-round``; the
-      reply carries one MetricRecord with ``num-examples``, the client's sample
-      count (a non-negative integer).  A client without a size is not drawn.
-    - ``train``: ArrayRecord ``arrays`` (the global model) and ConfigRecord
-      ``config`` with ``server-round``, once per distinct drawn client.  The
-      reply carries one ArrayRecord with the model's keys and shapes and one
-      MetricRecord with ``num-examples`` (which updates the client's size);
-      every other numeric metric all replies share is averaged with the
-      draws' multiplicities (e.g. ``train-loss``).
+      no model; config ``server-round`` only. The reply carries one
+      MetricRecord with ``num-examples``, the client's sample count (a whole
+      number ``>= 0``). A client without a usable reply is not drawn and is
+      asked again the next round.
+    - ``train``, once per distinct drawn client: the global model under
+      ``arrayrecord_key`` and config ``server-round`` and the
+      ``train_config``, as Flower's ``FedAvg``. The reply carries one
+      ArrayRecord, the trained local model (not an update), with the model's
+      keys and shapes, and one MetricRecord with ``num-examples`` (``>= 0``;
+      a whole number updates the client's size); every other numeric metric
+      all replies share is averaged with the draws' multiplicities (e.g.
+      ``train-loss``).
     - ``evaluate``: as Flower's ``FedAvg``.
 
     Handlers: :func:`~flwr_importance.clientapps.sizes.add_size_query` beside

@@ -261,17 +261,43 @@ class MultiModelSampling(UnbiasedSampling):
 
     Client contract
     ---------------
-    ``query.norm`` (gradnorm): ArrayRecords ``model-0..model-<S-1>``, config
-    ``server-round``; reply metrics ``update-norm-<s>``, ``num-examples-<s>``.
-    ``query.loss`` (loss): the same models; reply ``loss-<s>``,
-    ``num-examples-<s>``. ``query.sizes`` (random, round-robin; once per node,
-    the first time it is seen): config ``server-round``, ``num-models``; reply
-    ``num-examples-<s>``. ``train``: config ``server-round``, ``model-index``,
-    ``kept-update`` (true for gradnorm: no model attached, send the kept
-    update; false: ArrayRecord ``model-<s>`` attached, train it); reply
-    ArrayRecord ``update`` (``w_local - w_s``) and metrics ``num-examples``,
-    ``model-index`` (and ``train-loss`` if any). Federated evaluation is not used (the
-    ServerApp evaluates each model centrally).
+    Models are numbered ``0..S-1`` and travel as ArrayRecords ``model-<s>``,
+    never under ``arrayrecord_key``; a per-model metric key ends in ``-<s>``.
+    ``U_s = w_local - w_s`` is a node's update of model ``s``: its local
+    model after training from the received ``w_s``, minus ``w_s``, never
+    scaled by ``d_is`` or ``1/p``; the server computes
+    ``d_is = n_is / sum_j n_js`` over the usable replies.
+
+    - ``query.norm`` (gradnorm) every round to every connected node: every
+      model, config ``server-round`` and the ``train_config``. The node
+      trains each model on that model's task data, exactly as for a train
+      message, keeps each ``U_s`` in its node state tagged with this
+      round's ``server-round`` (dropping older ones) and replies
+      ``update-norm-<s>`` (``||U_s||``, the plain Euclidean norm over all
+      arrays, not ``||d_is U_s||``) and ``num-examples-<s>`` (``n_is``, its
+      samples of task ``s``), both ``>= 0``; ``train-loss-<s>`` may come
+      too (the helpers send it; unused).
+    - ``query.loss`` (loss) every round to every connected node: every
+      model, config ``server-round`` and the ``train_config``; no training.
+      Reply ``loss-<s>`` (the mean loss of model ``s`` on the node's data of
+      task ``s``, ``>= 0``) and ``num-examples-<s>``.
+    - ``query.sizes`` (random, round-robin) once per node, the first time it
+      is seen; no model; config ``server-round`` and ``num-models`` (``S``).
+      Reply ``num-examples-<s>`` for every ``s`` in ``0..S-1``.
+    - ``train`` to each sampled node: config ``server-round`` (the round of
+      this round's query), the ``train_config``, ``model-index`` (the model
+      ``s`` it trains) and ``kept-update``. With ``kept-update = true``
+      (gradnorm) the message carries no ArrayRecord and the node sends the
+      update it kept at this round's ``query.norm``; a missing or stale one
+      (another round's ``server-round``, e.g. after a restart) must raise,
+      never be sent. With ``kept-update = false`` the message carries the
+      ArrayRecord ``model-<s>`` and the node trains it now. Reply: the
+      ArrayRecord ``update`` (``U_s``, keyed and shaped like model ``s``)
+      and one MetricRecord with ``model-index`` (the message's, else the
+      reply is dropped), ``num-examples`` (``>= 0``) and, optionally,
+      ``train-loss`` (finite; averaged into the round's metrics only).
+
+    No federated evaluation: the ServerApp evaluates each model centrally.
 
     Handlers: :mod:`flwr_importance.clientapps.variance_reduced`.
 

@@ -139,18 +139,24 @@ class OptimalClientSampling(UnbiasedSampling):
     Client contract
     ---------------
     The contract of :class:`~flwr_importance.strategies.mmfl.MultiModelSampling`
-    with ``S = 1``:
+    (variant ``"gradnorm"``) with ``S = 1``, for OCS and AOCS alike:
 
-    ``query.norm``: ArrayRecord ``model-0`` (the global model, named by the
-    protocol rather than ``arrayrecord_key``), config ``server-round``; reply
-    metrics ``update-norm-0`` and ``num-examples-0`` (nonnegative), the update
-    kept in the node state for that round.
-    ``train``: config ``server-round``, ``model-index = 0``,
-    ``kept-update = true``, no arrays; reply ArrayRecord ``update``
-    (``w_local - w_global``, the model's keys and shapes) and metrics
-    ``num-examples``, ``model-index`` (and ``train-loss`` if any). A node
-    that lost its kept update replies with an error and is skipped.
-    ``evaluate`` (if ``fraction_evaluate > 0``): Flower's usual evaluate message.
+    - ``query.norm`` every round to every connected node (or pool): the
+      global model as the ArrayRecord ``model-0`` (not under
+      ``arrayrecord_key``), config ``server-round`` and the
+      ``train_config``. The node trains as for a train message, keeps its
+      update ``U = w_local - w_global`` in its node state tagged with this
+      round's ``server-round`` and replies ``update-norm-0`` (``||U||``, not
+      ``||d_i U||``) and ``num-examples-0`` (``n_i``), both ``>= 0``;
+      ``train-loss-0`` may come too (the helpers send it; unused).
+    - ``train`` to each sampled node: config ``server-round``, the
+      ``train_config``, ``model-index = 0`` and ``kept-update = true``, no
+      arrays. Reply: the ArrayRecord ``update`` (the kept ``U``, with the
+      model's keys and shapes) and one MetricRecord with ``model-index``
+      (0), ``num-examples`` (``>= 0``) and, optionally, ``train-loss``. A
+      node whose kept update is missing or from another round must raise
+      (an error reply, left out of the round), never send it.
+    - ``evaluate`` (if ``fraction_evaluate > 0``): as Flower's ``FedAvg``.
 
     Handlers: :mod:`flwr_importance.clientapps.variance_reduced`.
 

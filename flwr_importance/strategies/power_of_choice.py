@@ -177,14 +177,20 @@ class PowerOfChoice(MultisetSampling):
       reply's MetricRecord holds ``num-examples``, as for
       :class:`~flwr_importance.strategies.MDSampling`.
     - ``query.loss`` (``pow-d``, each round, candidates only): the current
-      model as the ArrayRecord ``model-0`` and config ``server-round``; the
-      reply's MetricRecord holds ``loss-0``, the mean local loss of that
-      model (finite, >= 0; higher ranks first), and ``num-examples-0``.
-      A candidate without a usable reply is not selected.
-    - ``train``: as Flower's ``FedAvg`` (model under ``arrays``, config with
-      ``server-round``); the reply holds the local model and
-      ``num-examples`` (refreshing the size) and, for ``rpow-d``,
-      ``train-loss``.
+      model as the ArrayRecord ``model-0`` (not under ``arrayrecord_key``)
+      and config ``server-round`` only; no training. The reply's
+      MetricRecord holds ``loss-0``, the mean loss of that model on the
+      node's training data (finite, ``>= 0``; higher ranks first; ``cpow-d``
+      is this reply computed on a mini-batch), and ``num-examples-0``
+      (``>= 0``). A candidate without a usable reply is not selected.
+    - ``train`` to the selected: as Flower's ``FedAvg`` (the model under
+      ``arrayrecord_key``, config ``server-round`` and the
+      ``train_config``); the reply holds one ArrayRecord, the trained local
+      model, and ``num-examples`` (``>= 0``, refreshing the size) and, for
+      ``rpow-d``, ``train-loss`` (the mean training loss of the round's
+      local steps): ``rpow-d`` sends no query and ranks a candidate by the
+      ``train-loss`` of its latest train reply (a node never heard from
+      ranks first; a reply without a finite one keeps the previous value).
     - ``evaluate``: as Flower's ``FedAvg``.
 
     Handlers: :func:`~flwr_importance.clientapps.sizes.add_size_query` and,
