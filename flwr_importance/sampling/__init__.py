@@ -53,14 +53,14 @@ from flwr_importance.sampling.privacy import (
 )
 from flwr_importance.sampling.reports import cap_reports, report_bounds
 from flwr_importance.sampling.representatives import RepresentativeGradients
-from flwr_importance.sampling.schedule import uniform_client_set
-from flwr_importance.sampling.sketch import CountSketch, project_gradients
-from flwr_importance.sampling.two_level import (
+from flwr_importance.sampling.scale.sketch import CountSketch, project_gradients
+from flwr_importance.sampling.scale.two_level import (
     capacity_blocks,
     clustering_points,
     two_level_tree,
     weighted_ward_linkage,
 )
+from flwr_importance.sampling.schedule import uniform_client_set
 from flwr_importance.sampling.variance_reduced import (
     aocs_probs,
     assign_models,

@@ -14,7 +14,7 @@ from flwr.app import ArrayRecord
 from numpy.typing import NDArray
 
 from flwr_importance.sampling import Distance, RepresentativeGradients
-from flwr_importance.sampling.sketch import CountSketch, project_gradients
+from flwr_importance.sampling.scale.sketch import CountSketch, project_gradients
 from flwr_importance.strategies.clustered import ClusteredSampling
 
 

@@ -19,7 +19,7 @@ from flwr_importance.sampling.clustered import (
     clustered_distributions_by_similarity,
     sample_from_distributions,
 )
-from flwr_importance.sampling.incremental import (
+from flwr_importance.sampling.scale.incremental import (
     IncrementalTwoLevel,
     clustered_distributions_incrementally,
 )

@@ -31,7 +31,7 @@ from flwr_importance.sampling.clustered import (
     clustered_distributions_from_distances,
     sample_from_distributions,
 )
-from flwr_importance.sampling.two_level import _kmeans_plus_plus
+from flwr_importance.sampling.scale.two_level import _kmeans_plus_plus
 from flwr_importance.strategies.clustered import ClusteredSampling
 from tests.clustered.test_clustered_strategy import make_grid, run_rounds
 
