@@ -29,7 +29,7 @@ from flwr.clientapp import ClientApp
 from flwr_importance import protocol
 from flwr_importance.clientapps.messages import config_number, metrics_reply
 from flwr_importance.clientapps.sizes import SampleCount, sample_count_source
-from flwr_importance.sampling import privatize_size
+from flwr_importance.sampling.privacy import privatize_size
 from flwr_importance.validation import check_positive
 
 #: The node state's record of its own privacy ledger (answers, epsilon spent).

@@ -21,6 +21,10 @@ from numpy.typing import NDArray
 from flwr_importance.sampling.distances import Distance, cross_distances
 from flwr_importance.sampling.scale.sketch import CountSketch
 
+__all__ = [
+    "RepresentativeGradients",
+]
+
 
 class RepresentativeGradients:
     """Each node's representative gradient and the distances between them.

@@ -13,14 +13,14 @@ from numpy.typing import NDArray
 
 from flwr_importance import protocol
 from flwr_importance.method_spec import MethodSpec
-from flwr_importance.sampling import (
+from flwr_importance.sampling.clustered import (
     EXACT_WARD_LIMIT,
-    Distance,
-    RepresentativeGradients,
     clustered_distributions_by_size,
     clustered_distributions_from_distances,
     sample_from_distributions,
 )
+from flwr_importance.sampling.distances import Distance
+from flwr_importance.sampling.representatives import RepresentativeGradients
 from flwr_importance.sampling.scale.incremental import (
     IncrementalTwoLevel,
     clustered_distributions_incrementally,

@@ -15,17 +15,18 @@ from flwr.serverapp import Grid
 
 from flwr_importance import protocol
 from flwr_importance.method_spec import MethodSpec
-from flwr_importance.sampling import (
-    DEFAULT_DELTA_PRIME,
-    NodeReport,
-    PrivacyLedger,
+from flwr_importance.sampling.fedsampling import (
     binomial_upper_tail,
     epsilon_for_usable_estimate,
-    estimate_total_size,
-    ldp_alpha,
     nodes_for_usable_estimate,
     size_estimate_noise,
 )
+from flwr_importance.sampling.ledger import (
+    DEFAULT_DELTA_PRIME,
+    NodeReport,
+    PrivacyLedger,
+)
+from flwr_importance.sampling.privacy import estimate_total_size, ldp_alpha
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
 from flwr_importance.strategies.messages import connected_nodes
 from flwr_importance.strategies.replies import ClientSide

@@ -28,7 +28,7 @@ from flwr_importance.aggregation.folb import (
     folb_weights,
 )
 from flwr_importance.method_spec import MethodSpec
-from flwr_importance.sampling import uniform_client_set
+from flwr_importance.sampling.schedule import uniform_client_set
 from flwr_importance.strategies.arrays import array_values
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
 from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes

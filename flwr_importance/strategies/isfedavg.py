@@ -19,7 +19,7 @@ from flwr_importance.aggregation.isfedavg import (
     update_client_probs,
 )
 from flwr_importance.method_spec import MethodSpec
-from flwr_importance.sampling import systematic_sample
+from flwr_importance.sampling.pips import systematic_sample
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
 from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
 from flwr_importance.strategies.replies import CheckedReply, ClientSide

@@ -24,7 +24,11 @@ from flwr_importance.aggregation.variance_reduced import (
     uniform_assignment_prob,
 )
 from flwr_importance.method_spec import MethodSpec
-from flwr_importance.sampling import assign_models, estimator_variance, mmfl_probs
+from flwr_importance.sampling.variance_reduced import (
+    assign_models,
+    estimator_variance,
+    mmfl_probs,
+)
 from flwr_importance.strategies.base import log_settings
 from flwr_importance.strategies.replies import ClientSide
 from flwr_importance.strategies.report_bounds import report_cap_setting

@@ -36,7 +36,7 @@ from flwr_importance.clientapps.fedsampling import (
     fedsampling_round,
     make_fedsampling_handlers,
 )
-from flwr_importance.sampling import bernoulli_keep
+from flwr_importance.sampling.fedsampling import bernoulli_keep
 from flwr_importance.strategies.arrays import flatten
 from flwr_importance.strategies.fedsampling import FedSampling
 from flwr_importance.strategies.replies import ClientSideFailedError

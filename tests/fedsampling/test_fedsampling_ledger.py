@@ -24,7 +24,7 @@ from flwr_importance.clientapps.fedsampling import (
 )
 from flwr_importance.clientapps.private_sizes import NodeLedger, private_size_reply
 from flwr_importance.protocol import FEDSAMPLING_SIZE_RESPONSE, SERVER_ROUND
-from flwr_importance.sampling import advanced_composition_epsilon
+from flwr_importance.sampling.privacy import advanced_composition_epsilon
 from flwr_importance.strategies import FedSampling
 from flwr_importance.tooling.testing import InProcessGrid
 from simulations.client_app import app as simulation_client_app

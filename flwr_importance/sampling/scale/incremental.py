@@ -50,6 +50,13 @@ from flwr_importance.sampling.scale.two_level import (
 )
 from flwr_importance.validation import float_matrix, nonnegative_vector
 
+__all__ = [
+    "REBUILD_FRACTION",
+    "WARM_ITERATIONS",
+    "IncrementalTwoLevel",
+    "clustered_distributions_incrementally",
+]
+
 #: Above this fraction of clients with a new gradient, level 1 is recomputed
 #: from scratch: the warm iterations would measure most clients anyway.
 REBUILD_FRACTION = 0.5
