@@ -101,7 +101,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FedSamplingRound:
     """The round's data sample, as the server's config decides it.
 

@@ -48,7 +48,7 @@ TRAIN_STREAM = 0
 REFERENCE_STREAM = 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FolbPlan(RoundPlan):
     """A round's draws: ``S`` (who trains) and, in the two-set mode, ``S2``.
 
@@ -278,12 +278,12 @@ class FOLB(ImportanceStrategy[FolbPlan]):
             )
         self.keep_plan(
             FolbPlan(
-                server_round,
-                arrays,
-                frozenset(train_draws),
-                train_draws,
-                reference_draws,
-                reference_gradients,
+                server_round=server_round,
+                arrays=arrays,
+                nodes=frozenset(train_draws),
+                train_draws=train_draws,
+                reference_draws=reference_draws,
+                reference_gradients=reference_gradients,
             )
         )
         log(

@@ -262,7 +262,9 @@ class ISFedAvg(ImportanceStrategy[RoundPlan]):
         )
         chosen = systematic_sample(sample_size * realized, self.rng)
         selected = frozenset(node_ids[index] for index in chosen)
-        self.keep_plan(RoundPlan(server_round, arrays, selected))
+        self.keep_plan(
+            RoundPlan(server_round=server_round, arrays=arrays, nodes=selected)
+        )
         log(
             INFO,
             "configure_train: sampled %d nodes (out of %d), p_k in [%.3g, %.3g]/K",

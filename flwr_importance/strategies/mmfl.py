@@ -355,15 +355,15 @@ class MultiModelSampling(UnbiasedSampling):
             sample = self._baseline_sample(server_round, node_ids, grid)
         population, fractions, probs, assigned, scores = sample
         plan = SamplePlan(
-            server_round,
-            arrays,
-            frozenset(assigned),
-            tuple(population),
-            fractions,
-            probs,
-            assigned,
-            models,
-            scores,
+            server_round=server_round,
+            arrays=arrays,
+            nodes=frozenset(assigned),
+            node_ids=tuple(population),
+            fractions=fractions,
+            probs=probs,
+            assigned=assigned,
+            models=models,
+            scores=scores,
         )
         self.keep_plan(plan)
         log(

@@ -279,15 +279,15 @@ class OptimalClientSampling(UnbiasedSampling):
         sampled = poisson_sample(probs, self.rng)
         assigned = {answered[row]: 0 for row in sampled}
         plan = SamplePlan(
-            server_round,
-            arrays,
-            frozenset(assigned),
-            tuple(answered),
-            fractions,
-            probs[:, None],
-            assigned,
-            (arrays,),
-            scores,
+            server_round=server_round,
+            arrays=arrays,
+            nodes=frozenset(assigned),
+            node_ids=tuple(answered),
+            fractions=fractions,
+            probs=probs[:, None],
+            assigned=assigned,
+            models=(arrays,),
+            scores=scores,
         )
         self.keep_plan(plan)
         log(
