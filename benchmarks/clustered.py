@@ -49,7 +49,7 @@ from benchmarks.evidence import (
 )
 from benchmarks.harness import benchmark_parser, markdown_table, start_benchmark
 from benchmarks.variance_reduced import FEDADAM, FEDADAM_ETAS, fedadam_note
-from flwr_importance.sampling import RepresentativeGradients
+from flwr_importance.sampling.representatives import RepresentativeGradients
 from flwr_importance.strategies._multiset import MultisetSampling
 from flwr_importance.tasks import Objective, evaluate
 from flwr_importance.tooling.testing import InProcessGrid

@@ -94,13 +94,9 @@ from flwr_importance.clientapps.fedsampling import (
     node_bit_generator,
     seek_round_stream,
 )
-from flwr_importance.sampling import (
-    bernoulli_keep,
-    estimate_total_size,
-    keep_probability,
-    md_sample,
-    privatize_size,
-)
+from flwr_importance.sampling.fedsampling import bernoulli_keep, keep_probability
+from flwr_importance.sampling.pips import md_sample
+from flwr_importance.sampling.privacy import estimate_total_size, privatize_size
 from flwr_importance.tasks import FederatedSplit, Objective, build_model
 from flwr_importance.tasks.generators import lognormal_mixture
 from simulations.config import server_optimizer_of

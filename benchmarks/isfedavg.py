@@ -76,7 +76,7 @@ from flwr_importance.clientapps.local_task import (
     server_round_of,
     train_round,
 )
-from flwr_importance.sampling import update_sample_probs
+from flwr_importance.sampling.importance import update_sample_probs
 from flwr_importance.strategies.isfedavg import ISFedAvg
 from flwr_importance.strategies.messages import node_messages
 from flwr_importance.tasks import FederatedSplit, Objective, evaluate

@@ -109,22 +109,21 @@ from benchmarks.harness import (
 from benchmarks.mechanism_capture import CapturedRound, capture_rounds
 from flwr_importance.aggregation.isfedavg import realized_normalized_probs
 from flwr_importance.aggregation.variance_reduced import uniform_assignment_prob
-from flwr_importance.sampling import (
-    Distance,
-    RepresentativeGradients,
-    aocs_probs,
-    assign_models,
+from flwr_importance.sampling.clustered import (
     clustered_distributions_by_size,
     clustered_distributions_from_distances,
-    draw_candidates,
-    md_sample,
+    sample_from_distributions,
+)
+from flwr_importance.sampling.distances import Distance
+from flwr_importance.sampling.pips import md_sample, poisson_sample, systematic_sample
+from flwr_importance.sampling.power_of_choice import draw_candidates, select_highest
+from flwr_importance.sampling.representatives import RepresentativeGradients
+from flwr_importance.sampling.schedule import uniform_client_set
+from flwr_importance.sampling.variance_reduced import (
+    aocs_probs,
+    assign_models,
     mmfl_probs,
     optimal_client_probs,
-    poisson_sample,
-    sample_from_distributions,
-    select_highest,
-    systematic_sample,
-    uniform_client_set,
 )
 from simulations.inprocess import default_run_config, load_preset
 

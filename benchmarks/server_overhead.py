@@ -69,7 +69,7 @@ from benchmarks.harness import (
     save_figure,
 )
 from flwr_importance.aggregation import weighted_sum
-from flwr_importance.sampling import EXACT_WARD_LIMIT
+from flwr_importance.sampling.clustered import EXACT_WARD_LIMIT
 from flwr_importance.strategies.arrays import all_finite, array_values, combine_arrays
 from flwr_importance.strategies.clustered import ClusteredSampling
 from flwr_importance.strategies.mmfl import pack_models

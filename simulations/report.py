@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 from flwr.app import MetricRecord
 from flwr.serverapp.strategy import Result
 
-from flwr_importance.sampling import PrivacyLedger
+from flwr_importance.sampling.ledger import PrivacyLedger
 
 #: A history row's privacy ledger (:func:`privacy_entry`): numbers, and
 #: per-node columns (node ids as exact integers).

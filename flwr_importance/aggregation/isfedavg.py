@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_importance.sampling import capped_inclusion_probs, update_sample_probs
+from flwr_importance.sampling.importance import update_sample_probs
+from flwr_importance.sampling.pips import capped_inclusion_probs
 from flwr_importance.validation import (
     distinct_indices,
     nonnegative_vector,

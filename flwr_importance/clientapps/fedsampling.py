@@ -75,7 +75,7 @@ from flwr_importance.clientapps.private_sizes import (
     add_private_size_query,
     private_size_reply,
 )
-from flwr_importance.sampling import bernoulli_keep, keep_probability
+from flwr_importance.sampling.fedsampling import bernoulli_keep, keep_probability
 from flwr_importance.tasks.training import BatchLoss, mean_gradient
 
 __all__ = [
@@ -101,7 +101,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FedSamplingRound:
     """The round's data sample, as the server's config decides it.
 

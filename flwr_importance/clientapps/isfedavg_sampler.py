@@ -40,7 +40,8 @@ from flwr_importance.per_sample import (
     check_samples_independent,
     weighted_gradient_and_norms,
 )
-from flwr_importance.sampling import systematic_sample, update_sample_probs
+from flwr_importance.sampling.importance import update_sample_probs
+from flwr_importance.sampling.pips import systematic_sample
 from flwr_importance.tasks import WeightedStep
 
 #: Where the node keeps its per-sample state in ``context.state``: an

@@ -29,14 +29,14 @@ from flwr.clientapp import ClientApp
 from flwr_importance import protocol
 from flwr_importance.clientapps.messages import config_number, metrics_reply
 from flwr_importance.clientapps.sizes import SampleCount, sample_count_source
-from flwr_importance.sampling import privatize_size
+from flwr_importance.sampling.privacy import privatize_size
 from flwr_importance.validation import check_positive
 
 #: The node state's record of its own privacy ledger (answers, epsilon spent).
 NODE_LEDGER_RECORD = "fedsampling-node-ledger"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NodeLedger:
     """What this node's size replies have spent in the run: its own count.
 
@@ -62,11 +62,16 @@ class NodeLedger:
         record = context.state.config_records.get(NODE_LEDGER_RECORD)
         if record is None:
             return cls()
-        return cls(int(record["answers"]), float(record["epsilon-spent"]))  # type: ignore[arg-type]
+        return cls(
+            answers=int(record["answers"]),  # type: ignore[arg-type]
+            epsilon_spent=float(record["epsilon-spent"]),  # type: ignore[arg-type]
+        )
 
     def charged(self, epsilon: float) -> NodeLedger:
         """The ledger after one more reply at ``epsilon``."""
-        return NodeLedger(self.answers + 1, self.epsilon_spent + epsilon)
+        return NodeLedger(
+            answers=self.answers + 1, epsilon_spent=self.epsilon_spent + epsilon
+        )
 
     def save(self, context: Context) -> None:
         """Write the ledger into ``context.state``."""

@@ -20,7 +20,7 @@ from flwr_importance.aggregation.secure_sum import (
 )
 from flwr_importance.compat.adapter import LegacyOptions, LegacyStrategyAdapter
 from flwr_importance.legacy_wire import ScalarDict
-from flwr_importance.sampling import PrivacyLedger
+from flwr_importance.sampling.ledger import PrivacyLedger
 from flwr_importance.strategies.fedsampling import FedSampling as MessageFedSampling
 
 #: Results, as the legacy server hands them to ``aggregate_fit``.

@@ -2,10 +2,16 @@
 
 Every random function takes an explicit ``numpy.random.Generator``; every
 function rejects invalid input with a ``ValueError`` that says what is wrong.
+
+This package exports what a user calls: each method's sampling functions, the
+privacy of FedSampling's size replies and the ledger that counts them. The
+rest (clustered sampling's distances and representative gradients, its scale
+path in :mod:`.scale`, the bounds on reports) is imported from the module that
+defines it, as the strategies do; each such module lists its public names in
+its own ``__all__``.
 """
 
 from flwr_importance.sampling.clustered import (
-    EXACT_WARD_LIMIT,
     aggregation_weight_variance,
     clustered_distributions_by_similarity,
     clustered_distributions_by_size,
@@ -13,16 +19,9 @@ from flwr_importance.sampling.clustered import (
     md_aggregation_weight_variance,
     sample_from_distributions,
 )
-from flwr_importance.sampling.distances import (
-    DISTANCES,
-    Distance,
-    cross_distances,
-    pairwise_distances,
-)
+from flwr_importance.sampling.distances import Distance, pairwise_distances
 from flwr_importance.sampling.fedsampling import (
-    USABLE_NOISE_FRACTION,
     bernoulli_keep,
-    binomial_upper_tail,
     epsilon_for_usable_estimate,
     keep_probability,
     nodes_for_usable_estimate,
@@ -51,16 +50,7 @@ from flwr_importance.sampling.privacy import (
     privatize_size,
     size_reply_probabilities,
 )
-from flwr_importance.sampling.reports import cap_reports, report_bounds
-from flwr_importance.sampling.representatives import RepresentativeGradients
 from flwr_importance.sampling.schedule import uniform_client_set
-from flwr_importance.sampling.sketch import CountSketch, project_gradients
-from flwr_importance.sampling.two_level import (
-    capacity_blocks,
-    clustering_points,
-    two_level_tree,
-    weighted_ward_linkage,
-)
 from flwr_importance.sampling.variance_reduced import (
     aocs_probs,
     assign_models,
@@ -72,15 +62,10 @@ from flwr_importance.sampling.variance_reduced import (
 
 __all__ = [
     "DEFAULT_DELTA_PRIME",
-    "DISTANCES",
-    "EXACT_WARD_LIMIT",
-    "USABLE_NOISE_FRACTION",
-    "CountSketch",
     "Distance",
     "NodeReport",
     "PrivacyLedger",
     "PrivacySpend",
-    "RepresentativeGradients",
     "advanced_composition_crossover",
     "advanced_composition_epsilon",
     "aggregation_weight_variance",
@@ -89,15 +74,10 @@ __all__ = [
     "available_pool",
     "basic_composition_epsilon",
     "bernoulli_keep",
-    "binomial_upper_tail",
-    "cap_reports",
-    "capacity_blocks",
     "capped_inclusion_probs",
     "clustered_distributions_by_similarity",
     "clustered_distributions_by_size",
     "clustered_distributions_from_distances",
-    "clustering_points",
-    "cross_distances",
     "draw_candidates",
     "epsilon_for_usable_estimate",
     "estimate_total_size",
@@ -113,15 +93,11 @@ __all__ = [
     "pairwise_distances",
     "poisson_sample",
     "privatize_size",
-    "project_gradients",
-    "report_bounds",
     "sample_from_distributions",
     "select_highest",
     "size_estimate_noise",
     "size_reply_probabilities",
     "systematic_sample",
-    "two_level_tree",
     "uniform_client_set",
     "update_sample_probs",
-    "weighted_ward_linkage",
 ]

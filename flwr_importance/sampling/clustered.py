@@ -19,11 +19,11 @@ exactly before the final division.
 - :func:`clustered_distributions_by_similarity` is Algorithm 2 (by similarity
   of the clients' representative gradients, Ward hierarchical clustering;
   above :data:`EXACT_WARD_LIMIT` clients, the two-level clustering of
-  :mod:`.two_level`, which forms no ``N x N`` array).
+  :mod:`.scale.two_level`, which forms no ``N x N`` array).
 - :func:`sample_from_distributions` draws one client from each distribution.
 
 The distances Algorithm 2 clusters are in :mod:`.distances`; the sketch that
-compresses its representative gradients is in :mod:`.sketch`.
+compresses its representative gradients is in :mod:`.scale.sketch`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from flwr_importance.sampling.distances import (
     condensed_distances,
     pairwise_distances,
 )
-from flwr_importance.sampling.two_level import two_level_tree
+from flwr_importance.sampling.scale.two_level import two_level_tree
 from flwr_importance.validation import (
     check_count,
     float_matrix,
@@ -59,7 +59,7 @@ from flwr_importance.validation import (
 _MAX_EXACT_UNITS = 2**53
 
 #: Above this many clients Algorithm 2 clusters in two levels
-#: (:mod:`.two_level`) instead of exact Ward on all pairs (docs/methods.md §4).
+#: (:mod:`.scale.two_level`) instead of exact Ward on all pairs (docs/methods.md §4).
 EXACT_WARD_LIMIT = 2_000
 
 
@@ -134,7 +134,7 @@ def clustered_distributions_by_similarity(
     2. Ward hierarchical clustering of the pairwise distances between the
        representative gradients of the clients with units left; with more
        than ``exact_ward_limit`` clients, the two-level clustering of
-       :func:`~flwr_importance.sampling.two_level.two_level_tree` instead
+       :func:`~flwr_importance.sampling.scale.two_level.two_level_tree` instead
        (k-means into ``max(sqrt(n), m)`` groups, then Ward on their
        centroids: no ``N x N`` array; docs/methods.md §4);
     3. the tree is cut into its largest subtrees holding at most ``M_tot``
@@ -405,7 +405,7 @@ def _exact_ward_groups(distances: NDArray[np.float64]) -> _Grouping:
 
 #: The two-level tree of the active clients: ``(their rows, their indices,
 #: their units, M_tot, groups of level 1)`` to what
-#: :func:`.two_level.two_level_tree` returns.
+#: :func:`.scale.two_level.two_level_tree` returns.
 _Tree = tuple[NDArray[np.float64], NDArray[np.intp], NDArray[np.int64]]
 _TreeOf = Callable[
     [NDArray[np.floating], NDArray[np.intp], NDArray[np.int64], int, int], _Tree

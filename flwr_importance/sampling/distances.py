@@ -27,6 +27,14 @@ from flwr_importance.validation import (
     float_matrix,
 )
 
+__all__ = [
+    "DISTANCES",
+    "Distance",
+    "condensed_distances",
+    "cross_distances",
+    "pairwise_distances",
+]
+
 # scipy is imported inside the functions that take L1 distances or condense a
 # matrix, not here: it costs 0.25 s, half again the import of Flower's own
 # strategies, and every strategy module imports the sampling package (most

@@ -22,6 +22,16 @@ from numpy.typing import NDArray
 
 from flwr_importance.validation import nonnegative_integer
 
+__all__ = [
+    "USABLE_NOISE_FRACTION",
+    "bernoulli_keep",
+    "binomial_upper_tail",
+    "epsilon_for_usable_estimate",
+    "keep_probability",
+    "nodes_for_usable_estimate",
+    "size_estimate_noise",
+]
+
 #: The size estimate is usable when its noise is at most this fraction of the
 #: largest total its replies can stand for, ``C (M - 1)``: three standard
 #: deviations then stay above zero.
@@ -139,7 +149,7 @@ def size_estimate_noise(num_replies: int, max_size: int, alpha: float) -> float:
     At the defaults ``M = 100``, ``epsilon = 3``, 37 replies: against a total
     of at most ``37 * 99 = 3663`` samples, about a third of it.
 
-    >>> from flwr_importance.sampling import ldp_alpha
+    >>> from flwr_importance.sampling.privacy import ldp_alpha
     >>> round(size_estimate_noise(37, 100, ldp_alpha(3.0, 100)))
     1212
     """
@@ -172,7 +182,7 @@ def nodes_for_usable_estimate(max_size: int, alpha: float) -> int:
     --------
     At the defaults ``M = 100``, ``epsilon = 3``:
 
-    >>> from flwr_importance.sampling import ldp_alpha
+    >>> from flwr_importance.sampling.privacy import ldp_alpha
     >>> nodes_for_usable_estimate(100, ldp_alpha(3.0, 100))
     37
     """

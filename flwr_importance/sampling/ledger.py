@@ -41,7 +41,7 @@ DEFAULT_DELTA_PRIME = 1e-6
 NODE_ID_LIMIT = 2**64
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PrivacySpend:
     """Each node's cumulative privacy loss from its size replies, after a round.
 
@@ -72,7 +72,7 @@ class PrivacySpend:
     advanced_epsilon: tuple[float, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NodeReport:
     """What a node's own ledger said in its latest size reply.
 
@@ -198,11 +198,11 @@ class PrivacyLedger:
             advanced_composition_epsilon(self.epsilon, queries, self.delta_prime),
         )
         return PrivacySpend(
-            server_round,
-            tuple(node_id for node_id, _ in counts),
-            tuple(int(count) for count in queries),
-            tuple(float(value) for value in basic),
-            tuple(float(value) for value in advanced),
+            server_round=server_round,
+            node_ids=tuple(node_id for node_id, _ in counts),
+            size_queries=tuple(int(count) for count in queries),
+            basic_epsilon=tuple(float(value) for value in basic),
+            advanced_epsilon=tuple(float(value) for value in advanced),
         )
 
 

@@ -15,6 +15,8 @@ from numpy.typing import ArrayLike, NDArray
 
 from flwr_importance.validation import nonnegative_array
 
+__all__ = ["cap_reports", "report_bounds"]
+
 
 def report_bounds(values: ArrayLike, factor: float) -> NDArray[np.float64]:
     """``factor`` times the lower median of each column of ``values`` (inf if 0).

@@ -3,7 +3,7 @@
 Algorithm 2 clusters the clients by the distances between their
 *representative gradients*: each client's last returned model minus the
 global model it started from. :class:`RepresentativeGradients` keeps one row
-per client (whole, or as a :class:`~flwr_importance.sampling.sketch.CountSketch`)
+per client (whole, or as a :class:`~flwr_importance.sampling.scale.sketch.CountSketch`)
 and their distance matrix (:mod:`.distances`), recomputing only the rows of
 clients with a new update; the clustering that reads the matrix is
 :func:`~flwr_importance.sampling.clustered.clustered_distributions_from_distances`,
@@ -19,7 +19,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from flwr_importance.sampling.distances import Distance, cross_distances
-from flwr_importance.sampling.sketch import CountSketch
+from flwr_importance.sampling.scale.sketch import CountSketch
+
+__all__ = [
+    "RepresentativeGradients",
+]
 
 
 class RepresentativeGradients:
@@ -106,7 +110,7 @@ class RepresentativeGradients:
         distance matrix is kept (it consumes the same record: call one or
         the other).  For the two-level clustering, which keeps its own state
         between rounds
-        (:class:`~flwr_importance.sampling.incremental.IncrementalTwoLevel`).
+        (:class:`~flwr_importance.sampling.scale.incremental.IncrementalTwoLevel`).
         """
         changed = np.array(
             sorted(self._row_of[node_id] for node_id in self._stale), np.intp

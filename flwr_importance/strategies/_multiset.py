@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from flwr_importance.strategies.base import StrategyOptions
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DrawRound:
     """What a round's draw may use besides the sizes, and the metrics it adds.
 
@@ -65,7 +65,7 @@ class DrawRound:
     metrics: dict[str, int | float] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DrawPlan(RoundPlan):
     """A round's draws and the round metrics its draw reported.
 
@@ -209,11 +209,17 @@ class MultisetSampling(ImportanceStrategy[DrawPlan], ABC):
         if sizes.sum() == 0:
             log(WARNING, "configure_train: no client with a known, positive size")
             return []
-        draw = DrawRound(server_round, arrays, grid)
+        draw = DrawRound(server_round=server_round, arrays=arrays, grid=grid)
         positions = self.draw_clients(node_ids, sizes, draw)
         drawn = Counter(node_ids[position] for position in positions)
         self.keep_plan(
-            DrawPlan(server_round, arrays, frozenset(drawn), drawn, draw.metrics)
+            DrawPlan(
+                server_round=server_round,
+                arrays=arrays,
+                nodes=frozenset(drawn),
+                drawn=drawn,
+                draw_metrics=draw.metrics,
+            )
         )
         log(
             INFO,

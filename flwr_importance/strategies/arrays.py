@@ -1,16 +1,16 @@
 """Model arrays read in place: ``.npy`` bytes as NumPy views, whole models as vectors.
 
 A reply's arrays are read to be checked and again to be aggregated; reading
-the serialized bytes where they lie (:func:`array_values`) instead of through
-``Array.numpy()`` saves a copy each time, and :func:`combine_arrays` sums
-replies array by array in the model's own dtype, as Flower's ``FedAvg`` does.
+the serialized bytes where they lie (:func:`array_values`, the ``.npy`` format
+parsed in :mod:`._npy`) instead of through ``Array.numpy()`` saves a copy each
+time, and :func:`combine_arrays` sums replies array by array in the model's
+own dtype, as Flower's ``FedAvg`` does. A round's model is released through
+the :class:`Release` seam (:func:`linear_release` by default) and, with a
+server optimizer, stepped by :func:`optimizer_step`.
 """
 
 from __future__ import annotations
 
-import functools
-import io
-import math
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -24,9 +24,7 @@ from flwr_importance.aggregation.server_optimizers import (
     OptimizerState,
     ServerOptimizer,
 )
-
-#: The first bytes of every ``.npy`` serialization.
-NPY_MAGIC = b"\x93NUMPY"
+from flwr_importance.strategies._npy import npy_view
 
 
 def array_values(array: Array) -> NDArray[Any]:
@@ -35,44 +33,16 @@ def array_values(array: Array) -> NDArray[Any]:
     ``Array.numpy()`` copies the bytes into a new array; a reply's arrays are
     read to be checked and again to be aggregated, and at 1M parameters each
     copy costs half of what Flower's ``FedAvg`` spends on a reply. The ``.npy``
-    header gives the dtype, shape and data offset; any other serialization
-    falls back to ``Array.numpy()``.
+    header gives the dtype, shape and data offset (:func:`._npy.npy_view`);
+    any other serialization falls back to ``Array.numpy()``.
 
     Raises
     ------
     ValueError
         The bytes are not a readable array (a corrupted reply).
     """
-    data = array.data
-    if array.stype != SType.NUMPY or data[:6] != NPY_MAGIC:
-        return array.numpy()
-    # Format versions 1 and 2 differ only in the width of the header length.
-    length_bytes = {1: 2, 2: 4}.get(data[6])
-    if length_bytes is None:
-        return array.numpy()
-    offset = 8 + length_bytes + int.from_bytes(data[8 : 8 + length_bytes], "little")
-    header = _npy_header(bytes(data[:offset]))
-    if header is None:
-        return array.numpy()
-    shape, fortran_order, dtype = header
-    values = np.frombuffer(data, dtype=dtype, count=math.prod(shape), offset=offset)
-    return values.reshape(shape, order="F" if fortran_order else "C")
-
-
-@functools.lru_cache(maxsize=1024)
-def _npy_header(header: bytes) -> tuple[tuple[int, ...], bool, np.dtype[Any]] | None:
-    """``(shape, fortran_order, dtype)`` of a ``.npy`` header; None for objects.
-
-    Cached: every reply of a round carries the same few headers, and NumPy
-    parses each with ``ast.literal_eval`` (a sixth of a reply's whole cost).
-    """
-    stream = io.BytesIO(header)
-    version = np.lib.format.read_magic(stream)
-    if version == (1, 0):
-        shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(stream)
-    else:
-        shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(stream)
-    return None if dtype.hasobject else (shape, fortran_order, dtype)
+    values = npy_view(array.data) if array.stype == SType.NUMPY else None
+    return array.numpy() if values is None else values
 
 
 def all_finite(values: NDArray[Any]) -> bool:

@@ -66,13 +66,13 @@ if TYPE_CHECKING:
 MetricsAggregation = Callable[[list[RecordDict], str], MetricRecord]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RoundPlan:
     """What ``configure_train`` decided, kept for ``aggregate_train`` of its round.
 
-    Each strategy subclasses it (a frozen dataclass too) with what its
-    aggregation needs; :meth:`ImportanceStrategy.plan_for` hands it back only
-    for the round it was made for.
+    Each strategy subclasses it (a frozen, keyword-only dataclass too) with
+    what its aggregation needs; :meth:`ImportanceStrategy.plan_for` hands it
+    back only for the round it was made for.
 
     Attributes
     ----------

@@ -13,15 +13,15 @@ from numpy.typing import NDArray
 
 from flwr_importance import protocol
 from flwr_importance.method_spec import MethodSpec
-from flwr_importance.sampling import (
+from flwr_importance.sampling.clustered import (
     EXACT_WARD_LIMIT,
-    Distance,
-    RepresentativeGradients,
     clustered_distributions_by_size,
     clustered_distributions_from_distances,
     sample_from_distributions,
 )
-from flwr_importance.sampling.incremental import (
+from flwr_importance.sampling.distances import Distance
+from flwr_importance.sampling.representatives import RepresentativeGradients
+from flwr_importance.sampling.scale.incremental import (
     IncrementalTwoLevel,
     clustered_distributions_incrementally,
 )
@@ -74,7 +74,7 @@ class ClusteredSampling(MultisetSampling):
     projection_dim : int or None (default: None)
         Keep each representative gradient as a CountSketch to this many
         dimensions (a sparse random projection, see
-        :class:`~flwr_importance.sampling.sketch.CountSketch`) instead of
+        :class:`~flwr_importance.sampling.scale.sketch.CountSketch`) instead of
         the full float32 update: ``N * projection_dim`` floats instead of
         ``N * d``.  The sketch is drawn once from ``seed`` and applies to every
         client and round, in ``O(d)`` time per update.  Expected distortion:
@@ -88,10 +88,10 @@ class ClusteredSampling(MultisetSampling):
         on all pairs of the distance matrix kept between rounds; above it,
         the two-level
         clustering (k-means groups, then Ward on their centroids) of
-        :mod:`~flwr_importance.sampling.two_level`, which keeps no ``N x N``
+        :mod:`~flwr_importance.sampling.scale.two_level`, which keeps no ``N x N``
         matrix, its k-means kept between rounds and updated for the clients
         with a new update
-        (:class:`~flwr_importance.sampling.incremental.IncrementalTwoLevel`,
+        (:class:`~flwr_importance.sampling.scale.incremental.IncrementalTwoLevel`,
         docs/methods.md §4).
     report_cap : float or None (default: None)
         Clip each reported size above ``report_cap`` times the round's median

@@ -15,17 +15,18 @@ from flwr.serverapp import Grid
 
 from flwr_importance import protocol
 from flwr_importance.method_spec import MethodSpec
-from flwr_importance.sampling import (
-    DEFAULT_DELTA_PRIME,
-    NodeReport,
-    PrivacyLedger,
+from flwr_importance.sampling.fedsampling import (
     binomial_upper_tail,
     epsilon_for_usable_estimate,
-    estimate_total_size,
-    ldp_alpha,
     nodes_for_usable_estimate,
     size_estimate_noise,
 )
+from flwr_importance.sampling.ledger import (
+    DEFAULT_DELTA_PRIME,
+    NodeReport,
+    PrivacyLedger,
+)
+from flwr_importance.sampling.privacy import estimate_total_size, ldp_alpha
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
 from flwr_importance.strategies.messages import connected_nodes
 from flwr_importance.strategies.replies import ClientSide
@@ -51,7 +52,7 @@ NO_FEDERATED_EVALUATION = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SizeEstimatePlan(RoundPlan):
     """A round's size estimate: ``N_tilde`` (clamped to ``K``), raw, and its replies."""
 
@@ -75,7 +76,11 @@ def node_report(metrics: Mapping[str, object]) -> NodeReport | None:
     ):
         return None
     answers, epsilon_spent, reproducible = (float(v) for v in values)  # type: ignore[arg-type]
-    return NodeReport(int(answers), epsilon_spent, reproducible != 0)
+    return NodeReport(
+        answers=int(answers),
+        epsilon_spent=epsilon_spent,
+        reproducible_coins=reproducible != 0,
+    )
 
 
 class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
@@ -285,12 +290,12 @@ class FedSampling(ImportanceStrategy[SizeEstimatePlan]):
         )
         self.keep_plan(
             SizeEstimatePlan(
-                server_round,
-                arrays,
-                frozenset(responses),
-                estimate,
-                raw_estimate,
-                len(responses),
+                server_round=server_round,
+                arrays=arrays,
+                nodes=frozenset(responses),
+                estimated_total_size=estimate,
+                raw_estimate=raw_estimate,
+                num_size_replies=len(responses),
             )
         )
         config[protocol.SERVER_ROUND] = server_round

@@ -28,7 +28,7 @@ from flwr_importance.aggregation.folb import (
     folb_weights,
 )
 from flwr_importance.method_spec import MethodSpec
-from flwr_importance.sampling import uniform_client_set
+from flwr_importance.sampling.schedule import uniform_client_set
 from flwr_importance.strategies.arrays import array_values
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
 from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
@@ -48,7 +48,7 @@ TRAIN_STREAM = 0
 REFERENCE_STREAM = 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FolbPlan(RoundPlan):
     """A round's draws: ``S`` (who trains) and, in the two-set mode, ``S2``.
 
@@ -289,12 +289,12 @@ class FOLB(ImportanceStrategy[FolbPlan]):
             )
         self.keep_plan(
             FolbPlan(
-                server_round,
-                arrays,
-                frozenset(train_draws),
-                train_draws,
-                reference_draws,
-                reference_gradients,
+                server_round=server_round,
+                arrays=arrays,
+                nodes=frozenset(train_draws),
+                train_draws=train_draws,
+                reference_draws=reference_draws,
+                reference_gradients=reference_gradients,
             )
         )
         log(

@@ -19,7 +19,7 @@ from flwr_importance.aggregation.isfedavg import (
     update_client_probs,
 )
 from flwr_importance.method_spec import MethodSpec
-from flwr_importance.sampling import systematic_sample
+from flwr_importance.sampling.pips import systematic_sample
 from flwr_importance.strategies.base import ImportanceStrategy, RoundPlan, log_settings
 from flwr_importance.strategies.messages import connected_nodes, warn_if_fewer_nodes
 from flwr_importance.strategies.replies import CheckedReply, ClientSide
@@ -279,7 +279,9 @@ class ISFedAvg(ImportanceStrategy[RoundPlan]):
         )
         chosen = systematic_sample(sample_size * realized, self.rng)
         selected = frozenset(node_ids[index] for index in chosen)
-        self.keep_plan(RoundPlan(server_round, arrays, selected))
+        self.keep_plan(
+            RoundPlan(server_round=server_round, arrays=arrays, nodes=selected)
+        )
         log(
             INFO,
             "configure_train: sampled %d nodes (out of %d), p_k in [%.3g, %.3g]/K",

@@ -13,7 +13,7 @@ from numpy.typing import NDArray
 
 from flwr_importance import protocol
 from flwr_importance.method_spec import MethodSpec
-from flwr_importance.sampling import md_sample
+from flwr_importance.sampling.pips import md_sample
 from flwr_importance.strategies._multiset import DrawRound, MultisetSampling
 
 

@@ -119,7 +119,7 @@ def send_query(
             failed.add(node_id)
         elif node_id in answered:
             problem = ReplyProblem(
-                "duplicate reply from the same node", "duplicate reply"
+                detail="duplicate reply from the same node", reason="duplicate reply"
             )
         else:
             answered[node_id] = reply

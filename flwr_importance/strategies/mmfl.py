@@ -24,7 +24,11 @@ from flwr_importance.aggregation.variance_reduced import (
     uniform_assignment_prob,
 )
 from flwr_importance.method_spec import MethodSpec
-from flwr_importance.sampling import assign_models, estimator_variance, mmfl_probs
+from flwr_importance.sampling.variance_reduced import (
+    assign_models,
+    estimator_variance,
+    mmfl_probs,
+)
 from flwr_importance.strategies.base import log_settings
 from flwr_importance.strategies.replies import ClientSide
 from flwr_importance.strategies.report_bounds import report_cap_setting
@@ -377,15 +381,15 @@ class MultiModelSampling(UnbiasedSampling):
             sample = self._baseline_sample(server_round, node_ids, grid)
         population, fractions, probs, assigned, scores = sample
         plan = SamplePlan(
-            server_round,
-            arrays,
-            frozenset(assigned),
-            tuple(population),
-            fractions,
-            probs,
-            assigned,
-            models,
-            scores,
+            server_round=server_round,
+            arrays=arrays,
+            nodes=frozenset(assigned),
+            node_ids=tuple(population),
+            fractions=fractions,
+            probs=probs,
+            assigned=assigned,
+            models=models,
+            scores=scores,
         )
         self.keep_plan(plan)
         log(

@@ -22,16 +22,14 @@ from flwr.serverapp import Grid
 from flwr_importance import protocol
 from flwr_importance.aggregation.variance_reduced import size_fractions
 from flwr_importance.method_spec import MethodSpec
-from flwr_importance.sampling import (
-    aocs_probs,
-    estimator_variance,
-    optimal_client_probs,
-    poisson_sample,
-)
+from flwr_importance.sampling.pips import poisson_sample
 from flwr_importance.sampling.variance_reduced import (
     ReportSum,
+    aocs_probs,
     available_pool,
+    estimator_variance,
     exact_report_sum,
+    optimal_client_probs,
     uniform_client_probs,
 )
 from flwr_importance.strategies.base import log_settings
@@ -287,15 +285,15 @@ class OptimalClientSampling(UnbiasedSampling):
         sampled = poisson_sample(probs, self.rng)
         assigned = {answered[row]: 0 for row in sampled}
         plan = SamplePlan(
-            server_round,
-            arrays,
-            frozenset(assigned),
-            tuple(answered),
-            fractions,
-            probs[:, None],
-            assigned,
-            (arrays,),
-            scores,
+            server_round=server_round,
+            arrays=arrays,
+            nodes=frozenset(assigned),
+            node_ids=tuple(answered),
+            fractions=fractions,
+            probs=probs[:, None],
+            assigned=assigned,
+            models=(arrays,),
+            scores=scores,
         )
         self.keep_plan(plan)
         log(

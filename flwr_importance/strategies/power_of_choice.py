@@ -31,7 +31,7 @@ from numpy.typing import NDArray
 
 from flwr_importance import protocol
 from flwr_importance.method_spec import MethodSpec
-from flwr_importance.sampling import draw_candidates, select_highest
+from flwr_importance.sampling.power_of_choice import draw_candidates, select_highest
 from flwr_importance.strategies._multiset import (
     DrawRound,
     MultisetSampling,

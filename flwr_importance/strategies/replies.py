@@ -167,7 +167,7 @@ class ClientSideFailedError(ClientSideMissingError):
         self.client_side = client_side
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ReplyProblem:
     """Why a reply was dropped.
 
@@ -194,14 +194,14 @@ class ReplyProblem:
 def _missing(what: str) -> ReplyProblem:
     """A reply without ``what`` (a metric or an ArrayRecord the method needs)."""
     return ReplyProblem(
-        f"{what} is missing",
-        f"{what} missing",
+        detail=f"{what} is missing",
+        reason=f"{what} missing",
         missing=f"{what} missing from every reply",
     )
 
 
 def _bad_value(detail: str) -> ReplyProblem:
-    return ReplyProblem(detail, "bad value")
+    return ReplyProblem(detail=detail, reason="bad value")
 
 
 def error_problem(reply: Message) -> ReplyProblem:
@@ -209,15 +209,17 @@ def error_problem(reply: Message) -> ReplyProblem:
     reason = reply.error.reason or ""
     detail = f"error reply ({reason})"
     if reply.error.code != ErrorCode.CLIENT_APP_RAISED_EXCEPTION:
-        return ReplyProblem(detail, "error reply")
+        return ReplyProblem(detail=detail, reason="error reply")
     if MISSING_HANDLER_REASON.search(reason):
-        return ReplyProblem(detail, NO_HANDLER, missing=NO_HANDLER)
+        return ReplyProblem(detail=detail, reason=NO_HANDLER, missing=NO_HANDLER)
     misconfigured = MISCONFIGURED_REASON.search(reason)
     if misconfigured:
         return ReplyProblem(
-            detail, protocol.CLIENT_SIDE_MISCONFIGURED, missing=misconfigured[1]
+            detail=detail,
+            reason=protocol.CLIENT_SIDE_MISCONFIGURED,
+            missing=misconfigured[1],
         )
-    return ReplyProblem(detail, "error reply")
+    return ReplyProblem(detail=detail, reason="error reply")
 
 
 class ReplyLedger:
@@ -311,7 +313,7 @@ class ReplyLedger:
             log(WARNING, "\t%s: %d x %s", message_type, count, reason)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CheckedReply:
     """A reply that passed :func:`check_replies`, unpacked.
 
@@ -532,7 +534,7 @@ def check_replies(
             for key, value in record.items()
             if isinstance(value, (int, float))
         }
-        checked.append(CheckedReply(node_id, metrics, arrays))
+        checked.append(CheckedReply(node_id=node_id, metrics=metrics, arrays=arrays))
     log(INFO, "%s: %d usable replies", context, len(checked))
     if ledger is not None:
         for message_type, problems in answered.items():
@@ -550,10 +552,13 @@ def _delivery_problem(
         return error_problem(reply)
     if expected_nodes is not None and node_id not in expected_nodes:
         return ReplyProblem(
-            "it was not sent a message this round", "from a node not asked"
+            detail="it was not sent a message this round",
+            reason="from a node not asked",
         )
     if node_id in seen:
-        return ReplyProblem("duplicate reply from the same node", "duplicate reply")
+        return ReplyProblem(
+            detail="duplicate reply from the same node", reason="duplicate reply"
+        )
     return None
 
 
@@ -568,7 +573,7 @@ def _content_problem(
     if not metric_records and not arrays and (required or expected_arrays):
         # Nothing at all: a reply that came back empty (a failure of the
         # node), not one whose ClientApp answers without the method's keys.
-        return ReplyProblem("empty reply", "empty reply")
+        return ReplyProblem(detail="empty reply", reason="empty reply")
     if len(metric_records) > 1:
         return _bad_value(
             f"it carries {len(metric_records)} MetricRecords, expected one"

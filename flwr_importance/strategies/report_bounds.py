@@ -6,7 +6,7 @@ Power-of-Choice: sizes; ISFedAvg: its gradient statistics) take a keyword-only
 ``report_cap``: None (the default) leaves every report, draw and number as it
 was; a number ``c > 1`` clips each report above ``c`` times the round's lower
 median of that quantity (over the nodes that answered) to that bound, logged
-by node (:func:`~flwr_importance.sampling.cap_reports`). What one dishonest
+by node (:func:`~flwr_importance.sampling.reports.cap_reports`). What one dishonest
 node can reach with and without it: docs/deployment.md, section "A dishonest
 node's reach".
 """
@@ -23,7 +23,7 @@ import numpy as np
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
-from flwr_importance.sampling import report_bounds
+from flwr_importance.sampling.reports import report_bounds
 
 
 def check_report_cap(report_cap: Any) -> float | None:

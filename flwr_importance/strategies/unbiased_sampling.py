@@ -50,7 +50,7 @@ OPTIMAL_SAMPLING_DOCS = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SamplePlan(RoundPlan):
     """One round's sample: who trains which model, with which ``d`` and ``p``.
 
@@ -300,11 +300,12 @@ def _update_is_usable(
     ``ledger`` counts it if it is dropped.
     """
     model_index = plan.assigned[reply.node_id]
+    replied_index = reply.metrics[protocol.MODEL_INDEX]
     problem: ReplyProblem | None
-    if reply.metrics[protocol.MODEL_INDEX] != model_index:
+    if replied_index != model_index:
         problem = ReplyProblem(
-            f"not sampled for model {reply.metrics[protocol.MODEL_INDEX]} this round",
-            "bad value",
+            detail=f"not sampled for model {replied_index} this round",
+            reason="bad value",
         )
     else:
         problem = array_record_problem(

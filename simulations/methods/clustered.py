@@ -12,7 +12,7 @@ from typing import cast
 from flwr_importance.clientapps.clustered import (
     make_clustered_handlers,
 )
-from flwr_importance.sampling import Distance
+from flwr_importance.sampling.distances import Distance
 from flwr_importance.strategies.clustered import ClusteredSampling, ClusteringMethod
 from simulations.config import ExperimentConfig
 

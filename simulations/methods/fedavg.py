@@ -49,7 +49,7 @@ from flwr_importance.clientapps.local_task import (
     make_train_handler,
 )
 from flwr_importance.protocol import SERVER_ROUND
-from flwr_importance.sampling import uniform_client_set
+from flwr_importance.sampling.schedule import uniform_client_set
 from flwr_importance.strategies.arrays import optimizer_step
 from flwr_importance.strategies.messages import connected_nodes
 from flwr_importance.tasks import random_local_steps

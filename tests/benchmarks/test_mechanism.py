@@ -37,9 +37,11 @@ from benchmarks.mechanism import (
 )
 from benchmarks.mechanism_capture import CapturedRound, capture_rounds
 from flwr_importance.aggregation.variance_reduced import unbiased_update
-from flwr_importance.sampling import (
+from flwr_importance.sampling.clustered import (
     aggregation_weight_variance,
     clustered_distributions_by_size,
+)
+from flwr_importance.sampling.variance_reduced import (
     estimator_variance,
     optimal_client_probs,
 )

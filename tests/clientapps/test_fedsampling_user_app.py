@@ -36,7 +36,7 @@ from flwr_importance.clientapps.fedsampling import (
     fedsampling_round,
     make_fedsampling_handlers,
 )
-from flwr_importance.sampling import bernoulli_keep
+from flwr_importance.sampling.fedsampling import bernoulli_keep
 from flwr_importance.strategies.arrays import flatten
 from flwr_importance.strategies.fedsampling import FedSampling
 from flwr_importance.strategies.replies import ClientSideFailedError
@@ -232,7 +232,10 @@ def test_local_steps_move_the_model_and_sum_the_gradients() -> None:
     trainset = load_trainset(2)
     plan = keep_plan(len(trainset), seed=2)
     steps = FedSamplingRound(
-        plan.indices, plan.keep_probability, plan.samples_per_round, local_steps=3
+        indices=plan.indices,
+        keep_probability=plan.keep_probability,
+        samples_per_round=plan.samples_per_round,
+        local_steps=3,
     )
     model = Net()
     model.load_state_dict(initial_arrays().to_torch_state_dict())
@@ -261,7 +264,9 @@ def test_local_steps_move_the_model_and_sum_the_gradients() -> None:
 
 def test_nothing_kept_gives_zeros_for_every_array() -> None:
     model = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
-    plan = FedSamplingRound((), 0.1, 10, 1)
+    plan = FedSamplingRound(
+        indices=(), keep_probability=0.1, samples_per_round=10, local_steps=1
+    )
     gradient = fedsampling_gradient(
         model,
         DataLoader(Subset(load_trainset(0), ())),

@@ -19,13 +19,13 @@ from flwr.clientapp import ClientApp
 from flwr_importance.clientapps import LocalTask, TaskFactory
 from flwr_importance.clientapps.local_task import make_train_handler
 from flwr_importance.clientapps.sizes import make_sizes_handler
-from flwr_importance.sampling import (
+from flwr_importance.sampling.distances import (
     DISTANCES,
     Distance,
-    RepresentativeGradients,
     cross_distances,
     pairwise_distances,
 )
+from flwr_importance.sampling.representatives import RepresentativeGradients
 from flwr_importance.strategies._multiset import MultisetSampling
 from flwr_importance.strategies.arrays import flatten
 from flwr_importance.strategies.clustered import ClusteredSampling

@@ -13,8 +13,9 @@ import pytest
 from flwr.app import ArrayRecord
 from numpy.typing import NDArray
 
-from flwr_importance.sampling import Distance, RepresentativeGradients
-from flwr_importance.sampling.sketch import CountSketch, project_gradients
+from flwr_importance.sampling.distances import Distance
+from flwr_importance.sampling.representatives import RepresentativeGradients
+from flwr_importance.sampling.scale.sketch import CountSketch, project_gradients
 from flwr_importance.strategies.clustered import ClusteredSampling
 
 

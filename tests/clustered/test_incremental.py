@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from flwr_importance.sampling import DISTANCES, Distance
 from flwr_importance.sampling.clustered import (
     clustered_distributions_by_similarity,
     sample_from_distributions,
 )
-from flwr_importance.sampling.incremental import (
+from flwr_importance.sampling.distances import DISTANCES, Distance
+from flwr_importance.sampling.scale.incremental import (
     IncrementalTwoLevel,
     clustered_distributions_incrementally,
 )

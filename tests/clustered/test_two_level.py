@@ -16,22 +16,20 @@ import pytest
 from numpy.typing import NDArray
 from scipy.cluster.hierarchy import linkage
 
-from flwr_importance.sampling import (
-    DISTANCES,
-    EXACT_WARD_LIMIT,
-    Distance,
-    RepresentativeGradients,
-    capacity_blocks,
-    pairwise_distances,
-    weighted_ward_linkage,
-)
 from flwr_importance.sampling import clustered as clustered_module
 from flwr_importance.sampling.clustered import (
+    EXACT_WARD_LIMIT,
     clustered_distributions_by_similarity,
     clustered_distributions_from_distances,
     sample_from_distributions,
 )
-from flwr_importance.sampling.two_level import _kmeans_plus_plus
+from flwr_importance.sampling.distances import DISTANCES, Distance, pairwise_distances
+from flwr_importance.sampling.representatives import RepresentativeGradients
+from flwr_importance.sampling.scale.two_level import (
+    _kmeans_plus_plus,
+    capacity_blocks,
+    weighted_ward_linkage,
+)
 from flwr_importance.strategies.clustered import ClusteredSampling
 from tests.clustered.test_clustered_strategy import make_grid, run_rounds
 

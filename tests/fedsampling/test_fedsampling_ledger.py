@@ -24,7 +24,7 @@ from flwr_importance.clientapps.fedsampling import (
 )
 from flwr_importance.clientapps.private_sizes import NodeLedger, private_size_reply
 from flwr_importance.protocol import FEDSAMPLING_SIZE_RESPONSE, SERVER_ROUND
-from flwr_importance.sampling import advanced_composition_epsilon
+from flwr_importance.sampling.privacy import advanced_composition_epsilon
 from flwr_importance.strategies import FedSampling
 from flwr_importance.tooling.testing import InProcessGrid
 from simulations.client_app import app as simulation_client_app
@@ -238,7 +238,9 @@ def test_a_node_refuses_a_query_above_its_cap_or_its_budget() -> None:
     assert ask(1.0, budget, state)["node-size-answers"] == 2
     with pytest.raises(ValueError, match="above this node's budget"):
         ask(1.0, budget, state)
-    assert NodeLedger.load(Context(0, 1, {}, state, {})) == NodeLedger(2, 2.0)
+    assert NodeLedger.load(Context(0, 1, {}, state, {})) == NodeLedger(
+        answers=2, epsilon_spent=2.0
+    )
 
 
 def test_the_users_helper_needs_a_cap() -> None:

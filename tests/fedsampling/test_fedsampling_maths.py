@@ -9,12 +9,8 @@ import numpy as np
 import pytest
 
 from flwr_importance.aggregation.fedsampling import server_update
-from flwr_importance.sampling import (
-    bernoulli_keep,
-    estimate_total_size,
-    keep_probability,
-    privatize_size,
-)
+from flwr_importance.sampling.fedsampling import bernoulli_keep, keep_probability
+from flwr_importance.sampling.privacy import estimate_total_size, privatize_size
 
 
 def test_keep_probability_is_k_over_n_tilde() -> None:

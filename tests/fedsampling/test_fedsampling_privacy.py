@@ -29,7 +29,8 @@ from flwr_importance.protocol import (
     FEDSAMPLING_NODE_REPRODUCIBLE_COINS,
     FEDSAMPLING_SIZE_RESPONSE,
 )
-from flwr_importance.sampling import bernoulli_keep, keep_probability, ldp_alpha
+from flwr_importance.sampling.fedsampling import bernoulli_keep, keep_probability
+from flwr_importance.sampling.privacy import ldp_alpha
 from flwr_importance.strategies.fedsampling import FedSampling
 from flwr_importance.tooling.testing import InProcessGrid
 from simulations.client_app import app as simulation_client_app

@@ -28,14 +28,16 @@ from flwr_importance.clientapps.fedsampling import (
     make_fedsampling_train_handler,
     make_size_query_handler,
 )
-from flwr_importance.sampling import (
+from flwr_importance.sampling.fedsampling import (
     binomial_upper_tail,
     epsilon_for_usable_estimate,
+    nodes_for_usable_estimate,
+    size_estimate_noise,
+)
+from flwr_importance.sampling.privacy import (
     estimate_total_size,
     ldp_alpha,
-    nodes_for_usable_estimate,
     privatize_size,
-    size_estimate_noise,
     size_reply_probabilities,
 )
 from flwr_importance.strategies.fedsampling import FedSampling

@@ -29,7 +29,7 @@ from flwr_importance.clientapps.fedsampling import (
     make_fedsampling_handlers,
     node_round_streams,
 )
-from flwr_importance.sampling import ldp_alpha
+from flwr_importance.sampling.privacy import ldp_alpha
 from simulations.inprocess import resolve_run_config
 from simulations.task import local_task
 

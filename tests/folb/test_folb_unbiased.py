@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from flwr_importance.aggregation.folb import estimated_global_gradient
-from flwr_importance.sampling import uniform_client_set
+from flwr_importance.sampling.schedule import uniform_client_set
 
 NUM_DEVICES = 8
 K = 3

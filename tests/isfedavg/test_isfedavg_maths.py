@@ -15,7 +15,7 @@ from flwr_importance.aggregation.isfedavg import (
     realized_normalized_probs,
     update_client_probs,
 )
-from flwr_importance.sampling import systematic_sample
+from flwr_importance.sampling.pips import systematic_sample
 
 #: Standard errors allowed between a Monte Carlo mean and its expectation.
 Z = 4.0

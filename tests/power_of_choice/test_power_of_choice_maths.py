@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from flwr_importance.sampling import draw_candidates, select_highest
+from flwr_importance.sampling.power_of_choice import draw_candidates, select_highest
 
 SIZES = np.array([40.0, 25.0, 15.0, 12.0, 8.0, 0.0])
 DRAWS = 6_000

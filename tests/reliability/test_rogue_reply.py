@@ -35,7 +35,7 @@ from flwr.app import (
 
 from flwr_importance.compat import legacy_class
 from flwr_importance.registry import methods
-from flwr_importance.sampling import optimal_client_probs
+from flwr_importance.sampling.variance_reduced import optimal_client_probs
 from flwr_importance.strategies import (
     ISFedAvg,
     MDSampling,

@@ -23,7 +23,7 @@ from flwr_importance.sampling.clustered import (
     sample_from_distributions,
 )
 from flwr_importance.sampling.distances import DISTANCES, Distance, pairwise_distances
-from flwr_importance.sampling.sketch import project_gradients
+from flwr_importance.sampling.scale.sketch import project_gradients
 
 EXACT = 1e-12
 

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 import flwr_importance.sampling.distances as distances_module
-from flwr_importance.sampling import (
+from flwr_importance.sampling.clustered import clustered_distributions_from_distances
+from flwr_importance.sampling.distances import (
     DISTANCES,
     Distance,
-    clustered_distributions_from_distances,
+    cross_distances,
     pairwise_distances,
 )
-from flwr_importance.sampling.distances import cross_distances
 
 
 def gradients(dtype: type[np.floating]) -> np.ndarray:

@@ -8,9 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from flwr_importance.sampling import (
-    DEFAULT_DELTA_PRIME,
-    PrivacyLedger,
+from flwr_importance.sampling.ledger import DEFAULT_DELTA_PRIME, PrivacyLedger
+from flwr_importance.sampling.privacy import (
     advanced_composition_crossover,
     advanced_composition_epsilon,
     basic_composition_epsilon,

@@ -20,10 +20,10 @@ from flwr.app import ConfigRecord
 from numpy.typing import NDArray
 
 from flwr_importance.aggregation.variance_reduced import size_fractions
-from flwr_importance.sampling import (
+from flwr_importance.sampling.pips import poisson_sample
+from flwr_importance.sampling.variance_reduced import (
     available_pool,
     optimal_client_probs,
-    poisson_sample,
 )
 from flwr_importance.strategies.ocs import OptimalClientSampling
 from flwr_importance.tooling.testing import InProcessGrid

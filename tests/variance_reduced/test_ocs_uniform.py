@@ -17,7 +17,10 @@ from flwr.app import ConfigRecord
 from numpy.typing import NDArray
 
 from flwr_importance.aggregation.variance_reduced import size_fractions
-from flwr_importance.sampling import estimator_variance, optimal_client_probs
+from flwr_importance.sampling.variance_reduced import (
+    estimator_variance,
+    optimal_client_probs,
+)
 from flwr_importance.strategies.ocs import OptimalClientSampling, SamplePlan
 from flwr_importance.tooling.testing import InProcessGrid
 from simulations.config import ExperimentConfig

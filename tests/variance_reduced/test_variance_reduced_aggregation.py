@@ -16,12 +16,12 @@ from flwr_importance.aggregation.variance_reduced import (
     unbiased_weights,
     uniform_assignment_prob,
 )
-from flwr_importance.sampling import (
+from flwr_importance.sampling.pips import poisson_sample
+from flwr_importance.sampling.variance_reduced import (
     assign_models,
     estimator_variance,
     mmfl_probs,
     optimal_client_probs,
-    poisson_sample,
 )
 
 #: Standard errors allowed between an empirical mean and its target.

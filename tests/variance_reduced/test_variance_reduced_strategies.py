@@ -29,7 +29,11 @@ from flwr_importance.aggregation.variance_reduced import size_fractions
 from flwr_importance.protocol import (
     UPDATE_RECORD,
 )
-from flwr_importance.sampling import aocs_probs, mmfl_probs, optimal_client_probs
+from flwr_importance.sampling.variance_reduced import (
+    aocs_probs,
+    mmfl_probs,
+    optimal_client_probs,
+)
 from flwr_importance.strategies.arrays import flatten
 from flwr_importance.strategies.mmfl import (
     MultiModelSampling,

@@ -39,7 +39,7 @@ def partition_node_config(partition_id: int, num_partitions: int) -> UserConfig:
     return {"partition-id": partition_id, "num-partitions": num_partitions}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class WireRecord:
     """One message as it crossed the (simulated) wire."""
 
@@ -205,7 +205,12 @@ class InProcessGrid(LocalGrid):
         if not self.serialize:
             return message
         payload = message_to_proto(message).SerializeToString()
-        record = WireRecord(direction, node_id, message.metadata.message_type, payload)
+        record = WireRecord(
+            direction=direction,
+            node_id=node_id,
+            message_type=message.metadata.message_type,
+            payload=payload,
+        )
         self.wire_log.append(record)
         return record.message()
 

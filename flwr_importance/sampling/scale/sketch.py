@@ -17,6 +17,11 @@ from numpy.typing import ArrayLike, NDArray
 
 from flwr_importance.validation import check_count
 
+__all__ = [
+    "CountSketch",
+    "project_gradients",
+]
+
 
 class CountSketch:
     """CountSketch (signed feature hashing) from ``input_dim`` to ``dim`` dimensions.

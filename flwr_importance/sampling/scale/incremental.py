@@ -43,8 +43,19 @@ from flwr_importance.sampling.clustered import (
     _two_level_groups,
 )
 from flwr_importance.sampling.distances import Distance
-from flwr_importance.sampling.two_level import block_tree, clustering_points, kmeans
+from flwr_importance.sampling.scale.two_level import (
+    block_tree,
+    clustering_points,
+    kmeans,
+)
 from flwr_importance.validation import float_matrix, nonnegative_vector
+
+__all__ = [
+    "REBUILD_FRACTION",
+    "WARM_ITERATIONS",
+    "IncrementalTwoLevel",
+    "clustered_distributions_incrementally",
+]
 
 #: Above this fraction of clients with a new gradient, level 1 is recomputed
 #: from scratch: the warm iterations would measure most clients anyway.
@@ -315,7 +326,7 @@ def clustered_distributions_incrementally(
 ) -> NDArray[np.float64]:
     """Algorithm 2 by the two-level clustering, its level 1 kept between rounds.
 
-    :func:`~.clustered.clustered_distributions_by_similarity` above its
+    :func:`~..clustered.clustered_distributions_by_similarity` above its
     exact-Ward limit, with the k-means of level 1 updated in ``clustering``
     from the last call
     instead of recomputed (:class:`IncrementalTwoLevel`, with its distance
@@ -325,7 +336,7 @@ def clustered_distributions_incrementally(
     Parameters
     ----------
     sizes, representative_grads, m
-        As in :func:`~.clustered.clustered_distributions_by_similarity`.
+        As in :func:`~..clustered.clustered_distributions_by_similarity`.
     clustering : IncrementalTwoLevel
         The level 1 of the previous calls, updated in place.
     changed : ArrayLike or None
@@ -336,7 +347,7 @@ def clustered_distributions_incrementally(
     -------
     NDArray[np.float64]
         A distribution matrix with the exact properties of
-        :func:`~.clustered.clustered_distributions_by_similarity`'s.
+        :func:`~..clustered.clustered_distributions_by_similarity`'s.
 
     Examples
     --------

@@ -39,6 +39,18 @@ from numpy.typing import ArrayLike, NDArray
 from flwr_importance.sampling.distances import Distance, _checked_squared_norms
 from flwr_importance.validation import float_matrix, nonnegative_vector
 
+__all__ = [
+    "KMEANS_DIM",
+    "KMEANS_ITERATIONS",
+    "KMEANS_SAMPLE_PER_GROUP",
+    "block_tree",
+    "capacity_blocks",
+    "clustering_points",
+    "kmeans",
+    "two_level_tree",
+    "weighted_ward_linkage",
+]
+
 #: Points with more dimensions are projected (seeded Gaussian) to this many
 #: for the k-means of level 1.  A 64-dimensional projection of
 #: 1,024-dimensional sketches lost much of exact Ward's class coverage on a
