@@ -248,6 +248,7 @@ def test_quickstart_example_knows_every_method() -> None:
     run_config: dict[str, bool | float | int | str] = {
         "fraction-evaluate": 0.5,
         "batch-size": 32,
+        "learning-rate": 0.1,
     }
     context = Context(
         run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config
