@@ -19,6 +19,14 @@ settings.load_profile("derandomized")
 
 APP_DIR = Path(__file__).resolve().parent.parent
 
+# --doctest-modules imports every module it collects; the apps and helpers
+# here hold no doctests and import only as parts of their apps and tests.
+collect_ignore = [
+    str(path.relative_to(Path(__file__).parent))
+    for path in Path(__file__).parent.rglob("*.py")
+    if not path.name.startswith(("test_", "conftest", "__init__"))
+]
+
 FlwrSimulation = Callable[..., list[dict[str, float]]]
 
 

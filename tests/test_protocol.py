@@ -11,7 +11,7 @@ and used, and every constant the page names must exist. A one-round run of
 each method in process then checks the messages themselves: every record
 name, config key and metric key that crossed the wire is named in the
 method's section or in the shared conventions, literal keys included. The
-module's doctests run in ``tests/test_doctests.py``.
+module's doctests run under pytest's ``--doctest-modules``.
 """
 
 from __future__ import annotations

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import doctest
 import json
 from pathlib import Path
 
 import pytest
 
-from flwr_importance.tooling import comparison
 from flwr_importance.tooling.comparison import (
     compare_histories,
     format_table,
@@ -28,12 +26,6 @@ def history(accuracies: list[float], losses: list[float]) -> list[dict[str, floa
 BASELINE = history([0.1, 0.5, 0.7, 0.6, 0.8], [2.3, 1.9, 1.5, 1.6, 1.2])
 FASTER = history([0.1, 0.75, 0.8, 0.85, 0.9], [2.3, 1.4, 1.2, 1.1, 1.0])
 NEVER = history([0.1, 0.2, 0.3, 0.4, 0.5], [2.3, 2.2, 2.1, 2.0, 1.9])
-
-
-def test_doctests_pass() -> None:
-    failures, tried = doctest.testmod(comparison)
-    assert tried > 0
-    assert failures == 0
 
 
 def test_target_comes_from_the_baseline_final_accuracy_only() -> None:

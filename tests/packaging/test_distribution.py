@@ -40,6 +40,7 @@ SDIST_TREE = [
 #: A fast subset that reads the docs, examples, presets and benchmarks: the
 #: doctests, the registry against every layer, the generated docs.
 SDIST_TESTS = [
+    "flwr_importance",
     "tests/test_doctests.py",
     "tests/test_registry.py",
     "tests/test_docs_snippets.py",
