@@ -81,6 +81,9 @@ def run_once(
         "fault-kinds": FLOWER_KINDS if strategy == "fedavg" else ALL_KINDS,
         "fault-seed": seed,
         "fault-delay": 0.0,
+        # FedSampling's nodes draw their coins from the seed, not OS entropy,
+        # so that the same seeds give the same table.
+        "fedsampling-unsafe-reproducible-coins": True,
         "output-dir": str(output_dir),
     }
     try:
