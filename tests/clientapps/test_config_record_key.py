@@ -33,11 +33,11 @@ from tests.clientapps.quickstart_user import (
     initial_arrays,
     run_rounds,
 )
+from tests.clientapps.test_folb import client_app as folb_client_app
+from tests.clientapps.test_folb import global_model
+from tests.clientapps.test_isfedavg import app as isfedavg_app
+from tests.clientapps.test_isfedavg import regression_task
 from tests.clientapps.test_variance_reduced_user_app import NUM_NODES, make_grid
-from tests.folb.test_folb_clientapp import client_app as folb_client_app
-from tests.folb.test_folb_clientapp import global_model
-from tests.isfedavg.test_isfedavg_client import app as isfedavg_app
-from tests.isfedavg.test_isfedavg_client import regression_task
 
 CONFIG_KEY = "cfg"
 MU = 0.5

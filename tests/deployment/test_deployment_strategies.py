@@ -16,7 +16,7 @@ on two cores; everything else is stock Flower.
 FedSampling's run uses ``capturing_server_app``: the same ServerApp code on a
 grid that records every reply the server received, to check its privacy on
 the wire. The mechanism's epsilon-LDP itself is tested statistically in
-``tests/fedsampling/test_fedsampling_privacy.py``.
+``tests/strategies/test_fedsampling_privacy.py``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """OCS and AOCS over an available pool: ``n`` nodes queried, ``m`` sampled among them.
 
 The crafted ClientApp of
-:mod:`tests.variance_reduced.test_variance_reduced_strategies` gives every
+:mod:`tests.strategies.test_ocs` gives every
 node a fixed update and size. With a pool, ``d_i`` is normalized over the
 pool (the authors' form), so the step's expectation is the mean over pools of
 each pool's size-weighted mean update: with 12 nodes and pools of 6 that is
@@ -30,7 +30,7 @@ from flwr_importance.tooling.testing import InProcessGrid
 from simulations.config import ExperimentConfig
 from simulations.inprocess import resolve_run_config
 from simulations.methods import load_method
-from tests.variance_reduced.test_variance_reduced_strategies import (
+from tests.strategies.test_ocs import (
     NUM_CLIENTS,
     SIZES,
     UPDATES,

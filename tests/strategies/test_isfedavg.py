@@ -37,8 +37,8 @@ from flwr_importance.strategies.isfedavg import ISFedAvg
 from flwr_importance.strategies.replies import ClientSideFailedError
 from flwr_importance.tooling.testing import InProcessGrid
 from simulations.inprocess import load_preset, run_inprocess
-from tests.isfedavg.test_isfedavg_client import app as isfedavg_app
-from tests.isfedavg.test_isfedavg_client import regression_task
+from tests.clientapps.test_isfedavg import app as isfedavg_app
+from tests.clientapps.test_isfedavg import regression_task
 from tests.testing.test_grid import app as echo_app
 
 #: Standard errors allowed between an empirical frequency and its target.

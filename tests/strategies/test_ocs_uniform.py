@@ -1,7 +1,7 @@
 """OCS's uniform control: ``p_i = m / N``, OCS's estimator, draws paired with OCS's.
 
 The crafted ClientApp of
-:mod:`tests.variance_reduced.test_variance_reduced_strategies` gives every
+:mod:`tests.strategies.test_ocs` gives every
 node a fixed update, norm and size, so the exact full-participation step and
 the estimator's variance are known. Tolerances are ``Z`` standard errors of
 the Monte Carlo estimate.
@@ -26,7 +26,7 @@ from flwr_importance.tooling.testing import InProcessGrid
 from simulations.config import ExperimentConfig
 from simulations.inprocess import resolve_run_config
 from simulations.methods import load_method
-from tests.variance_reduced.test_variance_reduced_strategies import (
+from tests.strategies.test_ocs import (
     NUM_CLIENTS,
     ROUNDS,
     SIZES,

@@ -23,7 +23,7 @@ from flwr_importance.sampling.scale.incremental import (
     IncrementalTwoLevel,
     clustered_distributions_incrementally,
 )
-from tests.clustered.test_two_level import assert_valid_distributions
+from tests.strategies.test_clustered_two_level import assert_valid_distributions
 
 CLIENTS, CLASSES, DIM, M = 600, 10, 32, 20
 #: Accepted coverage loss of two levels against exact Ward, as in

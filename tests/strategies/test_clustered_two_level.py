@@ -31,7 +31,7 @@ from flwr_importance.sampling.scale.two_level import (
     weighted_ward_linkage,
 )
 from flwr_importance.strategies.clustered import ClusteredSampling
-from tests.clustered.test_clustered_strategy import make_grid, run_rounds
+from tests.strategies.test_clustered import make_grid, run_rounds
 
 EXACT = 1e-12
 
