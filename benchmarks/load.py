@@ -1,6 +1,6 @@
 """Server time per round of every strategy with 1,000 nodes, 50 per round.
 
-Runs :mod:`tests.reliability.load_app`: each strategy in turn for two rounds on
+Runs :mod:`tests.e2e.load_app`: each strategy in turn for two rounds on
 the same 1,000 nodes (logistic regression on Synthetic-IID, 20 samples per
 node, one local step), timing ``configure_train`` + ``aggregate_train`` of
 each round without the client round trips made inside them (the size and norm
@@ -13,7 +13,7 @@ handlers and protobuf round trips, no Ray; ~40 s). ``--full`` runs it through
 Ray start for all strategies, one CPU per ClientApp; about 2 minutes on two
 cores: the engine delivers about 200 messages per second and FedSampling, OCS
 and MMFL reach all 1,000 nodes every round; see
-:mod:`tests.reliability.load_app`).
+:mod:`tests.e2e.load_app`).
 
     python -m benchmarks.load          # in-process grid
     python -m benchmarks.load --full   # flwr run, Flower's simulation engine
@@ -39,7 +39,7 @@ from benchmarks.harness import (
     prepare_run,
     save_figure,
 )
-from tests.reliability.load_app import (
+from tests.e2e.load_app import (
     NUM_NODES,
     STRATEGIES,
     run_load_flwr,

@@ -4,9 +4,9 @@ Also its FedSampling settings that work, and its outputs. The example's own
 ``build_strategy`` and ``client_fn`` run under Flower's legacy ``Server``
 (``configure_fit``/``aggregate_fit``, ``ClientProxy`` calls) with in-process
 proxies, for every registry method on the legacy API; ``flwr run`` of the
-example itself is ``tests/test_examples_e2e.py``, and the legacy methods with
+example itself is ``tests/e2e/examples/test_examples.py``, and the legacy methods with
 a query (OCS, AOCS, Power-of-Choice) run under ``flwr run`` in the NumPyClient
-quickstart (``tests/examples/test_legacy_numpyclient_example.py``).
+quickstart (``tests/e2e/examples/test_legacy_numpyclient_example.py``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ calls the legacy transport makes (config keys ``compat-message-type`` and
 then Flower's legacy server loop runs the library's legacy strategies on such
 clients, and the quickstart-pytorch-legacy example for every method it
 serves, in process (the example under ``flwr run`` is
-``tests/examples/test_legacy_numpyclient_example.py``).
+``tests/e2e/examples/test_legacy_numpyclient_example.py``).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from flwr_importance.tooling.testing import InProcessGrid
 from tests.compat.compat_harness import run_legacy
 from tests.compat.test_legacy_example import client_manager
 from tests.compat.test_numpy_client_wrapper import EXAMPLE_DIR as LEGACY_DIR
-from tests.test_examples_e2e import (
+from tests.e2e.examples.test_examples import (
     QUICKSTART_NODES,
     quickstart_defaults,
     quickstart_module,

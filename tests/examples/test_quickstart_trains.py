@@ -32,7 +32,7 @@ from flwr.serverapp.strategy import Strategy
 
 from flwr_importance.strategies import FedSampling, ISFedAvg
 from flwr_importance.tooling.testing import InProcessGrid
-from tests.test_examples_e2e import (
+from tests.e2e.examples.test_examples import (
     QUICKSTART_NODES,
     quickstart_defaults,
     quickstart_module,

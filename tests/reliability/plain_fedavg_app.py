@@ -8,7 +8,7 @@ step towards zero, so the reply is a real, finite model of the same shapes.
 
 Used in process by ``tests/reliability/test_missing_client_side.py`` and, as
 the ClientApp of a copy of the simulation app (``tests/app_variant.py``), by
-``tests/launcher/test_missing_client_side_flwr_run.py``.
+``tests/e2e/test_missing_client_side_flwr_run.py``.
 """
 
 from __future__ import annotations

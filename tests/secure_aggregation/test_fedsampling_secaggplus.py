@@ -4,7 +4,8 @@ The SecAgg+ example's strategy and ClientApp (``examples/secaggplus``) run
 under Flower's own ``DefaultWorkflow`` with its ``SecAggPlusWorkflow`` (the
 four stages, masks, Shamir shares, quantization) on an in-process grid that
 serializes every message; the same run without SecAgg+ is the reference.
-About 10 s in all. ``flwr run`` of the example is ``tests/test_examples_e2e.py``.
+About 10 s in all. ``flwr run`` of the example is
+``tests/e2e/examples/test_examples.py``.
 """
 
 from __future__ import annotations

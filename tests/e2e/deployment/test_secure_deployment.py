@@ -35,8 +35,8 @@ from flwr_importance.tooling.launcher.secure import (
     supernode_flags,
     write_node_key,
 )
-from tests.deployment.capturing_server_app import REPLIES_FILE
-from tests.deployment.test_deployment_strategies import (
+from tests.e2e.deployment.capturing_server_app import REPLIES_FILE
+from tests.e2e.deployment.test_deployment_strategies import (
     APP_DIR,
     FORKING_SUPEREXEC,
     NUM_SUPERNODES,

@@ -27,9 +27,9 @@ from flwr_importance.clientapps.isfedavg import SAMPLE_STATE_KEY
 from flwr_importance.registry import methods
 from flwr_importance.tooling.launcher import processes_mentioning
 from flwr_importance.tooling.testing import InProcessGrid
-from tests.examples.example_runs import checked_run, run_methods
+from tests.e2e.examples.example_runs import checked_run, run_methods
 
-EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES_DIR = Path(__file__).resolve().parents[3] / "examples"
 QUICKSTART_DIR = EXAMPLES_DIR / "quickstart-pytorch"
 LEGACY_DIR = EXAMPLES_DIR / "legacy"
 ROUNDS = 2
@@ -160,7 +160,7 @@ def test_quickstart_example_runs_every_method_in_one_run(tmp_path: Path) -> None
 #: loop (tests/compat/test_legacy_example.py), and those whose query carries
 #: the model (``ClientProxy.fit``: OCS, AOCS, Power-of-Choice) run under ``flwr
 #: run`` in the NumPyClient quickstart
-#: (tests/examples/test_legacy_numpyclient_example.py): a Ray start per method
+#: (tests/e2e/examples/test_legacy_numpyclient_example.py): a Ray start per method
 #: here would only repeat them.
 LEGACY_STRATEGIES = ["fedsampling"]
 

@@ -49,12 +49,12 @@ from flwr_importance.tooling.launcher import Deployment, deployment
 from flwr_importance.tooling.launcher.loopback import DEPLOYMENT_CONNECTION
 from flwr_importance.tooling.launcher.processes import RunFailedError
 from flwr_importance.tooling.launcher.wiretap import WireTap
+from tests.e2e.reply_recorder import integer_encodings, searchable
 from tests.heavy import heavy_run_slot, shared_dir
 from tests.secure_aggregation.model_bounds import (
     drift_beyond_bounds,
     fedsampling_step_bound,
 )
-from tests.secure_aggregation.reply_recorder import integer_encodings, searchable
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500, func_only=True)]
 
@@ -97,7 +97,7 @@ def recording_app(destination: Path) -> Path:
     text = pyproject.read_text()
     stock = 'clientapp = "secaggplus_app.client_app:app"'
     assert stock in text, "the example's pyproject no longer names its ClientApp so"
-    recording = "tests.secure_aggregation.recording_example_app:app"
+    recording = "tests.e2e.recording_example_app:app"
     text = text.replace(stock, f'clientapp = "{recording}"')
     config = "[tool.flwr.app.config]\n"
     pyproject.write_text(text.replace(config, f'{config}record-dir = ""\n'))
@@ -153,7 +153,7 @@ def completed_run(running: Deployment, app: Path, config: dict[str, Any]) -> str
     """Submit ``app`` and await it; a run stuck at its start is tried once more.
 
     Twice in about ten deployments here, the ServerApp process that the tests'
-    forking SuperExec (``tests/deployment/forking_superexec.py``) forked never
+    forking SuperExec (``tests/e2e/deployment/forking_superexec.py``) forked never
     got past installing the app: such a run is stopped and submitted again.
     """
     for _ in range(2):
@@ -186,7 +186,7 @@ def run_captured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         deployment(
             NUM_SUPERNODES,
             work,
-            executor=[sys.executable, "-m", "tests.deployment.forking_superexec"],
+            executor=[sys.executable, "-m", "tests.e2e.deployment.forking_superexec"],
             # The recording ClientApps live under tests/: the app processes
             # import them from the repository.
             # One OpenMP thread: a process forked from a warm interpreter must

@@ -24,7 +24,7 @@ from flwr_importance.tooling.launcher import (
     simulation,
 )
 from tests.app_variant import REPO_ROOT, app_variant
-from tests.launcher.test_compare_flwr_run import processes_under, write_preset
+from tests.e2e.test_compare_flwr_run import processes_under, write_preset
 
 #: What `flwr run --stream` printed at the end of MD sampling's run on the
 #: plain FedAvg ClientApp (Flower 1.41, colours and paths kept as printed).

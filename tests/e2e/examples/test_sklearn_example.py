@@ -27,14 +27,14 @@ from flwr.app import Context, RecordDict, UserConfig, UserConfigValue
 from flwr.common.logger import FLOWER_LOGGER
 
 from flwr_importance.registry import methods
-from tests.examples.example_runs import run_methods
+from tests.e2e.examples.example_runs import run_methods
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples" / "quickstart-sklearn"
+EXAMPLE_DIR = Path(__file__).resolve().parents[3] / "examples" / "quickstart-sklearn"
 
 #: The example's methods: FedAvg, both algorithms of clustered sampling and
 #: every registry method whose client needs no gradient.

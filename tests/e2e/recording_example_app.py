@@ -2,7 +2,7 @@
 
 Test-only, for ``test_wire_capture``: the example's ``client_fn`` (FedSampling
 or AOCS, by the run config's ``strategy``) under the example's two mods, with
-:func:`~tests.secure_aggregation.reply_recorder.record_replies` inside
+:func:`~tests.e2e.reply_recorder.record_replies` inside
 ``secure_aocs_mod`` (the client side's own replies: FedSampling's ``G_c``,
 AOCS's update, norm and size, before that mod removes them under SecAgg+; and
 their whole-number metrics, the sizes) and outside it (each AOCS secure-sum
@@ -18,7 +18,7 @@ from secaggplus_app.client_app import client_fn
 
 from flwr_importance.clientapps.secure_aggregation import importance_secaggplus_mod
 from flwr_importance.clientapps.secure_aocs import secure_aocs_mod
-from tests.secure_aggregation.reply_recorder import record_replies
+from tests.e2e.reply_recorder import record_replies
 
 app = ClientApp(
     client_fn=client_fn,

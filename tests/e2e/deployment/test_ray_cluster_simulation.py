@@ -66,7 +66,7 @@ pytestmark = [
     pytest.mark.usefixtures("heavy_run"),
 ]
 
-APP_DIR = Path(__file__).resolve().parents[2]
+APP_DIR = Path(__file__).resolve().parents[3]
 RAY = str(Path(sys.executable).parent / "ray")
 ACTOR_MARKER = ":actor_name:ClientAppActor"
 

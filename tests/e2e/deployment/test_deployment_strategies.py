@@ -44,15 +44,15 @@ from simulations.config import ExperimentConfig
 from simulations.inprocess import load_preset, resolve_run_config
 from simulations.task import federated_data
 from tests.app_variant import app_variant
-from tests.deployment.capturing_server_app import REPLIES_FILE
+from tests.e2e.deployment.capturing_server_app import REPLIES_FILE
 from tests.heavy import heavy_run_slot, shared_dir
 
 # Besides its own minutes, the wait for another heavy run (tests/heavy.py).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200, func_only=True)]
 
-APP_DIR = Path(__file__).resolve().parents[2]
+APP_DIR = Path(__file__).resolve().parents[3]
 NUM_SUPERNODES = 4
-FORKING_SUPEREXEC = [sys.executable, "-m", "tests.deployment.forking_superexec"]
+FORKING_SUPEREXEC = [sys.executable, "-m", "tests.e2e.deployment.forking_superexec"]
 
 # A few rounds of a tiny model, whatever the preset's scale. The presets' label
 # skew makes two rounds too few to improve reliably: IID data where they skew,
@@ -100,7 +100,7 @@ def capturing_app(app_dir: Path) -> Path:
     return app_variant(
         app_dir,
         Path(__file__).with_name("capturing_server_app.py"),
-        {"serverapp": "tests.deployment.capturing_server_app:app"},
+        {"serverapp": "tests.e2e.deployment.capturing_server_app:app"},
     )
 
 

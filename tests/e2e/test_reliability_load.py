@@ -1,6 +1,6 @@
 """Load: 1,000 virtual nodes, 50 per round, every strategy, server time per round.
 
-:mod:`tests.reliability.load_app` runs each strategy in turn on the same
+:mod:`tests.e2e.load_app` runs each strategy in turn on the same
 1,000 nodes and records the server-side time of each round
 (``configure_train`` + ``aggregate_train`` without the client round trips
 inside them). Small model and data (logistic regression on Synthetic-IID, 20
@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from flwr_importance.tooling.launcher import processes_mentioning
-from tests.reliability.load_app import (
+from tests.e2e.load_app import (
     NUM_NODES,
     ROUNDS,
     STRATEGIES,

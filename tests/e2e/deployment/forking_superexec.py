@@ -13,7 +13,7 @@ and the child runs the ``flwr-serverapp``/``flwr-clientapp`` entry point with
 the very arguments the stock executor passes. The app's own modules are not
 kept: each child loads the app from the installed FAB, as a fresh process would.
 
-Usage: ``python -m tests.deployment.forking_superexec --insecure
+Usage: ``python -m tests.e2e.deployment.forking_superexec --insecure
 --runtime-api-address 127.0.0.1:PORT [--parent-pid PID]``.
 """
 

@@ -28,7 +28,7 @@ every message held in the in-memory state (2.5-4.5 us per node and message,
 seconds per pass while a round's 1,000 queries are held), so a round that
 reaches every node costs about 5 s (about 200 messages per second).
 
-Used by ``tests/reliability/test_reliability_load.py`` and
+Used by ``tests/e2e/test_reliability_load.py`` and
 ``benchmarks/load.py`` through :func:`load_app_dir`.
 """
 
@@ -227,8 +227,8 @@ def load_app_dir(destination: Path) -> Path:
         destination,
         Path(__file__),
         {
-            "serverapp": "tests.reliability.load_app:server_app",
-            "clientapp": "tests.reliability.load_app:client_app",
+            "serverapp": "tests.e2e.load_app:server_app",
+            "clientapp": "tests.e2e.load_app:client_app",
         },
     )
 

@@ -24,10 +24,10 @@ from flwr.app import Context, RecordDict
 
 from flwr_importance.strategies import ClientSideFailedError
 from flwr_importance.tooling.testing import InProcessGrid
-from tests.examples.example_runs import checked_run
+from tests.e2e.examples.example_runs import checked_run
 
 EXAMPLE_DIR = (
-    Path(__file__).resolve().parents[2] / "examples" / "quickstart-pytorch-resnet"
+    Path(__file__).resolve().parents[3] / "examples" / "quickstart-pytorch-resnet"
 )
 #: Tiny images and network, so that a round takes a fraction of a second.
 TINY = {"image-size": 8, "resnet-width": 4, "num-server-rounds": 2, "num-supernodes": 3}

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.examples.example_runs import run_methods
+from tests.e2e.examples.example_runs import run_methods
 
 EXAMPLE_DIR = (
-    Path(__file__).resolve().parents[2] / "examples" / "quickstart-pytorch-legacy"
+    Path(__file__).resolve().parents[3] / "examples" / "quickstart-pytorch-legacy"
 )
 METHODS = [
     "fedavg",
