@@ -49,7 +49,7 @@ arrays with the library's maths
 :func:`~flwr_importance.sampling.keep_probability`,
 :func:`~flwr_importance.sampling.bernoulli_keep`,
 :func:`~flwr_importance.sampling.md_sample`) and FedSampling's own random
-streams: ``tests/benchmarks/test_fedsampling_benchmark.py`` runs
+streams: ``tests/benchmarks/test_fedsampling.py`` runs
 :class:`~flwr_importance.strategies.FedSampling` with its ready-made ClientApp
 on the same partitions and finds, every round, the same size estimate and the
 same model (to float32 rounding).
@@ -245,7 +245,7 @@ def fedsampling_sample(
     :func:`~flwr_importance.sampling.estimate_total_size` of the replies,
     clamped at :func:`size_floor` (``K``, as the strategy clamps). So the kept
     samples are the ones the strategy's run keeps
-    (``tests/benchmarks/test_fedsampling_benchmark.py``). One generator is
+    (``tests/benchmarks/test_fedsampling.py``). One generator is
     repositioned per client rather than built, which costs a few microseconds.
 
     Returns

@@ -361,7 +361,7 @@ def node_round_streams(
     Both are blocks of the node's one stream (:func:`node_bit_generator`,
     :func:`seek_round_stream`); the FedSampling benchmark draws from the same
     blocks, so it keeps the samples the ClientApps keep
-    (``tests/benchmarks/test_fedsampling_benchmark.py``).
+    (``tests/benchmarks/test_fedsampling.py``).
 
     Parameters
     ----------

@@ -39,7 +39,7 @@ from flwr_importance.tooling.testing import InProcessGrid
 from simulations.inprocess import load_preset, run_inprocess
 from tests.clientapps.test_isfedavg import app as isfedavg_app
 from tests.clientapps.test_isfedavg import regression_task
-from tests.testing.test_grid import app as echo_app
+from tests.tooling.testing.test_grid import app as echo_app
 
 #: Standard errors allowed between an empirical frequency and its target.
 Z = 4.5

@@ -28,7 +28,7 @@ from flwr_importance.strategies.arrays import (
 from flwr_importance.strategies.messages import node_messages
 from flwr_importance.strategies.replies import check_replies
 from flwr_importance.tooling.testing import InProcessGrid
-from tests.testing.test_grid import app as echo_app
+from tests.tooling.testing.test_grid import app as echo_app
 
 MODEL = ArrayRecord([np.zeros((2, 3), np.float32), np.zeros(3, np.float32)])
 

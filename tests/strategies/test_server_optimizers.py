@@ -30,7 +30,7 @@ from flwr_importance.strategies.arrays import optimizer_step
 from flwr_importance.tooling.testing import InProcessGrid
 from simulations.config import ExperimentConfig
 from simulations.inprocess import resolve_run_config
-from tests.testing.test_grid import app as echo_app
+from tests.tooling.testing.test_grid import app as echo_app
 
 ROUNDS = 8
 FLOWER_SAMPLING = {

@@ -12,7 +12,7 @@ import pytest
 from flwr_importance.tooling import launcher
 from flwr_importance.tooling.launcher import RunFailedError, compare, compare_strategies
 
-APP_DIR = Path(__file__).resolve().parents[2]
+APP_DIR = Path(__file__).resolve().parents[3]
 #: Accuracy per round each fake run reports, by strategy.
 CURVES = {"md": [0.1, 0.5, 0.6], "clustered": [0.1, 0.7, 0.8]}
 
