@@ -4,7 +4,7 @@
 traceback and "Exit Code: 700"); :func:`flwr_importance.tooling.launcher.flwr_run`
 reads the run's output and returns :data:`FAILED_RUN_RETURNCODE`, and the
 command line prints the error. The slow test runs MD sampling on a plain
-FedAvg ClientApp (``tests/reliability/plain_fedavg_app.py``) through the
+FedAvg ClientApp (``tests/plain_fedavg_app.py``) through the
 launcher's command line, which streams the run; the fast ones feed the
 captured path the output of such a run.
 """
@@ -75,7 +75,7 @@ def test_the_launcher_exits_non_zero_with_the_missing_client_side_error(
     app_dir = app_variant(
         tmp_path / "app",
         REPO_ROOT / "tests" / "reliability" / "plain_fedavg_app.py",
-        {"clientapp": "tests.reliability.plain_fedavg_app:app"},
+        {"clientapp": "tests.plain_fedavg_app:app"},
     )
     preset = write_preset(
         tmp_path / "md-plain.toml",

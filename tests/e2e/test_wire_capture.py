@@ -51,7 +51,7 @@ from flwr_importance.tooling.launcher.processes import RunFailedError
 from flwr_importance.tooling.launcher.wiretap import WireTap
 from tests.e2e.reply_recorder import integer_encodings, searchable
 from tests.heavy import heavy_run_slot, shared_dir
-from tests.secure_aggregation.model_bounds import (
+from tests.model_bounds import (
     drift_beyond_bounds,
     fedsampling_step_bound,
 )

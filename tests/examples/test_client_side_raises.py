@@ -22,14 +22,14 @@ from flwr.app import Context, RecordDict
 from flwr_importance import compat
 from flwr_importance.strategies import ClientSideFailedError
 from flwr_importance.tooling.testing import InProcessGrid
+from tests.clientapps.test_numpy_client import EXAMPLE_DIR as LEGACY_DIR
 from tests.compat.compat_harness import run_legacy
-from tests.compat.test_legacy_example import client_manager
-from tests.compat.test_numpy_client_wrapper import EXAMPLE_DIR as LEGACY_DIR
 from tests.e2e.examples.test_examples import (
     QUICKSTART_NODES,
     quickstart_defaults,
     quickstart_module,
 )
+from tests.examples.test_legacy import client_manager
 
 #: What Python says when a two-argument ``load_data`` gets Flower's three.
 MESSAGE_API_ERROR = "takes 2 positional arguments but 3 were given"

@@ -157,7 +157,7 @@ def test_quickstart_example_runs_every_method_in_one_run(tmp_path: Path) -> None
 
 #: Under ``flwr run``: the example's own FedSampling settings. Every method on
 #: the legacy API runs the example in process, through Flower's legacy server
-#: loop (tests/compat/test_legacy_example.py), and those whose query carries
+#: loop (tests/examples/test_legacy.py), and those whose query carries
 #: the model (``ClientProxy.fit``: OCS, AOCS, Power-of-Choice) run under ``flwr
 #: run`` in the NumPyClient quickstart
 #: (tests/e2e/examples/test_legacy_numpyclient_example.py): a Ray start per method

@@ -5,7 +5,7 @@ it serves one after another (its run config's ``strategy``, comma-separated,
 each through Flower's legacy server loop); each must complete every round,
 and the example's own ``fit`` (its ``FlowerClient``, logging "legacy-example
 fit") must be what trained. Each method also runs in process through the
-legacy loop (``tests/compat/test_numpy_client_wrapper.py``).
+legacy loop (``tests/clientapps/test_numpy_client.py``).
 """
 
 from __future__ import annotations

@@ -42,9 +42,9 @@ from flwr_importance.strategies.replies import (
 )
 from flwr_importance.tooling.declarations import CannedSetup, declaration
 from flwr_importance.tooling.testing import InProcessGrid
+from tests import plain_fedavg_app
 from tests.compat.compat_harness import InProcessClientProxy, run_legacy
-from tests.reliability import plain_fedavg_app
-from tests.reliability.plain_fedavg_app import app as plain_app
+from tests.plain_fedavg_app import app as plain_app
 
 NUM_NODES = 6
 MODEL = ArrayRecord([np.ones((2, 3), np.float32), np.ones(3, np.float32)])

@@ -36,7 +36,7 @@ from flwr.common import (
 from flwr_importance import compat, protocol
 from flwr_importance.legacy_wire import ARRAY_LAYOUT_KEY, MESSAGE_TYPE_KEY
 from tests.compat.compat_harness import run_legacy
-from tests.compat.test_legacy_example import client_manager
+from tests.examples.test_legacy import client_manager
 from tests.test_server_side_imports import FORBIDDEN, loaded_in_fresh_interpreter
 
 EXAMPLE_DIR = (

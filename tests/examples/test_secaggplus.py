@@ -22,7 +22,7 @@ from flwr.server.workflow import SecAggPlusWorkflow
 
 from flwr_importance import compat
 from flwr_importance.tooling.testing import InProcessGrid
-from tests.secure_aggregation.model_bounds import (
+from tests.model_bounds import (
     drift_beyond_bounds,
     fedsampling_step_bound,
 )

@@ -17,7 +17,7 @@ spoiled (error, missing/NaN/negative/huge weight, two MetricRecords, a second
 reply from the node) aggregate to the good replies' metrics alone.
 
 The number of cases tried is recorded per test (``record_property``) and
-printed in the terminal summary (``tests/reliability/conftest.py``).
+printed in the terminal summary (``tests/strategies/conftest.py``).
 """
 
 from __future__ import annotations

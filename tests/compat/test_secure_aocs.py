@@ -1,6 +1,6 @@
 """AOCS under SecAgg+: its client/server steps, and the workflow in process.
 
-The app of ``tests/secure_aggregation/aocs_app`` (a NumPyClient wrapped by
+The app of ``tests/compat/aocs_app`` (a NumPyClient wrapped by
 ``importance_client_fn``, inside ``importance_secaggplus_mod`` and
 ``secure_aocs_mod``) runs under Flower's own ``DefaultWorkflow`` and
 ``SecAggPlusWorkflow`` (four stages, masks, shares, quantization) on an

@@ -23,13 +23,13 @@ import pytest
 from flwr.app import Context, Message
 
 from flwr_importance.tooling.testing import InProcessGrid
-from tests.secure_aggregation.test_fedsampling_secaggplus import (
+from tests.compat.test_secure_aocs import PRIVATE_KEYS
+from tests.examples.test_secaggplus import (
     EXAMPLE_DIR,
     NUM_NODES,
     ROUNDS,
     run_config,
 )
-from tests.secure_aggregation.test_secure_aocs import PRIVATE_KEYS
 
 
 @pytest.fixture

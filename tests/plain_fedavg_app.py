@@ -6,7 +6,7 @@ does (the model under ``arrays``, ``train_loss``/``eval_loss`` and
 ``num-examples`` in the metrics), without torch: train moves every array a
 step towards zero, so the reply is a real, finite model of the same shapes.
 
-Used in process by ``tests/reliability/test_missing_client_side.py`` and, as
+Used in process by ``tests/strategies/test_replies_missing_client_side.py`` and, as
 the ClientApp of a copy of the simulation app (``tests/app_variant.py``), by
 ``tests/e2e/test_missing_client_side_flwr_run.py``.
 """
