@@ -30,11 +30,11 @@ same regions.
 
 Between ``<!-- methods-table:start -->`` and ``<!-- methods-table:end -->``
 the README holds the table of methods: the table atop docs/methods.md, one
-row per method there (``tests/test_methods_doc.py`` checks one per
+row per method there (``tests/docs/test_methods.py`` checks one per
 declaration of ``flwr_importance.registry.methods()``), with its paper up to
 the colon and without its benchmark column. ``python scripts/docs_snippets.py``
 rewrites docs/methods.md and the README; ``--check`` only says whether they
-are up to date (tests/test_docs_snippets.py runs the check), so the docs
+are up to date (tests/docs/test_snippets.py runs the check), so the docs
 cannot drift from code that runs.
 """
 

@@ -43,7 +43,7 @@ SDIST_TESTS = [
     "flwr_importance",
     "tests/test_doctests.py",
     "tests/test_registry.py",
-    "tests/test_docs_snippets.py",
+    "tests/docs/test_snippets.py",
     "tests/packaging/test_long_description.py",
     "tests/packaging/test_static_names.py",
 ]

@@ -25,7 +25,7 @@ from flwr_importance.registry import MethodSpec, methods
 from flwr_importance.tooling.declarations import declaration
 from simulations.methods import app_names
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 METHODS_DOC = ROOT / "docs" / "methods.md"
 README = ROOT / "README.md"
 TEXT = METHODS_DOC.read_text()
@@ -33,7 +33,7 @@ TEXT = METHODS_DOC.read_text()
 PYTHON_BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 #: Blocks under a ``<!-- snippet: ... -->`` line quote the examples' own
 #: lines, parts of programs the examples' tests run
-#: (tests/test_docs_snippets.py keeps them equal).
+#: (tests/docs/test_snippets.py keeps them equal).
 QUOTED_BLOCK = re.compile(r"^<!-- snippet: [^\n]*-->\n```python\n.*?```\n", re.M | re.S)
 BLOCKS = PYTHON_BLOCK.findall(QUOTED_BLOCK.sub("", TEXT))
 MESSAGE, LEGACY = "# Message API", "# Legacy API"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from flwr_importance import strategies
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_site_builds_strictly_with_every_strategy(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from benchmarks.report import hand_written
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: ``0.71 [0.63, 0.84]``: a hand-written ratio and interval; ``x0.71``: a
 #: hand-written ratio (``x1.00``, a baseline against itself, is no measurement;
 #: ``U[0.5, 1.5]`` alone is a distribution's range, not an interval).
