@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 #: What a train message must not load (flwr_datasets loads matplotlib, seaborn,
 #: pandas and scipy; datasets loads pyarrow; the digits come from sklearn; ray
