@@ -74,7 +74,7 @@ def test_the_launcher_exits_non_zero_with_the_missing_client_side_error(
 ) -> None:
     app_dir = app_variant(
         tmp_path / "app",
-        REPO_ROOT / "tests" / "reliability" / "plain_fedavg_app.py",
+        REPO_ROOT / "tests" / "plain_fedavg_app.py",
         {"clientapp": "tests.plain_fedavg_app:app"},
     )
     preset = write_preset(
