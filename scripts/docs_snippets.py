@@ -36,6 +36,13 @@ the colon and without its benchmark column. ``python scripts/docs_snippets.py``
 rewrites docs/methods.md and the README; ``--check`` only says whether they
 are up to date (tests/docs/test_snippets.py runs the check), so the docs
 cannot drift from code that runs.
+
+Why a script and not ``pymdownx.snippets`` (whose region markers the examples
+use): that extension inserts a region as it is, when mkdocs builds the site.
+These pages are read on the repository too, where an include line shows as
+itself; the snippets are shown as diffs against Flower's app, with the
+replaced lines, which an include cannot render; and the lines table and the
+README's table are computed, not included.
 """
 
 from __future__ import annotations
