@@ -54,12 +54,13 @@ from benchmarks.harness import (
     save_figure,
 )
 from flwr_importance.registry import RunConfigValue, methods
-from flwr_importance.tooling.declarations import LocalWork, declaration
+from flwr_importance.tooling.declarations import LocalWork
 from flwr_importance.tooling.testing import InProcessGrid
 from simulations.client_app import app as simulation_client_app
 from simulations.config import ExperimentConfig
 from simulations.inprocess import resolve_run_config
 from simulations.server_app import run_experiment
+from simulations.tooling import declaration
 
 #: The section title of this benchmark in docs/results.md.
 TITLE = "Client time per round vs a FedAvg client"

@@ -65,7 +65,7 @@ from benchmarks.evidence import (
 )
 from benchmarks.harness import benchmark_parser, markdown_table
 from flwr_importance.registry import methods
-from flwr_importance.tooling.declarations import declaration
+from simulations.tooling import declaration
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS_DIR = REPO_ROOT / "benchmarks"

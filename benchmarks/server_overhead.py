@@ -74,13 +74,14 @@ from flwr_importance.strategies.arrays import all_finite, array_values, combine_
 from flwr_importance.strategies.clustered import ClusteredSampling
 from flwr_importance.strategies.mmfl import pack_models
 from flwr_importance.strategies.ocs import OptimalClientSampling
-from flwr_importance.tooling.declarations import canned_variants
 from flwr_importance.tooling.testing.canned import (
+    FEDAVG_REPLIES,
     CannedReplyGrid,
     Fleet,
     canned_responders,
     canned_strategy,
 )
+from simulations.tooling import canned_variants
 
 #: The section title of this benchmark in docs/results.md.
 TITLE = "Server time per round vs Flower's FedAvg"
@@ -188,8 +189,13 @@ def build_strategy(method: str, num_nodes: int, fleet: Fleet) -> Strategy:
             fraction_evaluate=0.0,
             approximate=POOLED[method],
         )
+    if method not in VARIANTS:
+        raise ValueError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
     return canned_strategy(
-        method, clients_per_round=m, fleet=fleet, projection_dim=PROJECTION_DIM
+        *VARIANTS[method],
+        clients_per_round=m,
+        fleet=fleet,
+        projection_dim=PROJECTION_DIM,
     )
 
 
@@ -198,10 +204,12 @@ def build_strategy(method: str, num_nodes: int, fleet: Fleet) -> Strategy:
 #: so their baseline is FedAvg over ``m`` nodes; their replies are OCS's. The
 #: value: whether the row is AOCS.
 POOLED: dict[str, bool] = {"ocs-pool": False, "aocs-pool": True}
+#: Every canned variant of every registry method, by variant name.
+VARIANTS = canned_variants()
 #: Compared methods: every canned variant of every registry method, each with
 #: the Flower FedAvg that does the same client work, and the pooled OCS/AOCS.
 METHODS: dict[str, str] = {
-    **{name: variant.baseline for name, (_, variant) in canned_variants().items()},
+    **{name: variant.baseline for name, (_, variant) in VARIANTS.items()},
     **dict.fromkeys(POOLED, "fedavg"),
 }
 #: Flower's FedAvg over m nodes, over all nodes, over 2m nodes.
@@ -210,7 +218,7 @@ LABELS = {
     "fedavg": "Flower FedAvg (m nodes)",
     "fedavg-all": "Flower FedAvg (all nodes)",
     "fedavg-2m": "Flower FedAvg (2m nodes)",
-    **{name: variant.label for name, (_, variant) in canned_variants().items()},
+    **{name: variant.label for name, (_, variant) in VARIANTS.items()},
     "ocs-pool": f"OptimalClientSampling (pool n = {POOL_FACTOR}m)",
     "aocs-pool": f"OptimalClientSampling (AOCS, pool n = {POOL_FACTOR}m)",
 }
@@ -270,20 +278,20 @@ class RoundClock:
         self.method = method
         self.num_nodes = num_nodes
         self.grid = CannedReplyGrid(num_nodes, {})
-        replier = (
-            "fedavg" if method in BASELINES else "ocs" if method in POOLED else method
+        replies = (
+            FEDAVG_REPLIES
+            if method in BASELINES
+            else VARIANTS["ocs" if method in POOLED else method][1].replies
         )
         self.grid.responders = canned_responders(
-            replier, fleet=fleet, node_index=self.grid.node_index
+            replies, fleet=fleet, node_index=self.grid.node_index
         )
         self.strategy = build_strategy(method, num_nodes, fleet)
         self.clustering = ClusteringClock()
         if method == "clustered-similarity":
             assert isinstance(self.strategy, ClusteredSampling)
             self.clustering.attach(self.strategy)
-        packed = (
-            method in canned_variants() and canned_variants()[method][1].packed_models
-        )
+        packed = method in VARIANTS and VARIANTS[method][1].packed_models
         self.arrays = pack_models([fleet.model]) if packed else fleet.model
         self.fleet = fleet
         self.server_round = 0

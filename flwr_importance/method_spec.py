@@ -6,8 +6,9 @@ collects them. This module imports nothing of the library, so the strategies
 can declare themselves without importing the registry that imports them.
 
 Only what the library and its app need is declared here; how the tests and
-benchmarks exercise a method (canned replies, smoke runs, its benchmark) is in
-:mod:`flwr_importance.tooling.declarations`, keyed by the method's name.
+benchmarks exercise a method (canned replies, smoke runs, its benchmark) is
+the ``TOOLING`` of its app module, ``simulations/methods/<name>.py`` (a
+:class:`~flwr_importance.tooling.declarations.MethodTooling`).
 """
 
 from __future__ import annotations

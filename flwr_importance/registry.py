@@ -7,9 +7,11 @@ class, its ready-made client side.
 :func:`methods` collects them; the simulation app, the legacy API, the
 examples, the tests and the benchmarks iterate over it, so a new method takes
 part in all of them by declaring itself (the tests and benchmarks also read
-its entry in :mod:`flwr_importance.tooling.declarations`).
+the ``TOOLING`` of its app module, ``simulations/methods/<name>.py``, a
+:class:`~flwr_importance.tooling.declarations.MethodTooling`).
 ``tests/test_registry.py`` fails when a strategy module, an app method, a
-preset, a legacy class or a benchmark exists that no declaration accounts for.
+preset, a legacy class, a tooling declaration or a benchmark exists that no
+declaration accounts for.
 
 The strategies import :class:`MethodSpec` from its own module, never this
 one, so the two packages do not import each other. This module is

@@ -22,11 +22,7 @@ from benchmarks.report import section_title
 from flwr_importance import compat, strategies
 from flwr_importance.compat import LegacyStrategyAdapter, legacy_class
 from flwr_importance.registry import DECLARATION, method, methods
-from flwr_importance.tooling.declarations import (
-    DECLARATIONS,
-    canned_variants,
-    declaration,
-)
+from flwr_importance.tooling.declarations import MethodTooling
 from flwr_importance.tooling.testing import Fleet
 from flwr_importance.tooling.testing.canned import reply_kinds
 from simulations.methods import (
@@ -37,6 +33,7 @@ from simulations.methods import (
     load_method,
     method_modules,
 )
+from simulations.tooling import TOOLING, canned_variants, declaration, declarations
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = ROOT / "simulations" / "presets"
@@ -85,9 +82,20 @@ def test_app_methods_are_the_registry_methods_and_flowers_baselines() -> None:
 
 
 def test_every_method_has_its_tooling_declaration_and_no_other() -> None:
-    """The tests and benchmarks run each registry method, and only those."""
-    assert set(DECLARATIONS) == set(SPECS)
-    with pytest.raises(KeyError, match="DECLARATIONS"):
+    """The tests and benchmarks run each registry method, and only those.
+
+    Each method module's ``TOOLING`` is read from the module itself: a
+    registry method whose module lacks one, or a ``TOOLING`` in a module of
+    no registry method (Flower's baselines), fails here.
+    """
+    declared = {
+        name
+        for name in method_modules()
+        if isinstance(getattr(load_method(name), TOOLING, None), MethodTooling)
+    }
+    assert declared == set(SPECS)
+    assert set(declarations()) == set(SPECS)
+    with pytest.raises(KeyError, match="TOOLING in simulations/methods/"):
         declaration("no-such-method")
 
 

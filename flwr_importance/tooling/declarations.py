@@ -1,14 +1,14 @@
-"""How the tests and benchmarks exercise each method, keyed by its name.
+"""What a method's tooling declaration says: how the tests and benchmarks run it.
 
 The library's methods declare what they are in their strategy modules
 (:class:`~flwr_importance.method_spec.MethodSpec`, collected by
 :func:`flwr_importance.registry.methods`); what the tooling runs them with is
-declared here, one :class:`MethodTooling` per method name in
-:data:`DECLARATIONS`: the canned replies of the server-only tests and
-benchmarks, the run-config overrides that give its clients FedAvg's local work,
-its headline and smoke presets, and its fair-comparison benchmark.
-``tests/test_registry.py`` fails when a registry method has no entry here, or
-an entry names no method.
+a :class:`MethodTooling`, declared as ``TOOLING`` in the method's app module
+(``simulations/methods/<name>.py``, collected by ``simulations/tooling.py``):
+the canned replies of the server-only tests and benchmarks, the run-config
+overrides that give its clients FedAvg's local work, its headline and smoke
+presets, and its fair-comparison benchmark. ``tests/test_registry.py`` fails
+when a registry method has no ``TOOLING``, or a ``TOOLING`` names no method.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from flwr_importance.method_spec import MethodSpec, RunConfigValue
-from flwr_importance.registry import methods
 
 
 @dataclass(frozen=True)
@@ -96,7 +95,7 @@ class CannedVariant:
     ----------
     name : str
         Unique among all methods' variants, e.g. ``"clustered-size"``; empty:
-        the method's name (:func:`canned` fills it in).
+        the method's name (:meth:`MethodTooling.variants` fills it in).
     label : str
         How tables and plots name it; empty: the strategy class's name.
     arguments : Callable[[CannedSetup], Mapping[str, Any]]
@@ -163,180 +162,27 @@ class MethodTooling:
         """The preset and the overrides of a short end-to-end check."""
         return self.smoke_preset or self.headline_preset, self.smoke
 
+    def variants(self, spec: MethodSpec) -> tuple[CannedVariant, ...]:
+        """The canned variants of ``spec``'s method, an unnamed one under its names.
 
-#: Per registry method name, how the tests and benchmarks run it.
-DECLARATIONS: Mapping[str, MethodTooling] = {
-    "clustered": MethodTooling(
-        headline_preset="clustered-digits",
-        canned=(
-            CannedVariant(
-                name="clustered-size",
-                label="ClusteredSampling (size, Alg. 1)",
-                arguments=sampling_arguments(method="size"),
-                replies={"query.sizes": "sizes", "train": "model"},
-            ),
-            CannedVariant(
-                name="clustered-similarity",
-                label="ClusteredSampling (similarity, Alg. 2)",
-                arguments=lambda setup: {
-                    **sampling_arguments(method="similarity")(setup),
-                    "projection_dim": setup.projection_dim,
-                },
-                replies={"query.sizes": "sizes", "train": "model"},
-            ),
-        ),
-        equal_work=lambda work: {"clustered-method": "similarity"},
-        smoke={"partitioning": "iid"},
-        benchmark="clustered",
-    ),
-    "fedsampling": MethodTooling(
-        headline_preset="fedsampling-lognormal-sigma2",
-        canned=(
-            CannedVariant(
-                arguments=lambda setup: {
-                    "samples_per_round": setup.total_size // 10,
-                    "max_size": setup.max_size,
-                    "fraction_evaluate": 0.0,
-                },
-                replies={"query.sizes": "size-response", "train": "gradient-sum"},
-                # Every node answers the size query and trains on its kept samples.
-                baseline="fedavg-all",
-            ),
-        ),
-        equal_work=lambda work: {
-            "fedsampling-local-steps": work.local_steps,
-            "fedsampling-samples-per-round": work.clients_per_round * work.batch_size,
-        },
-        smoke_preset="fedsampling-lognormal-sigma1",
-        benchmark="fedsampling",
-    ),
-    "folb": MethodTooling(
-        headline_preset="folb-synthetic-1-1",
-        canned=(
-            # Two-set FOLB's gradient set costs about m more nodes' work.
-            CannedVariant(
-                arguments=sampling_arguments(proximal_mu=0.01),
-                replies={"train": "folb-train"},
-                baseline="fedavg-2m",
-            ),
-        ),
-        equal_work=lambda work: {"proximal-mu": 0.01},
-        # The digits run is the short one; IID so that two rounds improve.
-        smoke_preset="folb-digits",
-        smoke={"partitioning": "iid", "local-lr": 0.2},
-        benchmark="folb",
-    ),
-    "isfedavg": MethodTooling(
-        headline_preset="isfedavg-logistic",
-        canned=(CannedVariant(replies={"train": "isfedavg-train"}),),
-        # Fixed E_k and B_k: the same steps and batch as a FedAvg client.
-        equal_work=lambda work: {
-            "isfedavg-min-local-steps": work.local_steps,
-            "isfedavg-max-local-steps": work.local_steps,
-            "isfedavg-min-batch-size": work.batch_size,
-            "isfedavg-max-batch-size": work.batch_size,
-        },
-        benchmark="isfedavg",
-    ),
-    "md": MethodTooling(
-        headline_preset="clustered-digits-md",
-        canned=(CannedVariant(replies={"query.sizes": "sizes", "train": "model"}),),
-        smoke={"partitioning": "iid"},
-    ),
-    "mmfl": MethodTooling(
-        headline_preset="mmfl-digits",
-        canned=(
-            CannedVariant(
-                label="MultiModelSampling (S=1, gradnorm)",
-                arguments=sampling_arguments(num_models=1, variant="gradnorm"),
-                replies={"query.norm": "norm", "train": "kept-update"},
-                packed_models=True,
-            ),
-        ),
-        equal_work=lambda work: {"mmfl-tasks": "digits", "mmfl-variant": "gradnorm"},
-        smoke={"mmfl-tasks": "digits:iid,digits:iid", "clients-per-round": 4},
-        benchmark="variance_reduced",
-    ),
-    "ocs": MethodTooling(
-        headline_preset="ocs-digits-lognormal",
-        canned=(CannedVariant(replies={"query.norm": "norm", "train": "kept-update"}),),
-        benchmark="variance_reduced",
-    ),
-    "power-of-choice": MethodTooling(
-        headline_preset="power-of-choice-digits-dirichlet",
-        canned=(
-            CannedVariant(
-                label="PowerOfChoice (pow-d, d = 2m)",
-                replies={
-                    "query.sizes": "sizes",
-                    "query.loss": "loss",
-                    "train": "model",
-                },
-            ),
-        ),
-        # The deployment check's 4 nodes and m = 2: IID data (two rounds of the
-        # preset's label skew may not improve the model), d = 2m (0) = 4.
-        smoke={"partitioning": "iid", "power-of-choice-candidates": 0},
-        benchmark="power_of_choice",
-    ),
-}
+        An unnamed variant is the method's one canned configuration: it goes
+        by the method's name and its strategy class's name.
 
-
-def declaration(name: str) -> MethodTooling:
-    """How the tests and benchmarks run the registry method ``name``.
-
-    Raises
-    ------
-    KeyError
-        ``name`` has no entry in :data:`DECLARATIONS`; the message says where
-        to add it.
-
-    Examples
-    --------
-    >>> declaration("md").headline_preset
-    'clustered-digits-md'
-    """
-    if name not in DECLARATIONS:
-        raise KeyError(
-            f"method {name!r} has no entry in DECLARATIONS of {__name__}: "
-            "add its canned replies, presets and benchmark there"
+        Examples
+        --------
+        >>> from flwr_importance.registry import method
+        >>> tooling = MethodTooling(
+        ...     headline_preset="clustered-digits-md",
+        ...     canned=(CannedVariant(replies={"train": "model"}),),
+        ... )
+        >>> [(v.name, v.label) for v in tooling.variants(method("md"))]
+        [('md', 'MDSampling')]
+        """
+        return tuple(
+            replace(
+                variant,
+                name=variant.name or spec.name,
+                label=variant.label or spec.strategy.__name__,
+            )
+            for variant in self.canned
         )
-    return DECLARATIONS[name]
-
-
-def canned(spec: MethodSpec) -> tuple[CannedVariant, ...]:
-    """The method's canned variants, an unnamed one under the method's names.
-
-    An unnamed variant is the method's one canned configuration: it goes by
-    the method's name and its strategy class's name.
-
-    Examples
-    --------
-    >>> from flwr_importance.registry import method
-    >>> [variant.label for variant in canned(method("md"))]
-    ['MDSampling']
-    """
-    return tuple(
-        replace(
-            variant,
-            name=variant.name or spec.name,
-            label=variant.label or spec.strategy.__name__,
-        )
-        for variant in declaration(spec.name).canned
-    )
-
-
-def canned_variants() -> dict[str, tuple[MethodSpec, CannedVariant]]:
-    """Every canned variant of every registry method, by variant name.
-
-    Raises
-    ------
-    RuntimeError
-        Two variants share a name.
-    """
-    variants = [(spec, variant) for spec in methods() for variant in canned(spec)]
-    names = [variant.name for _, variant in variants]
-    repeated = sorted({name for name in names if names.count(name) > 1})
-    if repeated:
-        raise RuntimeError(f"canned variants declared twice: {', '.join(repeated)}")
-    return {variant.name: (spec, variant) for spec, variant in variants}

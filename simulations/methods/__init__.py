@@ -7,6 +7,11 @@ A method module defines two functions:
   message type the handler serves (``"train"``, ``"evaluate"``,
   ``"query.<action>"``, with the action one of :data:`QUERY_ACTIONS`).
 
+A library method's module also declares how the tests and benchmarks run it,
+``TOOLING = MethodTooling(...)``
+(:mod:`flwr_importance.tooling.declarations`; :mod:`simulations.tooling`
+collects them).
+
 Optionally, a method that trains several models at once (``mmfl``) defines
 ``start_strategy(grid, config, num_clients) -> flwr.serverapp.strategy.Result``
 and the ServerApp calls it instead of starting ``build_strategy``'s strategy on

@@ -14,6 +14,11 @@ from flwr_importance.clientapps.clustered import (
 )
 from flwr_importance.sampling.distances import Distance
 from flwr_importance.strategies.clustered import ClusteredSampling, ClusteringMethod
+from flwr_importance.tooling.declarations import (
+    CannedVariant,
+    MethodTooling,
+    sampling_arguments,
+)
 from simulations.config import ExperimentConfig
 
 
@@ -34,3 +39,28 @@ def build_strategy(config: ExperimentConfig, num_clients: int) -> ClusteredSampl
 
 #: The ClientApp side: the method's handler set from the library.
 client_handlers = make_clustered_handlers
+
+#: How the tests and benchmarks run the method (simulations/tooling.py).
+TOOLING = MethodTooling(
+    headline_preset="clustered-digits",
+    canned=(
+        CannedVariant(
+            name="clustered-size",
+            label="ClusteredSampling (size, Alg. 1)",
+            arguments=sampling_arguments(method="size"),
+            replies={"query.sizes": "sizes", "train": "model"},
+        ),
+        CannedVariant(
+            name="clustered-similarity",
+            label="ClusteredSampling (similarity, Alg. 2)",
+            arguments=lambda setup: {
+                **sampling_arguments(method="similarity")(setup),
+                "projection_dim": setup.projection_dim,
+            },
+            replies={"query.sizes": "sizes", "train": "model"},
+        ),
+    ),
+    equal_work=lambda work: {"clustered-method": "similarity"},
+    smoke={"partitioning": "iid"},
+    benchmark="clustered",
+)

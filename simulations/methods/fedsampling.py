@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from flwr_importance.clientapps.fedsampling import make_fedsampling_handlers
 from flwr_importance.strategies.fedsampling import FedSampling
+from flwr_importance.tooling.declarations import CannedVariant, MethodTooling
 from simulations.config import ExperimentConfig
 
 
@@ -27,3 +28,26 @@ def build_strategy(config: ExperimentConfig, num_clients: int) -> FedSampling:
 
 #: The ClientApp side: the method's handler set from the library.
 client_handlers = make_fedsampling_handlers
+
+#: How the tests and benchmarks run the method (simulations/tooling.py).
+TOOLING = MethodTooling(
+    headline_preset="fedsampling-lognormal-sigma2",
+    canned=(
+        CannedVariant(
+            arguments=lambda setup: {
+                "samples_per_round": setup.total_size // 10,
+                "max_size": setup.max_size,
+                "fraction_evaluate": 0.0,
+            },
+            replies={"query.sizes": "size-response", "train": "gradient-sum"},
+            # Every node answers the size query and trains on its kept samples.
+            baseline="fedavg-all",
+        ),
+    ),
+    equal_work=lambda work: {
+        "fedsampling-local-steps": work.local_steps,
+        "fedsampling-samples-per-round": work.clients_per_round * work.batch_size,
+    },
+    smoke_preset="fedsampling-lognormal-sigma1",
+    benchmark="fedsampling",
+)

@@ -20,6 +20,11 @@ from typing import cast
 from flwr_importance.aggregation.folb import Denominator, Mode, NegativeRule, Penalty
 from flwr_importance.clientapps.folb import make_folb_handlers
 from flwr_importance.strategies.folb import FOLB, Weighting
+from flwr_importance.tooling.declarations import (
+    CannedVariant,
+    MethodTooling,
+    sampling_arguments,
+)
 from simulations.config import ExperimentConfig
 from simulations.methods.fedavg import with_round_local_work
 
@@ -50,3 +55,21 @@ def build_strategy(config: ExperimentConfig, num_clients: int) -> FOLB:
 
 #: The ClientApp side: the library's FOLB handlers, local work drawn per round.
 client_handlers = with_round_local_work(make_folb_handlers)
+
+#: How the tests and benchmarks run the method (simulations/tooling.py).
+TOOLING = MethodTooling(
+    headline_preset="folb-synthetic-1-1",
+    canned=(
+        # Two-set FOLB's gradient set costs about m more nodes' work.
+        CannedVariant(
+            arguments=sampling_arguments(proximal_mu=0.01),
+            replies={"train": "folb-train"},
+            baseline="fedavg-2m",
+        ),
+    ),
+    equal_work=lambda work: {"proximal-mu": 0.01},
+    # The digits run is the short one; IID so that two rounds improve.
+    smoke_preset="folb-digits",
+    smoke={"partitioning": "iid", "local-lr": 0.2},
+    benchmark="folb",
+)

@@ -15,6 +15,7 @@ from flwr_importance.clientapps.isfedavg import (
     make_isfedavg_handlers,
 )
 from flwr_importance.strategies.isfedavg import ISFedAvg
+from flwr_importance.tooling.declarations import CannedVariant, MethodTooling
 from simulations.config import ExperimentConfig
 
 
@@ -47,3 +48,17 @@ def build_strategy(config: ExperimentConfig, num_clients: int) -> ISFedAvg:
 
 #: The ClientApp side: the method's handler set from the library.
 client_handlers = make_isfedavg_handlers
+
+#: How the tests and benchmarks run the method (simulations/tooling.py).
+TOOLING = MethodTooling(
+    headline_preset="isfedavg-logistic",
+    canned=(CannedVariant(replies={"train": "isfedavg-train"}),),
+    # Fixed E_k and B_k: the same steps and batch as a FedAvg client.
+    equal_work=lambda work: {
+        "isfedavg-min-local-steps": work.local_steps,
+        "isfedavg-max-local-steps": work.local_steps,
+        "isfedavg-min-batch-size": work.batch_size,
+        "isfedavg-max-batch-size": work.batch_size,
+    },
+    benchmark="isfedavg",
+)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from flwr_importance.strategies.md import MDSampling
+from flwr_importance.tooling.declarations import CannedVariant, MethodTooling
 from simulations.config import ExperimentConfig
 from simulations.methods.clustered import client_handlers
 
@@ -18,3 +19,11 @@ def build_strategy(config: ExperimentConfig, num_clients: int) -> MDSampling:
         server_optimizer=config.server_optimizer(),
         fraction_evaluate=0.0,
     )
+
+
+#: How the tests and benchmarks run the method (simulations/tooling.py).
+TOOLING = MethodTooling(
+    headline_preset="clustered-digits-md",
+    canned=(CannedVariant(replies={"query.sizes": "sizes", "train": "model"}),),
+    smoke={"partitioning": "iid"},
+)

@@ -36,6 +36,11 @@ from flwr_importance.strategies.mmfl import (
     unpack_models,
 )
 from flwr_importance.tasks import Objective, evaluate
+from flwr_importance.tooling.declarations import (
+    CannedVariant,
+    MethodTooling,
+    sampling_arguments,
+)
 from simulations.config import ExperimentConfig, RunConfig
 from simulations.task import federated_data, global_model
 
@@ -176,3 +181,20 @@ def start_strategy(grid: Grid, config: ExperimentConfig, num_clients: int) -> Re
         num_rounds=config.num_server_rounds,
         evaluate_fn=central_evaluate,
     )
+
+
+#: How the tests and benchmarks run the method (simulations/tooling.py).
+TOOLING = MethodTooling(
+    headline_preset="mmfl-digits",
+    canned=(
+        CannedVariant(
+            label="MultiModelSampling (S=1, gradnorm)",
+            arguments=sampling_arguments(num_models=1, variant="gradnorm"),
+            replies={"query.norm": "norm", "train": "kept-update"},
+            packed_models=True,
+        ),
+    ),
+    equal_work=lambda work: {"mmfl-tasks": "digits", "mmfl-variant": "gradnorm"},
+    smoke={"mmfl-tasks": "digits:iid,digits:iid", "clients-per-round": 4},
+    benchmark="variance_reduced",
+)

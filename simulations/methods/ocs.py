@@ -13,6 +13,7 @@ from __future__ import annotations
 from flwr_importance.clientapps import ClientHandler, TaskFactory
 from flwr_importance.clientapps.variance_reduced import make_ocs_handlers
 from flwr_importance.strategies.ocs import OptimalClientSampling
+from flwr_importance.tooling.declarations import CannedVariant, MethodTooling
 from simulations.config import ExperimentConfig
 
 
@@ -35,3 +36,11 @@ def build_strategy(config: ExperimentConfig, num_clients: int) -> OptimalClientS
 def client_handlers(task_factory: TaskFactory) -> dict[str, ClientHandler]:
     """``query.norm`` (train and keep), ``train`` (send the kept update), evaluate."""
     return make_ocs_handlers(task_factory)
+
+
+#: How the tests and benchmarks run the method (simulations/tooling.py).
+TOOLING = MethodTooling(
+    headline_preset="ocs-digits-lognormal",
+    canned=(CannedVariant(replies={"query.norm": "norm", "train": "kept-update"}),),
+    benchmark="variance_reduced",
+)

@@ -12,6 +12,7 @@ from typing import cast
 from flwr_importance.clientapps import ClientHandler, TaskFactory
 from flwr_importance.clientapps.standard import method_handlers
 from flwr_importance.strategies.power_of_choice import METHOD, PowerOfChoice, Variant
+from flwr_importance.tooling.declarations import CannedVariant, MethodTooling
 from simulations.config import ExperimentConfig
 
 
@@ -32,3 +33,23 @@ def build_strategy(config: ExperimentConfig, num_clients: int) -> PowerOfChoice:
 def client_handlers(task_factory: TaskFactory) -> dict[str, ClientHandler]:
     """FedAvg's train and evaluate, and the ``sizes`` and ``loss`` queries."""
     return method_handlers(METHOD, task_factory)
+
+
+#: How the tests and benchmarks run the method (simulations/tooling.py).
+TOOLING = MethodTooling(
+    headline_preset="power-of-choice-digits-dirichlet",
+    canned=(
+        CannedVariant(
+            label="PowerOfChoice (pow-d, d = 2m)",
+            replies={
+                "query.sizes": "sizes",
+                "query.loss": "loss",
+                "train": "model",
+            },
+        ),
+    ),
+    # The deployment check's 4 nodes and m = 2: IID data (two rounds of the
+    # preset's label skew may not improve the model), d = 2m (0) = 4.
+    smoke={"partitioning": "iid", "power-of-choice-candidates": 0},
+    benchmark="power_of_choice",
+)

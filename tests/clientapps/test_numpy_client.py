@@ -380,6 +380,7 @@ def test_size_and_loss_methods_train_through_the_legacy_loop(method: str) -> Non
 
 
 # -- the quickstart-pytorch-legacy example, in process ----------------------------
+#: The example's methods, its server's ``METHODS``: each must train below.
 EXAMPLE_METHODS = [
     "fedavg",
     "md",
@@ -398,6 +399,11 @@ def example(monkeypatch: pytest.MonkeyPatch) -> Any:
     from quickstart_legacy import client_app, server_app
 
     return server_app, client_app
+
+
+def test_the_example_lists_the_methods_trained_here(example: Any) -> None:
+    server_app, _ = example
+    assert list(server_app.METHODS) == EXAMPLE_METHODS
 
 
 @pytest.mark.parametrize("method", EXAMPLE_METHODS)

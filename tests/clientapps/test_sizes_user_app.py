@@ -19,9 +19,10 @@ from flwr_importance.clientapps.sizes import (
     sample_count_source,
 )
 from flwr_importance.registry import MethodSpec, methods
-from flwr_importance.tooling.declarations import CannedSetup, declaration
+from flwr_importance.tooling.declarations import CannedSetup
 from flwr_importance.tooling.testing import InProcessGrid
 from flwr_importance.tooling.testing.grid import partition_node_config
+from simulations.tooling import declaration
 from tests.clientapps.quickstart_user import (
     CUDA,
     LR,

@@ -22,11 +22,8 @@ from flwr_importance.clientapps.standard import method_handlers
 from flwr_importance.compat import legacy_class
 from flwr_importance.registry import MethodSpec, method, methods
 from flwr_importance.strategies import ServerAdam
-from flwr_importance.tooling.declarations import (
-    CannedSetup,
-    canned,
-    canned_variants,
-)
+from flwr_importance.tooling.declarations import CannedSetup
+from simulations.tooling import canned, canned_variants
 from tests.compat.compat_harness import TwinFederation, max_difference, run_legacy
 
 NUM_NODES = 6

@@ -22,8 +22,8 @@ from flwr.serverapp.strategy import FedAvg
 
 from flwr_importance.compat import LegacyStrategyAdapter
 from flwr_importance.registry import MethodSpec, methods
-from flwr_importance.tooling.declarations import declaration
 from simulations.methods import app_names
+from simulations.tooling import declaration
 
 ROOT = Path(__file__).resolve().parents[2]
 METHODS_DOC = ROOT / "docs" / "methods.md"

@@ -28,6 +28,7 @@ from flwr_importance.registry import method
 from flwr_importance.strategies import PowerOfChoice
 from flwr_importance.tooling.testing import CannedReplyGrid, Fleet, canned_responders
 from flwr_importance.tooling.testing import canned_strategy as build_canned
+from simulations.tooling import canned_variants
 
 NUM_NODES = 12
 SIZES = np.array([30, 5, 20, 0, 12, 40, 8, 25, 15, 10, 35, 18])
@@ -330,14 +331,16 @@ def test_the_declared_canned_variant_runs_a_round() -> None:
     fleet = Fleet.skewed(
         num_nodes=20, model=MODEL, reply_models=[constant_model(1.0)], seed=0
     )
+    declared, variant = canned_variants()["power-of-choice"]
+    assert declared is spec
     grid = CannedReplyGrid(
         20,
         canned_responders(
-            "power-of-choice", fleet=fleet, node_index=lambda node: node - 2
+            variant.replies, fleet=fleet, node_index=lambda node: node - 2
         ),
     )
     strategy = build_canned(
-        "power-of-choice", clients_per_round=3, fleet=fleet, projection_dim=8
+        spec, variant, clients_per_round=3, fleet=fleet, projection_dim=8
     )
     assert isinstance(strategy, PowerOfChoice)
     messages = list(strategy.configure_train(1, MODEL, ConfigRecord(), grid))

@@ -46,20 +46,21 @@ from numpy.typing import NDArray
 
 from flwr_importance.strategies.arrays import flatten
 from flwr_importance.strategies.mmfl import pack_models
-from flwr_importance.tooling.declarations import canned_variants
 from flwr_importance.tooling.testing import (
     CannedReplyGrid,
     Fleet,
     canned_responders,
     canned_strategy,
 )
+from simulations.tooling import canned_variants
 
 NUM_NODES = 30
 CLIENTS_PER_ROUND = 3
 #: Larger than the model: clustered similarity keeps whole representative gradients.
 PROJECTION_DIM = 1024
-#: Every canned variant of every registry method.
-METHODS = tuple(canned_variants())
+#: Every canned variant of every registry method, by name.
+VARIANTS = canned_variants()
+METHODS = tuple(VARIANTS)
 CORRUPTIONS = (
     "error",
     "nan-array",
@@ -213,7 +214,7 @@ class SpoilingGrid(CannedReplyGrid):
 def new_strategy(method: str) -> Strategy:
     """A fresh ``method`` strategy training 3 of the fleet's nodes a round."""
     return canned_strategy(
-        method,
+        *VARIANTS[method],
         clients_per_round=CLIENTS_PER_ROUND,
         fleet=FLEET,
         projection_dim=PROJECTION_DIM,
@@ -223,7 +224,7 @@ def new_strategy(method: str) -> Strategy:
 def one_round(method: str, grid: SpoilingGrid) -> NDArray[np.float64] | None:
     """Round 1 of a fresh strategy; the flattened new model (None: unchanged)."""
     strategy = new_strategy(method)
-    packed = canned_variants()[method][1].packed_models
+    packed = VARIANTS[method][1].packed_models
     arrays = pack_models([FLEET.model]) if packed else FLEET.model
     messages = strategy.configure_train(1, arrays, ConfigRecord(), grid)
     new_arrays, _ = strategy.aggregate_train(1, grid.send_and_receive(messages))
@@ -232,7 +233,10 @@ def one_round(method: str, grid: SpoilingGrid) -> NDArray[np.float64] | None:
 
 def make_grid(method: str, spoil: Spoil | None, drop_victim: bool) -> SpoilingGrid:
     grid = SpoilingGrid(NUM_NODES, {}, spoil=spoil, drop_victim=drop_victim)
-    grid.responders = canned_responders(method, fleet=FLEET, node_index=grid.node_index)
+    replies = VARIANTS[method][1].replies
+    grid.responders = canned_responders(
+        replies, fleet=FLEET, node_index=grid.node_index
+    )
     return grid
 
 
@@ -250,7 +254,7 @@ def flower_warnings(
 
 def spoils(method: str, kind: str) -> st.SearchStrategy[Spoil]:
     """Spoils of kind ``kind`` of the message types ``method`` sends."""
-    types = sorted(canned_responders(method, fleet=FLEET, node_index=lambda _: 0))
+    types = sorted(VARIANTS[method][1].replies)
     return st.builds(
         Spoil,
         message_type=st.sampled_from(types),

@@ -40,8 +40,9 @@ from flwr_importance.strategies.replies import (
     ReplyLedger,
     error_problem,
 )
-from flwr_importance.tooling.declarations import CannedSetup, declaration
+from flwr_importance.tooling.declarations import CannedSetup
 from flwr_importance.tooling.testing import InProcessGrid
+from simulations.tooling import declaration
 from tests import plain_fedavg_app
 from tests.compat.compat_harness import InProcessClientProxy, run_legacy
 from tests.plain_fedavg_app import app as plain_app

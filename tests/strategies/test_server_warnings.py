@@ -33,8 +33,9 @@ from flwr_importance.protocol import (
 )
 from flwr_importance.registry import MethodSpec, methods
 from flwr_importance.strategies import MDSampling, pack_models
-from flwr_importance.tooling.declarations import CannedSetup, declaration
+from flwr_importance.tooling.declarations import CannedSetup
 from flwr_importance.tooling.testing import InProcessGrid
+from simulations.tooling import declaration
 
 MODEL = ArrayRecord([np.zeros(3, np.float32)])
 

@@ -83,10 +83,19 @@ def strategy_for(method: str, context: Context) -> Strategy:
     if method == "power-of-choice":
         return compat.PowerOfChoice(clients_per_round=m, **fedavg_arguments)
     # --8<-- [end:power-of-choice-server]
-    raise ValueError(
-        f"unknown strategy '{method}': fedavg, md, clustered, "
-        "clustered-similarity, ocs, aocs or power-of-choice"
-    )
+    raise ValueError(f"unknown strategy '{method}' (known: {METHODS})")
+
+
+#: The names :func:`strategy_for` knows.
+METHODS = (
+    "fedavg",
+    "md",
+    "clustered",
+    "clustered-similarity",
+    "ocs",
+    "aocs",
+    "power-of-choice",
+)
 
 
 def server_fn(context: Context) -> ServerAppComponents:

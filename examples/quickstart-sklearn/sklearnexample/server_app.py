@@ -116,8 +116,21 @@ def make_strategy(method: str, context: Context) -> Strategy:
             )
             # --8<-- [end:mmfl-server]
         case _:
-            raise ValueError(f"unknown strategy '{method}'")
+            raise ValueError(f"unknown strategy '{method}' (known: {METHODS})")
     return strategy
+
+
+#: The names :func:`make_strategy` knows.
+METHODS = (
+    "fedavg",
+    "md",
+    "clustered",
+    "clustered-size",
+    "ocs",
+    "aocs",
+    "power-of-choice",
+    "mmfl",
+)
 
 
 @app.main()

@@ -1,6 +1,7 @@
 """Test doubles for running strategies and ClientApps without a SuperLink."""
 
 from flwr_importance.tooling.testing.canned import (
+    FEDAVG_REPLIES,
     CannedReplyGrid,
     Fleet,
     Responder,
@@ -14,6 +15,7 @@ from flwr_importance.tooling.testing.grid import (
 )
 
 __all__ = [
+    "FEDAVG_REPLIES",
     "CannedReplyGrid",
     "Fleet",
     "InProcessGrid",

@@ -1,13 +1,15 @@
 """Canned replies: run a strategy's server side with no ClientApp at all.
 
 :class:`CannedReplyGrid` answers every message at once with a reply built by a
-:data:`Responder`; :func:`canned_responders` gives, for each canned variant a
-method declares in :mod:`flwr_importance.registry`, replies of the kinds its
-declaration names (model-shaped arrays, the metrics, the query answers), drawn
-from a :class:`Fleet` of per-node values; :func:`canned_strategy` builds the
-variant's strategy over such a fleet. Only server work runs, so timing a round
-(the server-overhead benchmark) or spoiling one reply of it (the bad-input
-tests) measures the strategy alone.
+:data:`Responder`; :func:`canned_responders` gives, for the reply kinds a
+canned variant of a method declares
+(:class:`~flwr_importance.tooling.declarations.CannedVariant`), replies of
+those kinds (model-shaped arrays, the metrics, the query answers), drawn from
+a :class:`Fleet` of per-node values; :func:`canned_strategy` builds the
+variant's strategy over such a fleet. The variants themselves are declared
+with each method's app (``simulations/tooling.py`` collects them). Only server
+work runs, so timing a round (the server-overhead benchmark) or spoiling one
+reply of it (the bad-input tests) measures the strategy alone.
 """
 
 from __future__ import annotations
@@ -27,17 +29,16 @@ from numpy.typing import NDArray
 
 from flwr_importance.local_grid import SynchronousGrid
 from flwr_importance.method_spec import MethodSpec
-from flwr_importance.tooling.declarations import (
-    CannedSetup,
-    CannedVariant,
-    canned_variants,
-)
+from flwr_importance.tooling.declarations import CannedSetup, CannedVariant
 
 #: Builds a reply's content from the message it answers.
 Responder = Callable[[Message], RecordDict]
 
 #: FedSampling's size threshold ``M`` in the canned replies and strategy.
 MAX_SIZE = 100
+
+#: The reply kinds of Flower's ``FedAvg``: a model per train message.
+FEDAVG_REPLIES: Mapping[str, str] = {"train": "model"}
 
 
 @dataclass
@@ -152,15 +153,16 @@ class Fleet:
 
 
 def canned_responders(
-    method: str, *, fleet: Fleet, node_index: Callable[[int], int]
+    replies: Mapping[str, str], *, fleet: Fleet, node_index: Callable[[int], int]
 ) -> dict[str, Responder]:
-    """The message types ``method`` sends and the canned reply to each.
+    """The message types a strategy sends and the canned reply to each.
 
     Parameters
     ----------
-    method : str
-        ``fedavg`` (Flower's ``FedAvg``) or the name of a canned variant of a
-        registry method (:func:`flwr_importance.tooling.declarations.canned_variants`).
+    replies : Mapping[str, str]
+        Per message type, the reply kind (:func:`reply_kinds`): a canned
+        variant's ``replies``, or :data:`FEDAVG_REPLIES` for Flower's
+        ``FedAvg``.
     fleet : Fleet
         The per-node values the replies carry.
     node_index : Callable[[int], int]
@@ -172,10 +174,7 @@ def canned_responders(
         Per message type (``train``, ``query.sizes`` ...), its responder.
     """
     kinds = reply_kinds(fleet=fleet, node_index=node_index)
-    if method == "fedavg":
-        return {"train": kinds["model"]}
-    _, variant = _variant(method)
-    return {message_type: kinds[kind] for message_type, kind in variant.replies.items()}
+    return {message_type: kinds[kind] for message_type, kind in replies.items()}
 
 
 def reply_kinds(
@@ -253,26 +252,26 @@ def reply_kinds(
     }
 
 
-def _variant(name: str) -> tuple[MethodSpec, CannedVariant]:
-    variants = canned_variants()
-    if name not in variants:
-        raise ValueError(f"unknown method {name!r}; known: {', '.join(variants)}")
-    return variants[name]
-
-
 def canned_strategy(
-    method: str, *, clients_per_round: int, fleet: Fleet, projection_dim: int
+    spec: MethodSpec,
+    variant: CannedVariant,
+    *,
+    clients_per_round: int,
+    fleet: Fleet,
+    projection_dim: int,
 ) -> Strategy:
-    """The registry method's strategy of variant ``method``, for canned replies.
+    """The method's strategy in a canned variant's configuration.
 
-    Each variant's declaration gives its arguments (federated evaluation off;
-    FedSampling trains every node with ``K`` a tenth of the fleet's samples).
+    The variant gives its arguments (federated evaluation off; FedSampling
+    trains every node with ``K`` a tenth of the fleet's samples).
 
     Parameters
     ----------
-    method : str
-        A canned variant's name
-        (:func:`flwr_importance.tooling.declarations.canned_variants`).
+    spec : MethodSpec
+        The method.
+    variant : CannedVariant
+        One of its canned variants (``simulations/tooling.py``'s
+        ``canned_variants()`` has every method's, by name).
     clients_per_round : int
         ``m``.
     fleet : Fleet
@@ -285,7 +284,6 @@ def canned_strategy(
     Strategy
         A fresh strategy, seeded with its default seed.
     """
-    spec, variant = _variant(method)
     setup = CannedSetup(
         clients_per_round=clients_per_round,
         total_size=int(fleet.sizes.sum()),

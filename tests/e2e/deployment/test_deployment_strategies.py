@@ -38,11 +38,11 @@ from flwr_importance.protocol import (
     FEDSAMPLING_SIZE_RESPONSE,
 )
 from flwr_importance.registry import RunConfigValue, methods
-from flwr_importance.tooling.declarations import declaration
 from flwr_importance.tooling.launcher import deployment
 from simulations.config import ExperimentConfig
 from simulations.inprocess import load_preset, resolve_run_config
 from simulations.task import federated_data
+from simulations.tooling import declaration
 from tests.app_variant import app_variant
 from tests.e2e.deployment.capturing_server_app import REPLIES_FILE
 from tests.heavy import heavy_run_slot, shared_dir

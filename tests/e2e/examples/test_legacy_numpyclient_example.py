@@ -21,6 +21,8 @@ from tests.e2e.examples.example_runs import run_methods
 EXAMPLE_DIR = (
     Path(__file__).resolve().parents[3] / "examples" / "quickstart-pytorch-legacy"
 )
+#: The example's server's ``METHODS`` (tests/clientapps/test_numpy_client.py
+#: checks the list).
 METHODS = [
     "fedavg",
     "md",

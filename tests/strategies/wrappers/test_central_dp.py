@@ -30,7 +30,12 @@ from flwr_importance.strategies.wrappers import (
 )
 from flwr_importance.tooling.testing import CannedReplyGrid, Fleet, canned_responders
 from flwr_importance.tooling.testing.canned import canned_strategy
+from simulations.tooling import canned_variants
 
+#: Every canned variant of every registry method, by name.
+VARIANTS = canned_variants()
+#: OCS's canned replies: the norm query and the kept update.
+OCS_REPLIES = VARIANTS["ocs"][1].replies
 NUM_NODES = 20
 CLIENTS_PER_ROUND = 5
 CLIPPING_NORM = 0.05
@@ -101,7 +106,10 @@ def build(method: str) -> ImportanceStrategy:
             fraction_evaluate=0.0,
         )
     strategy = canned_strategy(
-        method, clients_per_round=CLIENTS_PER_ROUND, fleet=FLEET, projection_dim=4
+        *VARIANTS[method],
+        clients_per_round=CLIENTS_PER_ROUND,
+        fleet=FLEET,
+        projection_dim=4,
     )
     assert isinstance(strategy, ImportanceStrategy)
     return strategy
@@ -109,7 +117,9 @@ def build(method: str) -> ImportanceStrategy:
 
 def released(method: str, *, change: str, private: bool) -> NDArray[np.floating]:
     """Round 1's released model; the same sampling and noise draws every call."""
-    responders = canned_responders("ocs", fleet=FLEET, node_index=lambda node: node - 2)
+    responders = canned_responders(
+        OCS_REPLIES, fleet=FLEET, node_index=lambda node: node - 2
+    )
     grid = SpoilingGrid(NUM_NODES, responders)
     grid.change = change
     strategy = build(method)
@@ -204,7 +214,8 @@ def wrapper_for(method: str, **settings: Any) -> CentralDP:
 
 def ocs_grid() -> CannedReplyGrid:
     return CannedReplyGrid(
-        NUM_NODES, canned_responders("ocs", fleet=FLEET, node_index=lambda n: n - 2)
+        NUM_NODES,
+        canned_responders(OCS_REPLIES, fleet=FLEET, node_index=lambda n: n - 2),
     )
 
 
@@ -369,7 +380,7 @@ def test_a_round_with_nothing_usable_still_releases_noise(
     With every query reply lost (nobody answered: the Poisson case that
     crashed on an empty maximum) or every train reply lost.
     """
-    responders = canned_responders("ocs", fleet=FLEET, node_index=lambda n: n - 2)
+    responders = canned_responders(OCS_REPLIES, fleet=FLEET, node_index=lambda n: n - 2)
     strategy = wrapper_for(method, amplification=amplification)
     grid = SpoilingGrid(NUM_NODES, responders)
     grid.change = "lose" if lost == "every reply" else "none"

@@ -27,7 +27,10 @@ from flwr_importance.strategies import OptimalClientSampling, ocs
 from flwr_importance.strategies.arrays import Release, flatten, linear_release
 from flwr_importance.strategies.wrappers import CentralDP
 from flwr_importance.tooling.testing import CannedReplyGrid, Fleet, canned_responders
+from simulations.tooling import canned_variants
 
+#: OCS's canned replies: the norm query and the kept update.
+OCS_REPLIES = canned_variants()["ocs"][1].replies
 NUM_NODES = 20
 CLIENTS_PER_ROUND = 5
 #: The node holding most of the data (5,000 of about 6,000 samples); its coin
@@ -163,7 +166,7 @@ def one_round(
     """Round 1's released model and the sampled nodes, on the grid less ``removed``."""
     grid = PopulationGrid(
         NUM_NODES,
-        canned_responders("ocs", fleet=FLEET, node_index=lambda node: node - 2),
+        canned_responders(OCS_REPLIES, fleet=FLEET, node_index=lambda node: node - 2),
     )
     grid.removed = removed
     with coupled_coins(grid):
