@@ -33,10 +33,8 @@ participants.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -46,8 +44,6 @@ import pytest
 import tomllib
 
 from flwr_importance.tooling.launcher import Deployment, deployment
-from flwr_importance.tooling.launcher.loopback import DEPLOYMENT_CONNECTION
-from flwr_importance.tooling.launcher.processes import RunFailedError
 from flwr_importance.tooling.launcher.wiretap import WireTap
 from tests.e2e.reply_recorder import integer_encodings, searchable
 from tests.heavy import heavy_run_slot, shared_dir
@@ -150,20 +146,9 @@ def found_share(records: Path, capture: bytes, *, sizes: bool) -> dict[str, Any]
 
 
 def completed_run(running: Deployment, app: Path, config: dict[str, Any]) -> str:
-    """Submit ``app`` and await it; a run stuck at its start is tried once more.
-
-    Twice in about ten deployments here, the ServerApp process that the tests'
-    forking SuperExec (``tests/e2e/deployment/forking_superexec.py``) forked never
-    got past installing the app: such a run is stopped and submitted again.
-    """
-    for _ in range(2):
-        run_id = running.submit(app, config)
-        try:
-            return running.wait([run_id], timeout=RUN_TIMEOUT)[run_id]
-        except TimeoutError:
-            with contextlib.suppress(RunFailedError, subprocess.TimeoutExpired):
-                running.flwr("stop", str(run_id), DEPLOYMENT_CONNECTION)
-    raise TimeoutError(f"{config['strategy']} did not finish in two tries")
+    """Submit ``app`` and await its final status."""
+    run_id = running.submit(app, config)
+    return running.wait([run_id], timeout=RUN_TIMEOUT)[run_id]
 
 
 @pytest.fixture(scope="module")
