@@ -12,7 +12,8 @@ plugin), with one change: its executor starts each app process as a fork of a
 once, and the child runs the ``flwr-serverapp``/``flwr-clientapp`` entry point
 with the arguments the stock executor passes. The child's output stays in the
 SuperExec's log, where the tests read it (the stock executor discards the
-ServerApp's, which users read with ``flwr log``). The app's own modules are
+ServerApp's, which users read with ``flwr log``), and the child installs
+its FAB while no other does (:func:`install_one_at_a_time`). The app's own modules are
 not kept: each child loads the app from the installed FAB, as a fresh process
 would.
 
@@ -28,13 +29,18 @@ Usage: ``python -m tests.e2e.deployment.forking_superexec --insecure
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import sys
 import traceback
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
 
+from filelock import FileLock
+from flwr.cli.install import install_from_fab
 from flwr.supercore.cli.flower_superexec import flower_superexec
 from flwr.supercore.constant import (
     TASK_TYPE_TO_APPIO_API_ADDRESS_ARG,
@@ -47,6 +53,7 @@ from flwr.supercore.superexec.executor import (
     LaunchResult,
     SubprocessExecutor,
 )
+from flwr.supercore.utils import get_flwr_home
 from flwr.superlink.cli import flwr_serverapp
 from flwr.supernode.cli import flwr_clientapp
 
@@ -63,6 +70,11 @@ WARM_MODULES = (
     "flwr.supernode.cli",
 )
 FORK_SERVER = multiprocessing.get_context("forkserver")
+#: The modules whose ``install_from_fab`` the app processes call.
+RUNTIME_MODULES = (
+    "flwr.superlink.runtime.run_serverapp",
+    "flwr.supernode.runtime.run_clientapp",
+)
 
 
 class ForkingExecutor(SubprocessExecutor):
@@ -105,6 +117,18 @@ def entry_point_arguments(spec: ExecutionSpec) -> list[str]:
     return arguments
 
 
+def install_one_at_a_time(*args: Any, **kwargs: Any) -> Path:
+    """Flower's ``install_from_fab``, one app process at a time per FLWR_HOME.
+
+    Flower creates an app's folder, then copies the FAB into it; a run of the
+    same FAB starting meanwhile takes the folder for an installed app and
+    fails ("Cannot find pyproject.toml"). Every process of the deployment
+    shares one FLWR_HOME, and the tests submit the same app several times.
+    """
+    with FileLock(get_flwr_home() / "install.lock"):
+        return install_from_fab(*args, **kwargs)
+
+
 def run_child(spec: ExecutionSpec) -> None:
     """Body of a forked app process; never returns."""
     code = 1
@@ -113,6 +137,10 @@ def run_child(spec: ExecutionSpec) -> None:
         for name in list(sys.modules):
             if name.split(".")[0] in APP_PACKAGES:
                 del sys.modules[name]
+        for runtime in RUNTIME_MODULES:
+            vars(importlib.import_module(runtime))["install_from_fab"] = (
+                install_one_at_a_time
+            )
         sys.argv = entry_point_arguments(spec)
         ENTRY_POINTS[spec.task_type]()
         code = 0
