@@ -95,8 +95,19 @@ def heavy_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         yield
 
 
+def is_heavy(item: pytest.Item) -> bool:
+    """The test takes a heavy-run slot, by the fixture or in its module."""
+    module = getattr(item, "module", None)
+    return "heavy_run" in getattr(item, "fixturenames", ()) or (
+        getattr(module, "heavy_run_slot", None) is heavy_run_slot
+    )
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Time a heavy run's test body only, not its wait for the slot.
+    """Mark the heavy runs ``heavy``; time their test body only.
+
+    ``scripts/test.sh`` gives the heavy runs, which take turns anyway, a
+    pytest of their own beside the rest of the suite.
 
     Waiting behind two or three other heavy runs on a loaded machine took
     longer than a test's whole limit (a deployment fixture timed out after
@@ -104,6 +115,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     (``func_only``, pytest-timeout), with the same number of seconds.
     """
     for item in items:
+        if not is_heavy(item):
+            continue
+        item.add_marker(pytest.mark.heavy)
         if "heavy_run" not in getattr(item, "fixturenames", ()):
             continue
         marker = item.get_closest_marker("timeout")

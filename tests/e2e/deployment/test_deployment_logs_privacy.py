@@ -25,7 +25,7 @@ import torch
 from simulations.config import ExperimentConfig
 from simulations.inprocess import resolve_run_config, run_inprocess
 from simulations.task import federated_data
-from tests.e2e.deployment.test_deployment_strategies import (
+from tests.e2e.deployment.test_deployment import (
     NUM_SUPERNODES,
     RUNS,
     run_config,

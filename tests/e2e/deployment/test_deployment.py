@@ -1,11 +1,18 @@
-"""Deployment engine: every strategy through ``flwr run`` on a real SuperLink.
+"""Deployment engine: every strategy through ``flwr run`` on a real, secure SuperLink.
 
-One ``flower-superlink`` and four ``flower-supernode`` processes on loopback,
-each SuperNode with its own partition (``--node-config "partition-id=i
-num-partitions=4"``). One small run per strategy is submitted to the same
-federation; the SuperLink runs them concurrently (the fixture waits for all of
-them with ``flwr ls``). Each run must finish, improve the model and write its
-history; afterwards no process of the deployment may be left.
+One :func:`secure_deployment` on loopback serves every check of this module: a
+``flower-superlink`` with TLS and ``--enable-supernode-auth``, and four
+``flower-supernode`` processes whose keys were registered with ``flwr
+supernode register``, each with its own partition (``--node-config
+"partition-id=i num-partitions=4"``). Before the runs are submitted, two
+outsiders try to join: a TLS SuperNode signing with a key never registered,
+and a plaintext (``--insecure``) SuperNode (without a key: Flower's SuperNode
+itself refuses to send a key in plaintext, exit code 303). Both must give up
+within their ``--max-retries``/``--max-wait-time``. Then one small run per
+strategy is submitted; the SuperLink runs them concurrently (the fixture waits
+for all of them with ``flwr ls``). Each run must finish over TLS, improve the
+model and write its history; afterwards no process of the deployment may be
+left.
 
 The app processes are served in Flower's ``process`` isolation mode by
 ``forking_superexec`` (the stock ``flower-superexec`` forking each
@@ -14,14 +21,19 @@ imported), which keeps the ~150 app processes of this file within its budget
 on two cores; everything else is stock Flower.
 
 FedSampling's run uses ``capturing_server_app``: the same ServerApp code on a
-grid that records every reply the server received, to check its privacy on
-the wire. The mechanism's epsilon-LDP itself is tested statistically in
-``tests/strategies/test_fedsampling_privacy.py``.
+grid that records every reply the server received (its size query goes to
+every node the SuperLink knows), to check its privacy on the wire and who the
+strategy heard from. The mechanism's epsilon-LDP itself is tested
+statistically in ``tests/strategies/test_fedsampling_privacy.py``.
+
+The docs' secure-deployment recipe is checked against the flags the launcher
+passes (``docs/deployment.md``).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +50,15 @@ from flwr_importance.protocol import (
     FEDSAMPLING_SIZE_RESPONSE,
 )
 from flwr_importance.registry import RunConfigValue, methods
-from flwr_importance.tooling.launcher import deployment
+from flwr_importance.tooling.launcher import secure_deployment
+from flwr_importance.tooling.launcher.secure import (
+    OUTSIDER_MAX_WAIT_SECONDS,
+    Credentials,
+    connection_settings,
+    superlink_flags,
+    supernode_flags,
+    write_node_key,
+)
 from simulations.config import ExperimentConfig
 from simulations.inprocess import load_preset, resolve_run_config
 from simulations.task import federated_data
@@ -80,6 +100,7 @@ SERVER_OPTIMIZER = {
 }
 RUNS[OPTIMIZED] = (RUNS[OPTIMIZED][0], {**RUNS[OPTIMIZED][1], **SERVER_OPTIMIZER})
 CAPTURED = "fedsampling"
+DOCS = APP_DIR / "docs" / "deployment.md"
 # The captured run is the privacy check: the nodes' own coins, whatever the
 # benchmark preset says.
 RUNS[CAPTURED] = (
@@ -106,7 +127,7 @@ def capturing_app(app_dir: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def deployment_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Every strategy's status and output dir from one deployment run.
+    """What the deployment did: statuses, outputs, nodes, outsiders, leftovers.
 
     The deployment runs once per session: xdist may hand this module's tests
     to several workers, and the first to hold the heavy-run lock leaves the
@@ -124,17 +145,30 @@ def deployment_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def run_deployment(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Run every strategy on one deployment; their statuses and output dirs."""
+    """Outsiders try to join, then every strategy runs; what happened."""
     work = tmp_path_factory.mktemp("deployment")
     outputs = {strategy: work / "out" / strategy for strategy in RUNS}
     apps = {strategy: APP_DIR for strategy in RUNS}
     apps[CAPTURED] = capturing_app(work / "capturing-app")
-    with deployment(
+    with secure_deployment(
         NUM_SUPERNODES,
         work,
         executor=FORKING_SUPEREXEC,
         extra_env={"PYTHONPATH": str(APP_DIR)},
     ) as running:
+        assert running.credentials is not None
+        keys = running.credentials.ca_certificate.parent
+        # A key the SuperLink never saw.
+        unknown_key = write_node_key(keys / "unknown")
+        partition = {"partition-id": 0, "num-partitions": NUM_SUPERNODES}
+        outsiders = {
+            "unknown": running.start_outsider(
+                "unknown", private_key=unknown_key, node_config=partition
+            ),
+            "plaintext": running.start_outsider(
+                "plaintext", insecure=True, node_config=partition
+            ),
+        }
         # `flwr run` builds and uploads a FAB, then returns: submit all at once.
         with ThreadPoolExecutor(max_workers=len(RUNS)) as pool:
             run_ids = dict(
@@ -149,11 +183,20 @@ def run_deployment(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                     strict=True,
                 )
             )
+        # A node that kept trying past its bound would raise TimeoutExpired here.
+        outsider_codes = {
+            name: process.wait(timeout=OUTSIDER_MAX_WAIT_SECONDS + 60)
+            for name, process in outsiders.items()
+        }
         # About 100 s alone; CI runs other tests beside it on the same 2 cores.
         statuses = running.wait(list(run_ids), timeout=480)
+        nodes = running.nodes()
     return {
         "statuses": {run_ids[run_id]: status for run_id, status in statuses.items()},
         "outputs": {name: str(path) for name, path in outputs.items()},
+        "registered": sorted(running.registered.values()),
+        "nodes": {str(node_id): status for node_id, status in nodes.items()},
+        "outsider-codes": outsider_codes,
         "leftover": running.leftover_processes(),
         "logs": str(work / "logs"),
     }
@@ -239,3 +282,79 @@ def test_deployment_fedsampling_sizes_never_reach_the_server_exactly(
     sizes = sorted(min(size, max_size - 1) for size in true_sizes())
     for round_start in range(0, len(responses), NUM_SUPERNODES):
         assert sorted(responses[round_start : round_start + NUM_SUPERNODES]) != sizes
+
+
+def test_the_superlink_serves_only_tls(deployment_runs: Mapping[str, Any]) -> None:
+    superlink_log = (Path(deployment_runs["logs"]) / "superlink.log").read_text()
+    assert "Uvicorn running on https://127.0.0.1:" in superlink_log
+    assert "insecure" not in superlink_log.lower()
+
+
+def test_the_strategy_hears_only_from_registered_nodes(
+    deployment_runs: Mapping[str, Any],
+) -> None:
+    """Every reply FedSampling got came from a registered, TLS-connected node."""
+    replies = json.loads(
+        (deployment_runs["outputs"][CAPTURED] / REPLIES_FILE).read_text()
+    )
+    senders = {reply["src-node-id"] for reply in replies}
+    assert senders == set(deployment_runs["registered"])
+
+
+def test_the_superlink_knows_only_the_registered_nodes(
+    deployment_runs: Mapping[str, Any],
+) -> None:
+    nodes = {
+        int(node_id): status for node_id, status in deployment_runs["nodes"].items()
+    }
+    assert sorted(nodes) == deployment_runs["registered"]
+    assert set(nodes.values()) == {"online"}
+
+
+def test_a_node_with_an_unregistered_key_is_refused_and_gives_up(
+    deployment_runs: Mapping[str, Any],
+) -> None:
+    logs = Path(deployment_runs["logs"])
+    assert deployment_runs["outsider-codes"]["unknown"] != 0
+    assert "Failed to activate SuperNode" in (logs / "unknown.log").read_text()
+    superlink_log = (logs / "superlink.log").read_text()
+    assert "No SuperNode found with the given public key" in superlink_log
+
+
+def test_a_plaintext_node_cannot_connect(deployment_runs: Mapping[str, Any]) -> None:
+    log = (Path(deployment_runs["logs"]) / "plaintext.log").read_text()
+    assert deployment_runs["outsider-codes"]["plaintext"] != 0
+    assert "Giving up reconnection" in log
+    assert "could not establish a connection to the SuperLink" in log
+    assert "SuperNode ID:" not in log
+
+
+def command_flags(text: str, command: str) -> set[str]:
+    """The ``--flag`` names of the lines of ``command`` in the docs' bash blocks."""
+    joined = text.replace("\\\n", " ")
+    flags: set[str] = set()
+    for line in joined.splitlines():
+        if line.strip().startswith(command):
+            flags.update(re.findall(r"(--[a-z-]+)", line))
+    return flags
+
+
+def test_docs_recipe_uses_the_launchers_flags(tmp_path: Path) -> None:
+    """``docs/deployment.md`` runs the commands :func:`secure_deployment` runs."""
+    doc = DOCS.read_text()
+    credentials = Credentials(
+        ca_certificate=tmp_path / "ca.crt",
+        server_certificate=tmp_path / "server.pem",
+        server_key=tmp_path / "server.key",
+        node_keys=(tmp_path / "supernode-0",),
+    )
+    names = {flag.split("=")[0] for flag in superlink_flags(credentials)}
+    assert names <= command_flags(doc, "flower-superlink")
+    node_flags = supernode_flags(credentials.ca_certificate, credentials.node_keys[0])
+    names = {flag.split("=")[0] for flag in node_flags}
+    assert names <= command_flags(doc, "flower-supernode")
+    assert "flwr supernode register" in doc
+    setting = connection_settings(credentials.ca_certificate).split("=")[0].strip()
+    assert setting in doc
+    assert "--auth-list-public-keys" not in command_flags(doc, "flower-superlink")
+    assert "depends on the Flower release" not in doc
