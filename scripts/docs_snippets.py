@@ -17,6 +17,14 @@ that region's code::
 
     <!-- snippet: quickstart-pytorch#ocs-client -->
 
+A marker may join several regions with ``+``
+(``quickstart-pytorch#sizes-query-client+loss-query-client``): their parts in
+file order, as one region. A method whose nodes only answer the standard
+queries marks no client region of its own: its lines are those of the regions
+``<query>-query-client`` of the queries its strategy declares
+(``MethodSpec.client_queries``), which one app of the example serves for every
+such method.
+
 The examples in :data:`DIFF_SHAPES` keep Flower's own app's files and names,
 and their regions are shown as a diff against Flower's app: every line of a
 region is added (``+``), except a comment ``# replaces: <line>``, which is
@@ -84,7 +92,7 @@ REGION_MARKER = re.compile(
     r"^\s*# --8<-- \[(start|end):([\w,-]+)\](?:\s+# noqa: E501)?\s*$"
 )
 SNIPPET_MARKER = re.compile(
-    r"^<!-- snippet: (?P<example>[\w-]+)#(?P<region>[\w-]+) -->\n"
+    r"^<!-- snippet: (?P<example>[\w-]+)#(?P<region>[\w+-]+) -->\n"
     r"(?:```(?:python|diff)\n.*?```\n)?",
     re.M | re.S,
 )
@@ -94,6 +102,10 @@ METHODS_TABLE = re.compile(
 )
 #: Shown between two parts of one region.
 PART_SEPARATOR = "..."
+#: Joins the regions of a marker shown as one.
+REGION_JOIN = "+"
+#: The suffix of a standard query's client region, after the query's action.
+QUERY_REGION_SUFFIX = "-query-client"
 
 
 @dataclass
@@ -107,11 +119,13 @@ class Part:
     end: int
 
 
-def region_parts(path: Path) -> dict[str, list[Part]]:
+def region_parts(path: Path, joined: str | None = None) -> dict[str, list[Part]]:
     """The regions marked in one file: each name's parts, in order.
 
     A part that follows the name's previous part with only blank and marker
-    lines between them extends it.
+    lines between them extends it. ``joined`` (names joined with ``+``) reads
+    every one of its names as ``joined`` itself: their union, a line marked
+    with several of them once.
 
     Raises
     ------
@@ -147,7 +161,7 @@ def region_parts(path: Path) -> dict[str, list[Part]]:
             if rest.strip() and not REGION_MARKER.match(rest)
         )
         next_line = next(following, None)
-        for name in names.split(","):
+        for name in marked_names(names, joined):
             previous = parts[name][-1] if parts[name] else None
             if previous is not None and all(
                 not between.strip() or REGION_MARKER.match(between)
@@ -161,6 +175,18 @@ def region_parts(path: Path) -> dict[str, list[Part]]:
     if open_names is not None:
         raise ValueError(f"{path}: region '{open_names}' is never closed")
     return dict(parts)
+
+
+def marked_names(names: str, joined: str | None) -> list[str]:
+    """The region names of a marker's comma-separated ``names``.
+
+    >>> marked_names("a-client,b-client,c-client", "a-client+b-client")
+    ['a-client+b-client', 'c-client']
+    """
+    members = joined.split(REGION_JOIN) if joined else []
+    return list(
+        dict.fromkeys(joined if name in members else name for name in names.split(","))
+    )
 
 
 def file_regions(path: Path) -> dict[str, list[str]]:
@@ -219,15 +245,50 @@ def dedent(lines: list[str]) -> list[str]:
 def region_files(example: str, region: str) -> dict[Path, list[Part]]:
     """The files of ``example`` that mark ``region``, with their parts.
 
+    ``region`` may join several names with ``+``: their union, as one region
+    (:func:`region_parts`).
+
     Raises
     ------
     ValueError
-        If no file of the example marks ``region``.
+        If no file of the example marks ``region`` (each of its names).
     """
-    files = example_regions(example).get(region)
-    if not files:
-        raise ValueError(f"examples/{example} marks no region '{region}'")
-    return files
+    regions = example_regions(example)
+    for name in region.split(REGION_JOIN):
+        if name not in regions:
+            raise ValueError(f"examples/{example} marks no region '{name}'")
+    if REGION_JOIN not in region:
+        return regions[region]
+    folder = EXAMPLES / example
+    files = {
+        path.relative_to(folder): region_parts(path, region).get(region)
+        for path in sorted(folder.rglob("*.py"))
+    }
+    return {path: parts for path, parts in files.items() if parts}
+
+
+def client_region(example: str, method: str) -> str | None:
+    """The region(s) of ``method``'s client lines in ``example``, or None.
+
+    Its own ``<method>-client`` region, else the query regions of the standard
+    queries its strategy declares, joined with ``+``, when the example marks
+    them all.
+    """
+    regions = example_regions(example)
+    if f"{method}-client" in regions:
+        return f"{method}-client"
+    sys.path.insert(0, str(ROOT))
+    from flwr_importance.registry import method as method_spec
+    from flwr_importance.registry import methods
+
+    if method not in {spec.name for spec in methods()}:
+        return None
+    names = [
+        f"{query}{QUERY_REGION_SUFFIX}" for query in method_spec(method).client_queries
+    ]
+    if not names or any(name not in regions for name in names):
+        return None
+    return REGION_JOIN.join(names)
 
 
 def region_diff(example: str, region: str) -> str:
@@ -291,38 +352,39 @@ def diff_counts(diff: str) -> tuple[int, int]:
 def lines_table(methods: list[str]) -> str:
     """The table of lines each method adds, server and client, per app shape.
 
-    A method an app does not run shows "n/a" (see the method's section).
+    A method an app does not run shows "n/a" (see the method's section); its
+    client lines are those of :func:`client_region`.
     """
     header = "| method | " + " | ".join(SHAPES.values()) + " |"
     rows = [header, "|---" * (len(SHAPES) + 1) + "|"]
     for method in methods:
         cells = []
         for example in SHAPES:
-            regions = example_regions(example)
-            server, client = (
-                regions.get(f"{method}-{side}") for side in ("server", "client")
-            )
-            if server is None:
+            if f"{method}-server" not in example_regions(example):
                 cells.append("n/a")
                 continue
+            sides = {
+                "server": f"{method}-server",
+                "client": client_region(example, method),
+            }
             if example in DIFF_SHAPES:
                 cells.append(
                     ", ".join(
                         "{} +{}/-{}".format(
                             side,
                             *(
-                                diff_counts(region_code(example, f"{method}-{side}"))
-                                if found
+                                diff_counts(region_code(example, region))
+                                if region
                                 else (0, 0)
                             ),
                         )
-                        for side, found in (("server", server), ("client", client))
+                        for side, region in sides.items()
                     )
                 )
                 continue
             counts = [
-                added_lines(region_code(example, f"{method}-{side}")) if found else 0
-                for side, found in (("server", server), ("client", client))
+                added_lines(region_code(example, region)) if region else 0
+                for region in sides.values()
             ]
             cells.append(f"{counts[0]} server + {counts[1]} client")
         rows.append(f"| `{method}` | " + " | ".join(cells) + " |")
@@ -396,6 +458,7 @@ def table_methods() -> list[str]:
         name.rsplit("-", 1)[0]
         for example in SHAPES
         for name in example_regions(example)
+        if not name.endswith(QUERY_REGION_SUFFIX)
     }
     return names + sorted(marked - set(names))
 

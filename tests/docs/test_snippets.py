@@ -15,7 +15,13 @@ from flwr_importance.registry import methods
 from scripts import docs_snippets
 
 TEXT = docs_snippets.METHODS_DOC.read_text()
-QUOTED = set(re.findall(r"^<!-- snippet: ([\w-]+#[\w-]+) -->$", TEXT, re.M))
+QUOTED = set(re.findall(r"^<!-- snippet: ([\w-]+#[\w+-]+) -->$", TEXT, re.M))
+#: Every region a marker shows, alone or joined with others.
+QUOTED_REGIONS = {
+    f"{quote.split('#')[0]}#{region}"
+    for quote in QUOTED
+    for region in quote.split("#")[1].split(docs_snippets.REGION_JOIN)
+}
 
 
 def test_methods_doc_equals_the_examples_regions() -> None:
@@ -47,7 +53,9 @@ def test_methods_doc_has_the_lines_table() -> None:
 def test_every_region_of_the_examples_is_quoted(example: str) -> None:
     regions = docs_snippets.example_regions(example)
     assert regions, f"examples/{example} marks no region"
-    unquoted = sorted(name for name in regions if f"{example}#{name}" not in QUOTED)
+    unquoted = sorted(
+        name for name in regions if f"{example}#{name}" not in QUOTED_REGIONS
+    )
     assert unquoted == [], f"docs/methods.md never shows {unquoted} of {example}"
 
 
@@ -55,7 +63,17 @@ def test_every_region_of_the_examples_is_quoted(example: str) -> None:
 def test_every_method_shows_its_quickstart_lines(spec: object) -> None:
     name = spec.name  # type: ignore[attr-defined]
     assert f"quickstart-pytorch#{name}-server" in QUOTED
-    assert f"quickstart-pytorch#{name}-client" in QUOTED
+    region = docs_snippets.client_region("quickstart-pytorch", name)
+    assert region is not None, f"quickstart-pytorch marks no client lines of {name}"
+    assert f"quickstart-pytorch#{region}" in QUOTED
+
+
+def test_a_method_of_standard_queries_shows_their_regions() -> None:
+    """Power-of-Choice has no client region: its queries' regions, joined."""
+    region = docs_snippets.client_region("quickstart-pytorch", "power-of-choice")
+    assert region == "sizes-query-client+loss-query-client"
+    assert docs_snippets.client_region("quickstart-pytorch", "ocs") == "ocs-client"
+    assert docs_snippets.client_region("quickstart-pytorch", "no-such") is None
 
 
 def test_regions_are_read_with_their_parts_and_checked(tmp_path: Path) -> None:
@@ -144,6 +162,44 @@ def test_a_diff_region_adds_its_lines_and_removes_the_ones_it_replaces(
     assert docs_snippets.diff_counts(diff) == (2, 1)
 
 
+def test_joined_regions_read_as_one_in_file_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = tmp_path / "flowerapp"
+    (app / "pkg").mkdir(parents=True)
+    (app / "pkg" / "client_app.py").write_text(
+        "# --8<-- [start:loss-query-client]\n"
+        "import loss\n"
+        "# --8<-- [end:loss-query-client]\n"
+        "# --8<-- [start:sizes-query-client,loss-query-client]\n"
+        "import shared\n"
+        "# --8<-- [end:sizes-query-client,loss-query-client]\n"
+        "app = ClientApp()\n"
+        "# --8<-- [start:sizes-query-client]\n"
+        "add_size_query(app)\n"
+        "# --8<-- [end:sizes-query-client]\n"
+        "\n"
+        "# --8<-- [start:loss-query-client]\n"
+        "add_loss_query(app)\n"
+        "# --8<-- [end:loss-query-client]\n"
+    )
+    monkeypatch.setattr(docs_snippets, "EXAMPLES", tmp_path)
+    joined = docs_snippets.region_code(
+        "flowerapp", "sizes-query-client+loss-query-client"
+    )
+    # The shared line once; the two calls one part, as nothing lies between.
+    assert joined == (
+        "# pkg/client_app.py\n"
+        "import loss\n"
+        "import shared\n"
+        "...\n"
+        "add_size_query(app)\n"
+        "add_loss_query(app)\n"
+    )
+    with pytest.raises(ValueError, match="marks no region 'x-client'"):
+        docs_snippets.region_code("flowerapp", "sizes-query-client+x-client")
+
+
 #: A lines-table cell of a diff shape: ``server +a/-b, client +c/-d``.
 DIFF_CELL = re.compile(r"^server \+(\d+)/-(\d+), client \+(\d+)/-(\d+)$")
 
@@ -167,9 +223,13 @@ def test_each_lines_table_count_is_its_diffs(example: str) -> None:
         method = row[0].strip("| `")
         cell = DIFF_CELL.match(row[column].strip(" |"))
         assert cell is not None, f"{method}: {row[column]!r} is no diff count"
+        regions = [
+            f"{method}-server",
+            docs_snippets.client_region(example, method) or f"{method}-client",
+        ]
         shown = [
-            docs_snippets.diff_counts(quoted_block(f"{example}#{method}-{side}"))
-            for side in ("server", "client")
+            docs_snippets.diff_counts(quoted_block(f"{example}#{region}"))
+            for region in regions
         ]
         assert [int(number) for number in cell.groups()] == [
             count for pair in shown for count in pair

@@ -42,14 +42,14 @@ from pytorchexample.task import train as train_fn
 
 # Each method's imports: the lines its "Use it" diff adds.
 # isort: off
-# --8<-- [start:md-client,clustered-client,power-of-choice-client]
+# --8<-- [start:sizes-query-client]
 from flwr_importance.clientapps.sizes import add_size_query
 
-# --8<-- [end:md-client,clustered-client,power-of-choice-client]
-# --8<-- [start:power-of-choice-client]
+# --8<-- [end:sizes-query-client]
+# --8<-- [start:loss-query-client]
 from flwr_importance.clientapps.loss import add_loss_query
 
-# --8<-- [end:power-of-choice-client]
+# --8<-- [end:loss-query-client]
 # --8<-- [start:ocs-client,aocs-client,mmfl-client]
 from flwr_importance.clientapps.variance_reduced import KeptUpdateMod, add_norm_query
 
@@ -184,7 +184,7 @@ def fedavg_app() -> ClientApp:
 
 
 # -- the methods that keep Flower's train function ------------------------------
-# --8<-- [start:md-client,clustered-client,power-of-choice-client,fedsampling-client]
+# --8<-- [start:sizes-query-client,fedsampling-client]
 def num_train_examples(context: Context) -> int:
     """The size of this node's training set."""
     partition_id = context.node_config["partition-id"]
@@ -194,22 +194,21 @@ def num_train_examples(context: Context) -> int:
     return len(trainloader.dataset)
 
 
-# --8<-- [end:md-client,clustered-client,power-of-choice-client,fedsampling-client]
-def sizes_app() -> ClientApp:
-    """MD and clustered sampling (both algorithms): Flower's app and the size query."""
+# --8<-- [end:sizes-query-client,fedsampling-client]
+def standard_queries_app() -> ClientApp:
+    """Flower's app answering the library's standard queries, sizes and losses.
+
+    It serves every method whose nodes only answer those queries (MD and
+    clustered sampling the size query, Power-of-Choice both): such a
+    method's lines are those of the queries its strategy sends.
+    """
     app = fedavg_app()
-    # --8<-- [start:md-client,clustered-client,power-of-choice-client]
+    # --8<-- [start:sizes-query-client]
     add_size_query(app, num_examples=num_train_examples)
-    # --8<-- [end:md-client,clustered-client,power-of-choice-client]
-    return app
-
-
-def power_of_choice_app() -> ClientApp:
-    """Power-of-Choice: the size query and the loss query on Flower's ``evaluate``."""
-    app = sizes_app()
-    # --8<-- [start:power-of-choice-client]
+    # --8<-- [end:sizes-query-client]
+    # --8<-- [start:loss-query-client]
     add_loss_query(app, evaluate, loss_key="eval_loss")
-    # --8<-- [end:power-of-choice-client]
+    # --8<-- [end:loss-query-client]
     return app
 
 
@@ -387,13 +386,11 @@ def fedsampling_app() -> ClientApp:
     return app
 
 
-#: Each method's ClientApp, by the name the run config's ``strategy`` uses.
+#: The ClientApp of each method with client lines of its own, by the name the
+#: run config's ``strategy`` uses; every other method's nodes answer the
+#: standard queries (:func:`standard_queries_app`).
 METHOD_APPS: dict[str, Callable[[], ClientApp]] = {
     "fedavg": fedavg_app,
-    "md": sizes_app,
-    "clustered": sizes_app,
-    "clustered-size": sizes_app,
-    "power-of-choice": power_of_choice_app,
     "ocs": ocs_app,
     "aocs": ocs_app,
     "mmfl": mmfl_app,
@@ -402,6 +399,7 @@ METHOD_APPS: dict[str, Callable[[], ClientApp]] = {
     "fedsampling": fedsampling_app,
 }
 _APPS = {name: make_app() for name, make_app in METHOD_APPS.items()}
+_STANDARD_QUERIES_APP = standard_queries_app()
 
 
 # -- the app Flower runs: one method, or several one after another ---------------
@@ -411,17 +409,22 @@ def current_method(context: Context) -> str:
     if record is not None:
         return str(record["method"])
     method = str(context.run_config["strategy"])
-    if method not in _APPS:
+    if "," in method:
         raise ValueError(
-            f"strategy '{method}' names no method (known: {sorted(_APPS)}); a run "
-            f"of several methods names each with a {METHOD_QUERY} query first"
+            f"strategy '{method}' names several methods: a run of several "
+            f"methods names each with a {METHOD_QUERY} query first"
         )
     return method
 
 
 def to_current_method(msg: Message, context: Context) -> Message:
-    """Hand ``msg`` to the ClientApp of the method the server is running."""
-    return _APPS[current_method(context)](msg, context)
+    """Hand ``msg`` to the ClientApp of the method the server is running.
+
+    A method without an app of its own gets the standard queries' app; the
+    ServerApp refuses a strategy name it does not know.
+    """
+    app = _APPS.get(current_method(context), _STANDARD_QUERIES_APP)
+    return app(msg, context)
 
 
 def start_method(msg: Message, context: Context) -> Message:
@@ -432,8 +435,6 @@ def start_method(msg: Message, context: Context) -> Message:
     its own.
     """
     method = str(msg.content["config"]["method"])
-    if method not in _APPS:
-        raise ValueError(f"unknown method '{method}' (known: {sorted(_APPS)})")
     for key in list(context.state):
         del context.state[key]
     context.state[METHOD_STATE_KEY] = ConfigRecord({"method": method})

@@ -24,6 +24,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import Strategy
 
 from flwr_importance.clientapps.isfedavg import SAMPLE_STATE_KEY
+from flwr_importance.protocol import LOSS_QUERY, SIZES_QUERY
 from flwr_importance.registry import methods
 from flwr_importance.tooling.launcher import processes_mentioning
 from flwr_importance.tooling.testing import InProcessGrid
@@ -33,6 +34,8 @@ EXAMPLES_DIR = Path(__file__).resolve().parents[3] / "examples"
 QUICKSTART_DIR = EXAMPLES_DIR / "quickstart-pytorch"
 LEGACY_DIR = EXAMPLES_DIR / "legacy"
 ROUNDS = 2
+#: The queries ``client_app.standard_queries_app`` answers.
+STANDARD_QUERIES = {SIZES_QUERY, LOSS_QUERY}
 
 #: ``(app_dir, run_config, num_supernodes) -> history.json``.
 ExampleRun = Callable[[Path, dict[str, object], int], Any]
@@ -243,7 +246,7 @@ def test_quickstart_example_knows_every_method() -> None:
     server_app = quickstart_module("server_app")
     client_app = quickstart_module("client_app")
     assert {spec.name for spec in methods()} <= set(server_app.METHODS)
-    assert set(client_app.METHOD_APPS) == set(server_app.METHODS)
+    assert set(client_app.METHOD_APPS) <= set(server_app.METHODS)
     assert set(EXAMPLE_TRAIN_METRIC) | {"fedsampling"} == set(server_app.METHODS)
     run_config: dict[str, bool | float | int | str] = {
         "fraction-evaluate": 0.5,
@@ -255,5 +258,12 @@ def test_quickstart_example_knows_every_method() -> None:
     )
     for method in server_app.METHODS:
         assert isinstance(server_app.make_strategy(method, context), Strategy)
+    # A method without a ClientApp of its own gets the standard queries' app:
+    # its strategy must need nothing else of the nodes.
+    specs = {spec.strategy: spec for spec in methods()}
+    for method in set(server_app.METHODS) - set(client_app.METHOD_APPS):
+        spec = specs[type(server_app.make_strategy(method, context))]
+        assert not spec.client_handlers, method
+        assert set(spec.client_queries) <= STANDARD_QUERIES, method
     with pytest.raises(ValueError, match="unknown strategy"):
         server_app.make_strategy("fedavgg", context)
