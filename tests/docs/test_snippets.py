@@ -126,12 +126,22 @@ def test_added_lines_counts_code_only() -> None:
     assert docs_snippets.added_lines(code) == 2
 
 
+def example_app(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, client_app: str
+) -> None:
+    """An example app ``flowerapp`` whose ``pkg/client_app.py`` is ``client_app``."""
+    app = tmp_path / "flowerapp"
+    (app / "pkg").mkdir(parents=True)
+    (app / "pkg" / "client_app.py").write_text(client_app)
+    monkeypatch.setattr(docs_snippets, "EXAMPLES", tmp_path)
+
+
 def test_a_diff_region_adds_its_lines_and_removes_the_ones_it_replaces(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    app = tmp_path / "flowerapp"
-    (app / "pkg").mkdir(parents=True)
-    (app / "pkg" / "client_app.py").write_text(
+    example_app(
+        tmp_path,
+        monkeypatch,
         "# --8<-- [start:ocs-client]\n"
         "from lib import mod\n"
         "# --8<-- [end:ocs-client]\n"
@@ -144,9 +154,8 @@ def test_a_diff_region_adds_its_lines_and_removes_the_ones_it_replaces(
         "    # after: model = Net()\n"
         "    model.extra()  # why\n"
         "    # --8<-- [end:ocs-client]\n"
-        "    return msg\n"
+        "    return msg\n",
     )
-    monkeypatch.setattr(docs_snippets, "EXAMPLES", tmp_path)
     monkeypatch.setitem(docs_snippets.DIFF_SHAPES, "flowerapp", "flowerapp")
     diff = docs_snippets.region_code("flowerapp", "ocs-client")
     assert diff == (
@@ -165,9 +174,9 @@ def test_a_diff_region_adds_its_lines_and_removes_the_ones_it_replaces(
 def test_joined_regions_read_as_one_in_file_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    app = tmp_path / "flowerapp"
-    (app / "pkg").mkdir(parents=True)
-    (app / "pkg" / "client_app.py").write_text(
+    example_app(
+        tmp_path,
+        monkeypatch,
         "# --8<-- [start:loss-query-client]\n"
         "import loss\n"
         "# --8<-- [end:loss-query-client]\n"
@@ -181,9 +190,8 @@ def test_joined_regions_read_as_one_in_file_order(
         "\n"
         "# --8<-- [start:loss-query-client]\n"
         "add_loss_query(app)\n"
-        "# --8<-- [end:loss-query-client]\n"
+        "# --8<-- [end:loss-query-client]\n",
     )
-    monkeypatch.setattr(docs_snippets, "EXAMPLES", tmp_path)
     joined = docs_snippets.region_code(
         "flowerapp", "sizes-query-client+loss-query-client"
     )
