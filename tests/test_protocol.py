@@ -41,6 +41,9 @@ SCANNED_MODULES = ("legacy_wire",)
 #: conventions section, not to a method's.
 SHARED_STRATEGY_MODULES = ("base", "messages", "replies")
 CONVENTIONS_HEADING = "Conventions shared by every method"
+#: The section of the queries a method may send without a section of its own.
+STANDARD_QUERIES_HEADING = "The standard queries"
+STANDARD_QUERIES = frozenset({protocol.SIZES_QUERY, protocol.LOSS_QUERY})
 #: The default record names and the helpers' error marker: every method's
 #: messages and replies use them, and the conventions section documents them
 #: once for all.
@@ -227,9 +230,38 @@ def test_every_constant_the_page_names_exists() -> None:
     assert functions <= set(protocol.__all__), functions - set(protocol.__all__)
 
 
+def has_section(name: str) -> bool:
+    """Whether a section heading of the page names the method ``name``."""
+    return any(f"`{name}`" in heading for heading in sections(protocol_doc()))
+
+
+def method_text(name: str) -> str:
+    """The section documenting method ``name``'s messages.
+
+    Its own, else the standard queries' section (:func:`check_standard_only`).
+    """
+    if has_section(name):
+        return section_of(f"`{name}`")
+    check_standard_only(registry.method(name))
+    return section_of(STANDARD_QUERIES_HEADING)
+
+
+def check_standard_only(spec: registry.MethodSpec) -> None:
+    """A method without a section sends only standard queries, needs no client code."""
+    assert not spec.client_handlers and set(spec.client_queries) <= STANDARD_QUERIES, (
+        f"{spec.name} sends more than the standard queries: it needs a section"
+    )
+
+
+def test_a_method_of_other_queries_needs_a_section() -> None:
+    check_standard_only(registry.method("power-of-choice"))
+    with pytest.raises(AssertionError, match="ocs sends more"):
+        check_standard_only(registry.method("ocs"))
+
+
 @pytest.mark.parametrize("name", [spec.name for spec in registry.methods()])
 def test_each_method_section_names_its_keys(name: str) -> None:
-    section = section_of(f"`{name}`")
+    section = method_text(name)
     for path in method_modules(registry.method(name)):
         used = referenced_constants(module_tree(path)) - RECORD_NAMES
         missing = undocumented(section, used)
@@ -336,7 +368,7 @@ def test_every_name_on_the_wire_is_documented(
         num_clients=4,
     )
     assert message_type in {record.message_type for record in grid.wire_log}
-    text = section_of(f"`{name}`") + section_of(CONVENTIONS_HEADING)
+    text = method_text(name) + section_of(CONVENTIONS_HEADING)
     missing = sorted(
         {
             f"{record.message_type} {record.direction}: {key}"
