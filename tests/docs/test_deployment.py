@@ -65,14 +65,14 @@ def test_an_install_during_another_returns_the_app_without_its_files(
     fab = build_fab_from_disk(small_app(tmp_path / "app"))
     monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
     first_copies = threading.Event()
-    second_returned = threading.Event()
+    second_checked = threading.Event()
     copy_file = shutil.copy2
 
     def held_copy(source: Any, destination: Any, **options: Any) -> Any:
-        """The first install's file copy, once the second install has returned."""
+        """The first install's file copy, once the second's app has been read."""
         if threading.current_thread().name == "first":
             first_copies.set()
-            assert second_returned.wait(WAIT_SECONDS)
+            assert second_checked.wait(WAIT_SECONDS)
         return copy_file(source, destination, **options)
 
     monkeypatch.setattr(install.shutil, "copy2", held_copy)
@@ -85,9 +85,11 @@ def test_an_install_during_another_returns_the_app_without_its_files(
     first.start()
     assert first_copies.wait(WAIT_SECONDS)
     install_as("second")
-    second_returned.set()
-    with pytest.raises(FileNotFoundError, match=r"Cannot find pyproject\.toml in"):
-        get_project_config(installed["second"])
+    try:
+        with pytest.raises(FileNotFoundError, match=r"Cannot find pyproject\.toml in"):
+            get_project_config(installed["second"])
+    finally:
+        second_checked.set()
     first.join(WAIT_SECONDS)
     assert not first.is_alive()
 
