@@ -1,4 +1,4 @@
-"""Fill docs/methods.md from the example regions, the README's table from its table.
+"""Fill docs/methods.md from the example regions, and other pages' tables from it.
 
 The examples under ``examples/`` mark the lines each method adds to a Flower
 app with whole-line comments::
@@ -40,10 +40,25 @@ Between ``<!-- methods-table:start -->`` and ``<!-- methods-table:end -->``
 the README holds the table of methods: the table atop docs/methods.md, one
 row per method there (``tests/docs/test_methods.py`` checks one per
 declaration of ``flwr_importance.registry.methods()``), with its paper up to
-the colon and without its benchmark column. ``python scripts/docs_snippets.py``
-rewrites docs/methods.md and the README; ``--check`` only says whether they
-are up to date (tests/docs/test_snippets.py runs the check), so the docs
-cannot drift from code that runs.
+the colon and without its benchmark column.
+
+A table that lists every method on another page (which protection applies,
+what the server sees: docs/privacy.md; a dishonest node's reach:
+docs/deployment.md) is written once per method, in its section of
+docs/methods.md, under a marker line that names the table::
+
+    <!-- rows: protection -->
+    | strategy | `CentralDP` | SecAgg+ | local DP |
+    |---|---|---|---|
+    | `PowerOfChoice` | refused: ... | not offered | none |
+
+and the page holds the table under ``<!-- table: protection -->``: its
+header, then every section's rows, in page order.
+
+``python scripts/docs_snippets.py`` rewrites docs/methods.md, the README and
+the pages of those tables; ``--check`` only says whether they are up to date
+(tests/docs/test_snippets.py runs the check), so the docs cannot drift from
+code that runs or from each other.
 
 Why a script and not ``pymdownx.snippets`` (whose region markers the examples
 use): that extension inserts a region as it is, when mkdocs builds the site.
@@ -64,7 +79,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
-METHODS_DOC = ROOT / "docs" / "methods.md"
+DOCS = ROOT / "docs"
+METHODS_DOC = DOCS / "methods.md"
 README = ROOT / "README.md"
 
 #: The app shapes of the lines table: example folder and column title.
@@ -100,6 +116,19 @@ TABLE = re.compile(r"(<!-- lines-table:start -->\n).*?(<!-- lines-table:end -->)
 METHODS_TABLE = re.compile(
     r"(<!-- methods-table:start -->\n).*?(<!-- methods-table:end -->)", re.S
 )
+
+
+def marked_table(kind: str) -> re.Pattern[str]:
+    """A ``<!-- <kind>: <table name> -->`` line and the table under it."""
+    return re.compile(
+        rf"^<!-- {kind}: (?P<table>[\w-]+) -->\n(?P<body>(?:\|.*\n)+)", re.M
+    )
+
+
+#: A method's rows of a table that lists every method (in its section of
+#: docs/methods.md), and that table (on another page).
+ROWS_MARKER = marked_table("rows")
+TABLE_MARKER = marked_table("table")
 #: Shown between two parts of one region.
 PART_SEPARATOR = "..."
 #: Joins the regions of a marker shown as one.
@@ -423,6 +452,46 @@ def methods_doc_rows() -> list[list[str]]:
     return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[1:]]
 
 
+def method_rows() -> dict[str, tuple[str, list[str]]]:
+    """Each cross-method table's header and rows, from docs/methods.md.
+
+    The rows of every ``<!-- rows: <table> -->`` table of the page, in page
+    order, under the header (first two lines) they all share.
+    """
+    tables: dict[str, tuple[str, list[str]]] = {}
+    for match in ROWS_MARKER.finditer(METHODS_DOC.read_text()):
+        lines = match["body"].splitlines(keepends=True)
+        header, rows = "".join(lines[:2]), lines[2:]
+        known_header, known_rows = tables.setdefault(match["table"], (header, []))
+        if header != known_header:
+            raise ValueError(
+                f"docs/methods.md: a '{match['table']}' table's header differs "
+                f"from its first one:\n{header}"
+            )
+        known_rows.extend(rows)
+    return tables
+
+
+def render_tables(text: str) -> str:
+    """``text`` with every ``<!-- table: <name> -->`` table regenerated.
+
+    Its header stays; its rows are the methods' rows of that table in
+    docs/methods.md (:func:`method_rows`), whose header must be the same.
+    """
+    tables = method_rows()
+
+    def table(match: re.Match[str]) -> str:
+        name = match["table"]
+        header = "".join(match["body"].splitlines(keepends=True)[:2])
+        if name not in tables:
+            raise ValueError(f"docs/methods.md has no '<!-- rows: {name} -->' table")
+        if tables[name][0] != header:
+            raise ValueError(f"the '{name}' table's header differs in docs/methods.md")
+        return f"<!-- table: {name} -->\n{header}{''.join(tables[name][1])}"
+
+    return TABLE_MARKER.sub(table, text)
+
+
 def render_snippets(text: str) -> str:
     """``text`` with the block under every snippet marker regenerated."""
 
@@ -464,7 +533,7 @@ def table_methods() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Rewrite docs/methods.md and the README, or ``--check`` whether they are stale."""
+    """Rewrite the docs' generated parts, or ``--check`` whether they are stale."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument(
         "--check", action="store_true", help="only check, exit 1 if stale"
@@ -474,6 +543,9 @@ def main(argv: list[str] | None = None) -> int:
         METHODS_DOC: lambda text: render(text, table_methods()),
         README: render_readme,
     }
+    for page in sorted(DOCS.glob("*.md")):
+        if TABLE_MARKER.search(page.read_text()):
+            pages[page] = render_tables
     stale = []
     for page, rendered_from in pages.items():
         text = page.read_text()

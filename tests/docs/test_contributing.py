@@ -1,12 +1,13 @@
 """CONTRIBUTING.md's "Adding a method" states the files a method changes, truly.
 
-The section says how many files outside ``tests/`` a method whose clients only
-answer the standard queries changes, and lists them, one numbered item per
-file, each opening with its path (``<module>``: the method's name with ``_``
-for ``-``; ``<name>``: its name; ``<setting>``: any). The count must be the
-list's length, and every listed path, for Power-of-Choice (such a method),
-must exist and name the method: a path that moved, or a file the method no
-longer needs, fails here.
+The section says in how many files outside ``tests/`` a method whose clients
+only answer the standard queries is written, how many more commands rewrite
+from them, and lists them, one numbered item per file, each opening with its
+path (``<module>``: the method's name with ``_`` for ``-``; ``<name>``: its
+name; ``<setting>``: any), the rewritten ones last, each saying "not by hand".
+The counts must be the list's, and every listed path, for Power-of-Choice
+(such a method), must exist and name the method: a path that moved, or a file
+the method no longer needs, fails here.
 """
 
 from __future__ import annotations
@@ -22,8 +23,15 @@ CONTRIBUTING = ROOT / "CONTRIBUTING.md"
 EXAMPLE = {"<module>": "power_of_choice", "<name>": "power-of-choice"}
 MENTIONS = ("power-of-choice", "power_of_choice", "PowerOfChoice")
 
-COUNT = re.compile(r"changes (\d+) files outside `tests/`")
+COUNTS = re.compile(
+    r"is written in (?P<written>\d+) files outside `tests/` \(items 1-(?P=written)\),"
+    r" from which two commands rewrite (?P<rewritten>\d+) more \(items"
+    r" (?P<first>\d+)-(?P<last>\d+), not by hand\), so its commit changes"
+    r" (?P<changed>\d+)".replace(" ", r"\s+")
+)
 ITEM = re.compile(r"^(\d+)\. `([^`]+)`", re.M)
+#: An item: its number, its path, and its text up to the next item.
+ITEM_TEXT = re.compile(r"^(\d+)\. `([^`]+)`(.*?)(?=^\d+\. `|\n\n)", re.M | re.S)
 
 
 def section() -> str:
@@ -46,12 +54,23 @@ def instances(pattern: str) -> list[Path]:
     return sorted(ROOT.glob(pattern.replace("<setting>", "*")))
 
 
-def test_the_stated_count_is_the_number_of_listed_files() -> None:
-    counts = COUNT.findall(section())
-    assert len(counts) == 1, "the section states no single 'changes N files'"
+def test_the_stated_counts_are_those_of_the_listed_files() -> None:
+    counts = [match.groupdict() for match in COUNTS.finditer(section())]
+    assert len(counts) == 1, "the section states no single count of its files"
+    count = {key: int(value) for key, value in counts[0].items()}
     items = listed()
     assert [number for number, _ in items] == list(range(1, len(items) + 1))
-    assert int(counts[0]) == len(items)
+    assert count["changed"] == len(items)
+    assert count["written"] + count["rewritten"] == len(items)
+    assert (count["first"], count["last"]) == (count["written"] + 1, len(items))
+    by_hand = {
+        int(number): "not by hand" not in " ".join(text.split())
+        for number, _, text in ITEM_TEXT.findall(section())
+    }
+    assert sorted(by_hand) == [number for number, _ in items]
+    assert [number for number, hand in by_hand.items() if hand] == list(
+        range(1, count["written"] + 1)
+    ), "the items written by hand come first, the rewritten ones say 'not by hand'"
     paths = [path for _, path in items]
     assert len(set(paths)) == len(paths), paths
     assert all(not path.startswith("tests/") for path in paths)

@@ -24,9 +24,12 @@ QUOTED_REGIONS = {
 }
 
 
-def test_methods_doc_equals_the_examples_regions() -> None:
+def test_the_generated_docs_are_up_to_date() -> None:
+    """docs/methods.md quotes the examples; the README and the method tables on
+    other pages copy docs/methods.md (``test_snippets_tables.py``)."""
     assert docs_snippets.main(["--check"]) == 0, (
-        "docs/methods.md differs from the examples: run python scripts/docs_snippets.py"
+        "the docs differ from the examples or from docs/methods.md: run "
+        "python scripts/docs_snippets.py"
     )
 
 
