@@ -60,7 +60,7 @@ class ClusteredSampling(MultisetSampling):
       extra client work.
 
     See docs/methods.md, section "4. Clustered sampling (and MD sampling)",
-    for the equations and the decisions.
+    for the equations, the decisions and what the server learns.
 
     Parameters
     ----------
@@ -123,9 +123,6 @@ class ClusteredSampling(MultisetSampling):
     Notes
     -----
     Round metrics: ``distinct-clients`` and ``aggregated-draws``.
-
-    What the server learns: each client's sample count and, as in FedAvg, its
-    returned model (Algorithm 2 keeps the last update per client).
 
     Memory (Algorithm 2): one float32 row per client (``d`` or
     ``projection_dim`` entries) and, up to ``exact_ward_limit`` clients, the

@@ -96,7 +96,7 @@ class OptimalClientSampling(UnbiasedSampling):
     that isolates OCS's claim, a lower variance from the probabilities alone,
     with draws paired with OCS's for the same ``seed``. See docs/methods.md,
     section "5. Optimal client sampling (OCS, AOCS) and multi-model sampling
-    (MMFL)", for the equations and the decisions.
+    (MMFL)", for the equations, the decisions and what the server learns.
 
     Parameters
     ----------
@@ -160,10 +160,6 @@ class OptimalClientSampling(UnbiasedSampling):
 
     Notes
     -----
-    What the server learns: every node's update norm ``||U_i||`` and sample
-    count ``n_i`` (which FedAvg's ``num-examples`` reveals anyway), and the
-    updates of the sampled nodes only.
-
     Round metrics: ``num-sampled``, ``num-received``, ``train-loss``,
     ``expected-participants`` (``sum p``) and, with exact OCS or its uniform
     control, ``variance`` (``sum u_i^2 (1/p_i - 1)``, the estimator's variance
