@@ -1,4 +1,4 @@
-"""The package's shape: a core apart from the tooling, small modules, no cycle.
+"""The package's shape: a core apart from the tooling, no cycle.
 
 What a user imports into a Flower app (strategies, protocol, maths, client
 helpers, the legacy API) is the core of ``flwr_importance``; the launcher, the
@@ -26,8 +26,6 @@ TOOLING = f"{PACKAGE}.tooling"
 CLIENT_SIDE = f"{PACKAGE}.clientapps"
 LEGACY_SERVER_SIDE = f"{PACKAGE}.compat"
 LEGACY_WIRE = f"{PACKAGE}.legacy_wire"
-#: The most lines a core module may have.
-MAX_LINES = 600
 
 
 def walk_modules(path: Path, prefix: str) -> Iterator[tuple[str, Path]]:
@@ -128,12 +126,6 @@ def test_the_legacy_wire_format_imports_neither_end() -> None:
         if in_package(module, CLIENT_SIDE) or in_package(module, LEGACY_SERVER_SIDE)
     )
     assert ends == [], f"{LEGACY_WIRE} imports an end of the transport: {ends}"
-
-
-@pytest.mark.parametrize("name", CORE)
-def test_no_core_module_is_over_the_line_limit(name: str) -> None:
-    lines = len(MODULES[name].read_text().splitlines())
-    assert lines <= MAX_LINES, f"{name} has {lines} lines (at most {MAX_LINES})"
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
