@@ -109,8 +109,7 @@ def test_a_refusal_in_the_table_is_the_constructors_reason(spec: MethodSpec) -> 
     if spec.central_dp_refusal is None:
         assert any(cell.startswith("accepted") for cell in central_dp), spec.name
         return
-    exact = [row for row in central_dp if row.startswith("refused: ")]
-    assert exact == central_dp, spec.name
+    assert central_dp, spec.name
     for cell in central_dp:
         assert cell.startswith(f"refused: {spec.central_dp_refusal}"), (
             f"{spec.name}: the table says {cell!r}, the constructor "
@@ -118,21 +117,14 @@ def test_a_refusal_in_the_table_is_the_constructors_reason(spec: MethodSpec) -> 
         )
 
 
-def write_page(folder: Path, name: str, tables: str) -> Path:
-    page = folder / name
-    page.write_text(tables)
-    return page
-
-
 def test_the_script_copies_the_rows_and_refuses_a_mismatch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     header = "| a | b |\n|---|---|\n"
-    methods_doc = write_page(
-        tmp_path,
-        "methods.md",
+    methods_doc = tmp_path / "methods.md"
+    methods_doc.write_text(
         f"## 1. X\n<!-- rows: t -->\n{header}| x | 1 |\n\n"
-        f"## 2. Y\n<!-- rows: t -->\n{header}| y | 2 |\n",
+        f"## 2. Y\n<!-- rows: t -->\n{header}| y | 2 |\n"
     )
     monkeypatch.setattr(docs_snippets, "METHODS_DOC", methods_doc)
     page = f"Intro.\n\n<!-- table: t -->\n{header}| stale | 0 |\n\nAfter.\n"
